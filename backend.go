@@ -1,0 +1,105 @@
+package dlock
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+)
+
+// Backend is the interface a lock store implements. Users do not call it:
+// they hand it to New and use the Locker. The Locker owns everything that must
+// behave the same on every store (validation, owner tokens, reentrancy,
+// renewal, loss notification, waiting); a Backend only performs the atomic
+// operations below.
+//
+// Contract:
+//
+//   - All methods are safe for concurrent use and honour ctx.
+//   - Time is the store's: a lease granted with TTL d expires d after the
+//     store applied the acquisition (or the last extension), by the store's
+//     clock. A Backend never sends the client's wall-clock time.
+//   - Acquire takes req.Key for req.Token if the key is free or its lease has
+//     expired, and reports Acquired=false (with what it knows of the holder)
+//     otherwise. A key held by another token is never taken before its lease
+//     expires. On success Fence is a number strictly greater than every Fence
+//     ever returned for that key, across releases, expiries and restarts.
+//   - Extend renews each lease for its TTL if it is still held by its token and
+//     has not expired, and reports ErrNotHeld in that lease's slot otherwise.
+//     An expired lease is never revived. A non-nil second result means the
+//     outcome of the whole call is unknown.
+//   - Release frees the key if it is held by token, and returns ErrNotHeld
+//     (changing nothing) if it is not.
+//   - When a call returns an error other than ErrNotHeld, the Locker treats
+//     its outcome as unknown and resolves it (for Acquire, by releasing the
+//     token it sent).
+//
+// Optional capabilities are separate interfaces found by type assertion:
+// Lister.
+type Backend interface {
+	Acquire(ctx context.Context, req Request) (Result, error)
+	Extend(ctx context.Context, leases []Lease) ([]error, error)
+	Release(ctx context.Context, key string, token Token) error
+}
+
+// Lister is implemented by backends that can list current holders.
+type Lister interface {
+	// List returns the unexpired locks whose key starts with prefix, ordered
+	// by key.
+	List(ctx context.Context, prefix string) ([]LockInfo, error)
+}
+
+// Request is one acquisition attempt handed to Backend.Acquire.
+type Request struct {
+	Key      string        // validated: 1..MaxKeyLen bytes of UTF-8, no NUL
+	Token    Token         // random, unique to this acquisition
+	Owner    string        // the explicit owner identity, or ""
+	TTL      time.Duration // at least MinTTL
+	Metadata string        // at most MaxMetadataLen bytes
+}
+
+// Result is the outcome of Backend.Acquire.
+type Result struct {
+	// Acquired reports whether the lock is now held by the request's token.
+	Acquired bool
+	// Fence is the fencing token of the new lease, when Acquired.
+	Fence uint64
+	// Holder describes the current holder when not Acquired, as far as the
+	// backend knows (zero fields when it could not tell).
+	Holder LockInfo
+	// Remaining is the holder's remaining lease by the store's clock when not
+	// Acquired; 0 if unknown. Waiters never sleep longer than this.
+	Remaining time.Duration
+}
+
+// Lease names a held lease for Backend.Extend.
+type Lease struct {
+	Key   string
+	Token Token
+	TTL   time.Duration
+}
+
+// LockInfo describes a held lock.
+type LockInfo struct {
+	Key        string
+	Owner      string // explicit owner identity ("" if none was given)
+	Token      Token  // the holder's random owner token
+	Fence      uint64 // fencing token of the holder's acquisition
+	AcquiredAt time.Time
+	ExpiresAt  time.Time // expiry of the current lease, converted to the local clock
+	Metadata   string
+}
+
+// Token is the random 128-bit owner token of one acquisition. Only the holder
+// of a token can extend or release the lease taken with it.
+type Token [16]byte
+
+// NewToken returns a token from crypto/rand.
+func NewToken() Token {
+	var t Token
+	_, _ = rand.Read(t[:]) // crypto/rand.Read never fails (it aborts the program instead)
+	return t
+}
+
+// String returns the token in hex.
+func (t Token) String() string { return hex.EncodeToString(t[:]) }

@@ -1,0 +1,67 @@
+package dlock
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is; the errors dlock
+// returns wrap them with context.
+var (
+	// ErrNotAcquired means the lock is held by someone else: TryAcquire found
+	// it taken, or Acquire's context ended while waiting (then the error also
+	// matches the context's error).
+	ErrNotAcquired = errors.New("dlock: not acquired")
+
+	// ErrLockLost means a held lock could not be kept: renewal was refused by
+	// the backend or could not be confirmed before the lease's safe deadline.
+	// Lock.Err returns it, and Do returns it when fn ran without the lock.
+	ErrLockLost = errors.New("dlock: lock lost")
+
+	// ErrNotHeld means a release or extension named a lock that is not held
+	// by the caller (any more). Nothing was changed.
+	ErrNotHeld = errors.New("dlock: not held")
+
+	// ErrInvalidKey means a key is empty, longer than MaxKeyLen bytes, not
+	// valid UTF-8, or contains a NUL byte. It is returned before any I/O.
+	ErrInvalidKey = errors.New("dlock: invalid key")
+
+	// ErrInvalidOption means an option is out of range (a TTL below MinTTL,
+	// an owner or metadata string too long, a bad table name, ...). It is
+	// returned before any I/O.
+	ErrInvalidOption = errors.New("dlock: invalid option")
+
+	// ErrClosed means the Locker was closed.
+	ErrClosed = errors.New("dlock: locker closed")
+
+	// ErrUnsupported means the backend does not offer an optional capability
+	// (such as listing holders).
+	ErrUnsupported = errors.New("dlock: not supported by this backend")
+
+	// ErrNoSchema means the backend's table does not exist: run the backend's
+	// Migrate (or `dlock migrate`) once.
+	ErrNoSchema = errors.New("dlock: schema missing (run migrate)")
+)
+
+// HeldError is returned when a lock is held by someone else. It matches
+// ErrNotAcquired with errors.Is, and carries what the backend said about the
+// current holder (fields may be zero when the backend could not tell).
+type HeldError struct {
+	Holder LockInfo
+}
+
+// Error describes the holder.
+func (e *HeldError) Error() string {
+	s := fmt.Sprintf("dlock: not acquired: %q is held", e.Holder.Key)
+	if e.Holder.Owner != "" {
+		s += " by " + e.Holder.Owner
+	}
+	if !e.Holder.ExpiresAt.IsZero() {
+		s += fmt.Sprintf(", lease expires in %s", time.Until(e.Holder.ExpiresAt).Round(time.Millisecond))
+	}
+	return s
+}
+
+// Is reports whether target is ErrNotAcquired.
+func (e *HeldError) Is(target error) bool { return target == ErrNotAcquired }

@@ -1,0 +1,358 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// A Lock is one acquisition of a key. Its methods are safe for concurrent use.
+//
+// Holding a *Lock does not guarantee holding the lock: Done closes and Err
+// turns non-nil as soon as the lease is lost or cannot be confirmed, before
+// the store lets anyone else take it.
+type Lock struct {
+	l    *Locker
+	ls   *lease
+	done chan struct{}
+	// Guarded by l.mu.
+	err     error
+	cancels []context.CancelCauseFunc
+}
+
+// lease is what a Locker holds for one key; reentrant Locks share it.
+// All fields after the first group are guarded by Locker.mu.
+type lease struct {
+	key, owner, meta string
+	token            Token
+	fence            uint64
+	ttl, margin      time.Duration
+	acquiredAt       time.Time
+
+	handles  map[*Lock]struct{} // live Locks
+	ended    bool               // released, lost or closed
+	renewAt  time.Time          // next renewal
+	deadline time.Time          // considered lost at this instant unless renewed
+	tries    uint               // failed renewals since the last success
+	inflight bool               // a renewal is under way
+	timer    *time.Timer        // fires at deadline
+}
+
+var errTooLate = errors.New("dlock: acquisition confirmed after its safe deadline")
+
+// Key returns the lock's key.
+func (k *Lock) Key() string { return k.ls.key }
+
+// Token returns the fencing token: strictly greater than the token of every
+// earlier acquisition of the key, on any Locker. Reentrant acquisitions share
+// the token. Pass it to the resources you guard, and have them refuse a token
+// smaller than the largest they have seen.
+func (k *Lock) Token() uint64 { return k.ls.fence }
+
+// Owner returns the owner identity given with WithOwner, or "".
+func (k *Lock) Owner() string { return k.ls.owner }
+
+// Done returns a channel that is closed when this Lock is released, lost, or
+// its Locker closed.
+func (k *Lock) Done() <-chan struct{} { return k.done }
+
+// Err returns nil while the lock is held; after Done closes it returns an
+// error matching ErrLockLost if the lease was lost, ErrNotHeld after Release,
+// or ErrClosed after the Locker closed.
+func (k *Lock) Err() error {
+	k.l.mu.Lock()
+	defer k.l.mu.Unlock()
+	return k.err
+}
+
+// Deadline returns the instant (on this machine's clock) until which the lock
+// is known to be held; renewal pushes it forward. After it passes without a
+// renewal the lock is reported lost.
+func (k *Lock) Deadline() time.Time {
+	k.l.mu.Lock()
+	defer k.l.mu.Unlock()
+	return k.ls.deadline
+}
+
+// Context returns a context derived from parent that is cancelled, with
+// context.Cause set to Err(), when this Lock is released or lost. Call cancel
+// when done with it.
+func (k *Lock) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	k.l.mu.Lock()
+	if k.err != nil {
+		cancel(k.err)
+	} else {
+		k.cancels = append(k.cancels, cancel)
+	}
+	k.l.mu.Unlock()
+	return ctx, func() { cancel(context.Canceled) }
+}
+
+// Release releases this acquisition. For reentrant acquisitions the key is
+// freed when the last of them is released. It returns an error matching
+// ErrNotHeld if the Lock was already released, lost or closed (then it
+// changes nothing), or the backend's error if the store could not be reached
+// (the lease then expires with its TTL).
+func (k *Lock) Release(ctx context.Context) error {
+	l, ls := k.l, k.ls
+	l.mu.Lock()
+	if k.err != nil {
+		err := k.err
+		l.mu.Unlock()
+		if errors.Is(err, ErrNotHeld) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", ErrNotHeld, err)
+	}
+	k.endLocked(ErrNotHeld)
+	delete(ls.handles, k)
+	if len(ls.handles) > 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	ls.ended = true
+	ls.timer.Stop()
+	delete(l.held, ls.key)
+	l.mu.Unlock()
+
+	err := l.b.Release(ctx, ls.key, ls.token)
+
+	l.mu.Lock()
+	l.wakeLocked(ls.key)
+	l.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("dlock: release %q: %w", ls.key, err)
+	}
+	return nil
+}
+
+// endLocked closes the Lock with err.
+func (k *Lock) endLocked(err error) {
+	if k.err != nil {
+		return
+	}
+	k.err = err
+	close(k.done)
+	for _, c := range k.cancels {
+		c(err)
+	}
+	k.cancels = nil
+}
+
+func (ls *lease) info() LockInfo {
+	return LockInfo{
+		Key: ls.key, Owner: ls.owner, Token: ls.token, Fence: ls.fence,
+		AcquiredAt: ls.acquiredAt, ExpiresAt: ls.deadline, Metadata: ls.meta,
+	}
+}
+
+func (l *Locker) newHandleLocked(ls *lease) *Lock {
+	k := &Lock{l: l, ls: ls, done: make(chan struct{})}
+	ls.handles[k] = struct{}{}
+	return k
+}
+
+// register records a lease the backend granted at sent, and schedules its
+// renewal and its deadline.
+func (l *Locker) register(req Request, fence uint64, sent time.Time) (*Lock, error) {
+	margin := l.marginFor(req.TTL)
+	ls := &lease{
+		key: req.Key, owner: req.Owner, meta: req.Metadata, token: req.Token, fence: fence,
+		ttl: req.TTL, margin: margin, acquiredAt: sent,
+		handles:  make(map[*Lock]struct{}),
+		renewAt:  sent.Add(req.TTL / 3),
+		deadline: sent.Add(req.TTL - margin),
+	}
+	l.mu.Lock()
+	if l.closed || !time.Now().Before(ls.deadline) {
+		err := ErrClosed
+		if !l.closed {
+			err = errTooLate
+		}
+		l.mu.Unlock()
+		l.resolve(req)
+		return nil, err
+	}
+	if old := l.held[req.Key]; old != nil {
+		// The store granted a key this Locker already holds: a broken
+		// backend. Refuse rather than hand out two Locks.
+		l.mu.Unlock()
+		l.resolve(req)
+		return nil, fmt.Errorf("dlock: backend granted %q twice to one Locker", req.Key)
+	}
+	k := l.newHandleLocked(ls)
+	ls.timer = time.AfterFunc(time.Until(ls.deadline), func() { l.expire(ls) })
+	l.held[req.Key] = ls
+	if !l.renewing {
+		l.renewing = true
+		l.wg.Add(1)
+		go l.renewLoop()
+	}
+	l.mu.Unlock()
+	l.poke()
+	return k, nil
+}
+
+func (l *Locker) poke() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// expire runs when a lease's deadline timer fires.
+func (l *Locker) expire(ls *lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ls.ended {
+		return
+	}
+	if d := time.Until(ls.deadline); d > 0 { // renewed after the timer fired
+		ls.timer.Reset(d)
+		return
+	}
+	l.loseLocked(ls, fmt.Errorf("%w: %q: renewal not confirmed within ttl %s minus margin %s",
+		ErrLockLost, ls.key, ls.ttl, ls.margin), true)
+}
+
+// loseLocked ends a lease that is no longer held. If the store may still
+// hold it for us, it is released in the background so that others need not
+// wait for its TTL.
+func (l *Locker) loseLocked(ls *lease, cause error, release bool) {
+	l.log.Warn("dlock: lock lost", "key", ls.key, "fence", ls.fence, "err", cause)
+	l.endLocked(ls, cause)
+	if release && !l.closed {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
+			defer cancel()
+			_ = l.b.Release(ctx, ls.key, ls.token)
+		}()
+	}
+}
+
+// endLocked ends a lease and all its Locks with err.
+func (l *Locker) endLocked(ls *lease, err error) {
+	ls.ended = true
+	if ls.timer != nil {
+		ls.timer.Stop()
+	}
+	for k := range ls.handles {
+		k.endLocked(err)
+	}
+	clear(ls.handles)
+	if l.held[ls.key] == ls {
+		delete(l.held, ls.key)
+	}
+	l.wakeLocked(ls.key)
+}
+
+// maxBatch bounds the leases renewed by one Backend.Extend call.
+const maxBatch = 1000
+
+// renewLoop renews due leases in batches. It runs while the Locker holds
+// anything and exits when it holds nothing or is closed.
+func (l *Locker) renewLoop() {
+	defer l.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		l.mu.Lock()
+		if l.closed || len(l.held) == 0 {
+			l.renewing = false
+			l.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		next := now.Add(time.Hour)
+		var batch []*lease
+		for _, ls := range l.held {
+			if ls.inflight {
+				continue
+			}
+			// Renew what falls due soon together with what is due now, so
+			// that leases taken at similar times share a round trip.
+			if ls.renewAt.Sub(now) <= ls.ttl/6 {
+				ls.inflight = true
+				batch = append(batch, ls)
+				if len(batch) == maxBatch {
+					l.wg.Add(1)
+					go l.renew(batch)
+					batch = nil
+				}
+			} else if ls.renewAt.Before(next) {
+				next = ls.renewAt
+			}
+		}
+		if len(batch) > 0 {
+			l.wg.Add(1)
+			go l.renew(batch)
+		}
+		l.mu.Unlock()
+
+		t.Reset(time.Until(next))
+		select {
+		case <-t.C:
+		case <-l.kick:
+		case <-l.closing:
+		}
+	}
+}
+
+// renew extends a batch of leases in one backend call, bounded by the
+// earliest deadline among them.
+func (l *Locker) renew(batch []*lease) {
+	defer l.wg.Done()
+	leases := make([]Lease, len(batch))
+	l.mu.Lock()
+	deadline := batch[0].deadline
+	for i, ls := range batch {
+		leases[i] = Lease{Key: ls.key, Token: ls.token, TTL: ls.ttl}
+		if ls.deadline.Before(deadline) {
+			deadline = ls.deadline
+		}
+	}
+	l.mu.Unlock()
+
+	ctx, cancel := context.WithDeadline(l.bg, deadline)
+	sent := time.Now()
+	errs, err := l.b.Extend(ctx, leases)
+	cancel()
+	if err == nil && len(errs) != len(leases) {
+		err = fmt.Errorf("dlock: backend returned %d results for %d leases", len(errs), len(leases))
+	}
+
+	l.mu.Lock()
+	now := time.Now()
+	for i, ls := range batch {
+		ls.inflight = false
+		if ls.ended {
+			continue
+		}
+		switch {
+		case err == nil && errs[i] == nil:
+			ls.tries = 0
+			ls.renewAt = sent.Add(ls.ttl / 3)
+			ls.deadline = sent.Add(ls.ttl - ls.margin)
+			ls.timer.Reset(ls.deadline.Sub(now))
+		case err == nil && errors.Is(errs[i], ErrNotHeld):
+			l.loseLocked(ls, fmt.Errorf("%w: %q: the store no longer holds it for us: %w", ErrLockLost, ls.key, errs[i]), false)
+		default:
+			cause := err
+			if cause == nil {
+				cause = errs[i]
+			}
+			// Retry soon, but keep trying until the deadline timer gives up.
+			ls.tries++
+			wait := max(10*time.Millisecond, min(50*time.Millisecond<<min(ls.tries, 5), ls.deadline.Sub(now)/3))
+			ls.renewAt = now.Add(wait)
+			l.log.Warn("dlock: renewal failed; retrying until the lease's safe deadline",
+				"key", ls.key, "deadline_in", ls.deadline.Sub(now), "err", cause)
+		}
+	}
+	l.mu.Unlock()
+	l.poke()
+}

@@ -1,0 +1,315 @@
+// Package dlock provides distributed locks on the database a team already
+// runs: mutual exclusion per key among processes, with owner tokens, leases
+// timed by the store's clock, automatic renewal, loss notification, fencing
+// tokens and counted reentrancy.
+//
+// A Locker wraps one Backend (see the mysqllock, sqlitelock and memlock
+// packages) and hands out Locks:
+//
+//	locker := dlock.New(backend, nil)
+//	defer locker.Close(context.Background())
+//	err := locker.Do(ctx, "invoice:42", func(ctx context.Context) error {
+//		// ctx is cancelled if the lock is lost.
+//		return nil
+//	})
+//
+// Holding a *Lock does not mean holding the lock: a lease can be lost (the
+// process paused, the store unreachable). Watch Lock.Done, use the context
+// from Lock.Context or Do, and pass Lock.Token to the resources you guard so
+// they can refuse a stale holder.
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Backoff bounds for waiting on a key held by another process. A waiter sleeps
+// a jittered, doubling delay between these bounds, never longer than the
+// holder's remaining lease, and wakes at once when a Lock of the same Locker
+// releases the key.
+const (
+	minBackoff = 5 * time.Millisecond
+	maxBackoff = time.Second
+)
+
+// cleanupTimeout bounds the background releases the Locker makes to resolve
+// acquisitions of unknown outcome and leases it gave up on.
+const cleanupTimeout = 5 * time.Second
+
+// A Locker acquires and renews locks on one Backend. It is safe for
+// concurrent use. Create it with New and Close it when done: Close releases
+// what it holds and stops its goroutines.
+type Locker struct {
+	b      Backend
+	ttl    time.Duration
+	margin time.Duration
+	log    *slog.Logger
+	meta   string
+
+	// bg is cancelled by Close; background I/O (renewal, clean-up) uses it.
+	bg       context.Context
+	bgCancel context.CancelFunc
+	wg       sync.WaitGroup
+
+	mu       sync.Mutex
+	closed   bool
+	closing  chan struct{}            // closed by Close
+	held     map[string]*lease        // leases this Locker holds, by key
+	wakers   map[string]chan struct{} // closed when the key is released locally
+	renewing bool                     // the renewal goroutine is running
+	kick     chan struct{}            // wakes the renewal goroutine
+}
+
+// New returns a Locker over b. The caller keeps ownership of whatever b wraps
+// (a *sql.DB, a client): Close does not close it. opts may be nil.
+func New(b Backend, opts *Options) *Locker {
+	if opts == nil {
+		opts = &Options{}
+	}
+	l := &Locker{
+		b:       b,
+		ttl:     opts.TTL,
+		margin:  opts.Margin,
+		log:     opts.Logger,
+		meta:    opts.Metadata,
+		closing: make(chan struct{}),
+		held:    make(map[string]*lease),
+		wakers:  make(map[string]chan struct{}),
+		kick:    make(chan struct{}, 1),
+	}
+	if l.ttl == 0 {
+		l.ttl = DefaultTTL
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	if l.meta == "" {
+		l.meta = defaultMetadata()
+	}
+	l.bg, l.bgCancel = context.WithCancel(context.Background())
+	return l
+}
+
+// Acquire waits until it holds key or ctx ends. Options: WithTTL, WithOwner,
+// WithMetadata.
+//
+// Errors: ErrInvalidKey and ErrInvalidOption (before any I/O); an error
+// matching both ErrNotAcquired and ctx.Err() when ctx ends first; ErrClosed;
+// or the backend's error, wrapped, when the store cannot be reached (an
+// outage is never reported as "not acquired"). When the store failed mid-way
+// the outcome is resolved before returning: the attempted lease is released.
+func (l *Locker) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
+	return l.acquire(ctx, key, opts, true)
+}
+
+// TryAcquire makes one attempt to take key without waiting. When the key is
+// held by someone else the error is a *HeldError, which matches
+// ErrNotAcquired. Other errors are as for Acquire.
+func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
+	return l.acquire(ctx, key, opts, false)
+}
+
+// Do acquires key (waiting as Acquire does), runs fn with a context that is
+// cancelled when the lock is lost, and releases the lock. It returns fn's
+// error; if the lock was lost while fn ran, the error also matches
+// ErrLockLost, even when fn returned nil, because fn's work may have run
+// without the lock.
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) error {
+	k, err := l.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := k.Context(ctx)
+	ferr := fn(fctx)
+	cancel()
+	lost := k.Err()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	rerr := k.Release(rctx)
+	rcancel()
+	switch {
+	case lost != nil:
+		return errors.Join(ferr, lost)
+	case ferr != nil:
+		return ferr
+	default:
+		return rerr
+	}
+}
+
+// List returns the locks currently held on the backend whose key starts with
+// prefix. It returns ErrUnsupported if the backend cannot list.
+func (l *Locker) List(ctx context.Context, prefix string) ([]LockInfo, error) {
+	ls, ok := l.b.(Lister)
+	if !ok {
+		return nil, ErrUnsupported
+	}
+	return ls.List(ctx, prefix)
+}
+
+// Close releases every lock this Locker holds (their Done channels close and
+// Err reports ErrClosed), makes later acquisitions fail with ErrClosed, and
+// waits for the Locker's goroutines to stop. It returns the release errors,
+// if any. Closing twice is a no-op.
+func (l *Locker) Close(ctx context.Context) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.closing)
+	var leases []*lease
+	for _, ls := range l.held {
+		leases = append(leases, ls)
+		l.endLocked(ls, ErrClosed)
+	}
+	l.mu.Unlock()
+
+	var errs []error
+	for _, ls := range leases {
+		if err := l.b.Release(ctx, ls.key, ls.token); err != nil {
+			errs = append(errs, fmt.Errorf("dlock: release %q: %w", ls.key, err))
+		}
+	}
+	l.bgCancel()
+	l.wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, wait bool) (*Lock, error) {
+	cfg, err := l.config(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	var bo backoff
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, errors.Join(ErrNotAcquired, err)
+		}
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return nil, ErrClosed
+		}
+		woken := l.wakerLocked(key)
+		if ls := l.held[key]; ls != nil {
+			if cfg.owner != "" && ls.owner == cfg.owner {
+				k := l.newHandleLocked(ls)
+				l.mu.Unlock()
+				return k, nil
+			}
+			// Held by another owner of this Locker: wait for its release
+			// without asking the store.
+			held := &HeldError{Holder: ls.info()}
+			l.mu.Unlock()
+			if !wait {
+				return nil, held
+			}
+			if err := l.sleep(ctx, -1, woken); err != nil {
+				return nil, errors.Join(held, err)
+			}
+			continue
+		}
+		l.mu.Unlock()
+
+		req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
+		sent := time.Now()
+		res, err := l.b.Acquire(ctx, req)
+		if err != nil {
+			l.resolve(req)
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, errors.Join(ErrNotAcquired, cerr)
+			}
+			return nil, fmt.Errorf("dlock: acquire %q: %w", key, err)
+		}
+		if res.Acquired {
+			k, err := l.register(req, res.Fence, sent)
+			if err == nil || !errors.Is(err, errTooLate) {
+				return k, err
+			}
+			res.Holder = LockInfo{Key: key}
+		}
+		res.Holder.Key = key
+		held := &HeldError{Holder: res.Holder}
+		if !wait {
+			return nil, held
+		}
+		if err := l.sleep(ctx, bo.next(res.Remaining), woken); err != nil {
+			return nil, errors.Join(held, err)
+		}
+	}
+}
+
+// sleep waits for d (forever if d < 0), a local release, ctx or Close.
+func (l *Locker) sleep(ctx context.Context, d time.Duration, woken <-chan struct{}) error {
+	var timeout <-chan time.Time
+	if d >= 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-timeout:
+	case <-woken:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.closing:
+		return ErrClosed
+	}
+	return nil
+}
+
+// wakerLocked returns the channel closed at the next local release of key.
+func (l *Locker) wakerLocked(key string) chan struct{} {
+	ch := l.wakers[key]
+	if ch == nil {
+		ch = make(chan struct{})
+		l.wakers[key] = ch
+	}
+	return ch
+}
+
+// wakeLocked wakes the local waiters of key.
+func (l *Locker) wakeLocked(key string) {
+	if ch := l.wakers[key]; ch != nil {
+		close(ch)
+		delete(l.wakers, key)
+	}
+}
+
+// resolve releases the lease an acquisition of unknown outcome may have
+// taken, so that it does not linger until its TTL.
+func (l *Locker) resolve(req Request) {
+	ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
+	defer cancel()
+	switch err := l.b.Release(ctx, req.Key, req.Token); {
+	case err == nil:
+		l.log.Warn("dlock: released a lease taken by an acquisition that reported an error", "key", req.Key)
+	case errors.Is(err, ErrNotHeld):
+	default:
+		l.log.Warn("dlock: could not resolve an acquisition of unknown outcome; it expires with its TTL",
+			"key", req.Key, "ttl", req.TTL, "err", err)
+	}
+}
+
+// backoff yields capped, jittered, doubling delays.
+type backoff struct{ n uint }
+
+// next returns the next delay, never longer than hint when hint > 0.
+func (b *backoff) next(hint time.Duration) time.Duration {
+	d := min(minBackoff<<b.n, maxBackoff)
+	if d < maxBackoff {
+		b.n++
+	}
+	d = d/2 + rand.N(d/2+1)
+	if hint > 0 && hint+time.Millisecond < d {
+		d = hint + time.Millisecond
+	}
+	return d
+}

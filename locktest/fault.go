@@ -1,0 +1,83 @@
+package locktest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// errInjected is the error the fault wrapper returns.
+var errInjected = errors.New("locktest: injected store failure")
+
+// faulty wraps a backend to count calls and inject failures.
+type faulty struct {
+	dlock.Backend
+
+	acquires, extends, releases atomic.Int64
+	maxBatch                    atomic.Int64
+
+	failAcquireBefore atomic.Bool // fail without reaching the store
+	failAcquireAfter  atomic.Bool // reach the store, then report failure (lost reply)
+	failExtend        atomic.Bool
+	failRelease       atomic.Bool
+
+	mu     sync.Mutex
+	tokens map[string]dlock.Token // last token sent per key
+}
+
+func newFaulty(b dlock.Backend) *faulty {
+	return &faulty{Backend: b, tokens: make(map[string]dlock.Token)}
+}
+
+func (f *faulty) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	f.acquires.Add(1)
+	f.mu.Lock()
+	f.tokens[req.Key] = req.Token
+	f.mu.Unlock()
+	if f.failAcquireBefore.Load() {
+		return dlock.Result{}, errInjected
+	}
+	res, err := f.Backend.Acquire(ctx, req)
+	if err == nil && f.failAcquireAfter.Load() {
+		return dlock.Result{}, errInjected
+	}
+	return res, err
+}
+
+func (f *faulty) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	f.extends.Add(1)
+	for {
+		m := f.maxBatch.Load()
+		if int64(len(leases)) <= m || f.maxBatch.CompareAndSwap(m, int64(len(leases))) {
+			break
+		}
+	}
+	if f.failExtend.Load() {
+		return nil, errInjected
+	}
+	return f.Backend.Extend(ctx, leases)
+}
+
+func (f *faulty) Release(ctx context.Context, key string, token dlock.Token) error {
+	f.releases.Add(1)
+	if f.failRelease.Load() {
+		return errInjected
+	}
+	return f.Backend.Release(ctx, key, token)
+}
+
+func (f *faulty) token(key string) dlock.Token {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tokens[key]
+}
+
+func (f *faulty) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	if l, ok := f.Backend.(dlock.Lister); ok {
+		return l.List(ctx, prefix)
+	}
+	return nil, dlock.ErrUnsupported
+}

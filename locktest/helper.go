@@ -1,0 +1,205 @@
+package locktest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// Environment of helper processes.
+const (
+	envRole   = "DLOCK_LOCKTEST_ROLE"
+	envSuite  = "DLOCK_LOCKTEST_SUITE"
+	envKey    = "DLOCK_LOCKTEST_KEY"
+	envDir    = "DLOCK_LOCKTEST_DIR"
+	envRounds = "DLOCK_LOCKTEST_ROUNDS"
+)
+
+// spawn starts the test binary as a helper process in role, running only
+// the test that called Run.
+func (s *suite) spawn(t *testing.T, suite, role, key, dir string, rounds int) *exec.Cmd {
+	t.Helper()
+	var parts []string
+	for _, p := range strings.Split(suite, "/") {
+		parts = append(parts, "^"+regexp.QuoteMeta(p)+"$")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run="+strings.Join(parts, "/"), "-test.count=1", "-test.timeout=120s")
+	cmd.Env = append(os.Environ(),
+		envRole+"="+role, envSuite+"="+suite, envKey+"="+key, envDir+"="+dir,
+		envRounds+"="+strconv.Itoa(rounds))
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// suiteName is the name of the test that called Run, from a subtest's name.
+func suiteName(t *testing.T) string {
+	n := t.Name()
+	return n[:strings.LastIndex(n, "/")]
+}
+
+// helper runs in a helper process and exits it.
+func (s *suite) helper(t *testing.T, role string) {
+	code := 0
+	if err := s.runHelper(t, role); err != nil {
+		fmt.Fprintf(os.Stderr, "locktest helper %s (pid %d): %v\n", role, os.Getpid(), err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func (s *suite) runHelper(t *testing.T, role string) error {
+	k, dir := os.Getenv(envKey), os.Getenv(envDir)
+	l := dlock.New(s.newBackend(t), nil)
+	defer l.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	switch role {
+	case "contend":
+		rounds, _ := strconv.Atoi(os.Getenv(envRounds))
+		for range rounds {
+			if err := contendOnce(ctx, l, k, dir); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "hold":
+		lk, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("HELD %d\n", lk.Token())
+		<-ctx.Done() // killed long before
+		return nil
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+// contendOnce takes k, runs the critical section and releases k.
+func contendOnce(ctx context.Context, l *dlock.Locker, k, dir string) error {
+	lk, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
+	if err != nil {
+		return err
+	}
+	err = criticalSection(dir, lk.Token())
+	return errors.Join(err, lk.Err(), lk.Release(context.Background()))
+}
+
+// criticalSection detects overlap across processes with an exclusively
+// created marker file, and logs the entry with its fencing token.
+func criticalSection(dir string, fence uint64) error {
+	marker := filepath.Join(dir, "inside")
+	f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return errors.New("rule: mutual exclusion among processes; another process was inside")
+		}
+		return err
+	}
+	f.Close()
+	log, err := os.OpenFile(filepath.Join(dir, "log"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(log, "%d %d\n", os.Getpid(), fence)
+	log.Close()
+	time.Sleep(time.Millisecond)
+	return os.Remove(marker)
+}
+
+func (s *suite) exclusionProcesses(t *testing.T) {
+	if s.inProcess {
+		t.Skip("in-process backend: state is not shared between processes")
+	}
+	k, dir := key(t, "k"), t.TempDir()
+	const procs, rounds = 4, 25
+	var cmds []*exec.Cmd
+	for range procs {
+		cmd := s.spawn(t, suiteName(t), "contend", k, dir, rounds)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	// This process contends too, so that fencing is checked across all.
+	l, _ := s.locker(t)
+	for range rounds {
+		if err := contendOnce(ctxT(t, 90*time.Second), l, k, dir); err != nil {
+			t.Error(err)
+			break
+		}
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("helper %d: %v", cmd.Process.Pid, err)
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string]int{}
+	var last uint64
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	for _, line := range lines {
+		var pid string
+		var fence uint64
+		if _, err := fmt.Sscan(line, &pid, &fence); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if fence <= last {
+			t.Errorf("rule: fencing tokens increase across processes; %d after %d", fence, last)
+		}
+		last = fence
+		pids[pid]++
+	}
+	if n := len(lines); n != (procs+1)*rounds || len(pids) != procs+1 {
+		t.Errorf("%d critical sections by %d processes, want %d by %d", n, len(pids), (procs+1)*rounds, procs+1)
+	}
+}
+
+func (s *suite) killedHolder(t *testing.T) {
+	if s.inProcess {
+		t.Skip("in-process backend: state is not shared between processes")
+	}
+	k := key(t, "k")
+	cmd := s.spawn(t, suiteName(t), "hold", k, t.TempDir(), 0)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	var held uint64
+	if _, serr := fmt.Sscanf(line, "HELD %d", &held); err != nil || serr != nil {
+		t.Fatalf("helper did not report holding the lock: %q %v %v", line, err, serr)
+	}
+	l, _ := s.locker(t)
+	mustBeHeld(t, l, k)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	lk, err := l.Acquire(ctxT(t, ttl+time.Second), k, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: a killed holder's lock is free again within TTL + 1s; %v", err)
+	}
+	defer lk.Release(context.Background())
+	if lk.Token() <= held {
+		t.Errorf("fencing: %d after the killed holder's %d", lk.Token(), held)
+	}
+}

@@ -1,0 +1,146 @@
+package dlock
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits and defaults.
+const (
+	// MaxKeyLen is the longest key, in bytes.
+	MaxKeyLen = 255
+	// MaxOwnerLen is the longest owner identity, in bytes.
+	MaxOwnerLen = 255
+	// MaxMetadataLen is the longest metadata string, in bytes.
+	MaxMetadataLen = 1024
+	// MinTTL is the shortest lease accepted. Shorter leases leave too little
+	// time to renew over a real network.
+	MinTTL = time.Second
+	// DefaultTTL is the lease used when neither Options.TTL nor WithTTL is set.
+	DefaultTTL = 30 * time.Second
+)
+
+// Options configure a Locker. The zero value (or nil) means all defaults.
+type Options struct {
+	// TTL is the lease of acquisitions made without WithTTL. The default is
+	// DefaultTTL.
+	TTL time.Duration
+
+	// Margin is how long before the lease's end, measured on the client's
+	// monotonic clock from the moment the acquisition or renewal was sent, a
+	// lock whose renewal has not been confirmed is considered lost. It absorbs
+	// clock-rate differences and the time to tell the holder. The default is
+	// TTL/10 + 100ms. It must be less than half the TTL.
+	Margin time.Duration
+
+	// Logger receives renewal failures and lock losses. The default discards
+	// everything.
+	Logger *slog.Logger
+
+	// Metadata is attached to acquisitions made without WithMetadata. The
+	// default names the host, process id and program.
+	Metadata string
+}
+
+// AcquireOption configures one acquisition.
+type AcquireOption func(*acquireConfig)
+
+type acquireConfig struct {
+	ttl      time.Duration
+	owner    string
+	metadata *string
+}
+
+// WithTTL sets the lease of this acquisition. It must be at least MinTTL; the
+// lock is renewed every TTL/3 while held.
+func WithTTL(ttl time.Duration) AcquireOption {
+	return func(c *acquireConfig) { c.ttl = ttl }
+}
+
+// WithOwner makes the acquisition reentrant for owner: while this Locker holds
+// the key for the same owner, another acquisition with the same owner succeeds
+// at once, returns a Lock with the same fencing token and increments a count;
+// the key is freed when every such Lock has been released. Owner identities
+// are labels, not credentials: reentrancy is scoped to one Locker, and two
+// Lockers (or processes) using the same owner still exclude each other.
+func WithOwner(owner string) AcquireOption {
+	return func(c *acquireConfig) { c.owner = owner }
+}
+
+// WithMetadata attaches a short description of the holder (at most
+// MaxMetadataLen bytes) that Locker.List and `dlock list` show.
+func WithMetadata(s string) AcquireOption {
+	return func(c *acquireConfig) { c.metadata = &s }
+}
+
+// ValidateKey reports whether key is acceptable: 1..MaxKeyLen bytes of valid
+// UTF-8 without NUL bytes. The error wraps ErrInvalidKey.
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidKey, key)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return fmt.Errorf("%w: %q contains a NUL byte", ErrInvalidKey, key)
+		}
+	}
+	return nil
+}
+
+func validateText(what, s string, max int) error {
+	if len(s) > max {
+		return fmt.Errorf("%w: %s is %d bytes, the limit is %d", ErrInvalidOption, what, len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidOption, what)
+	}
+	return nil
+}
+
+// marginFor returns the safety margin for a lease of ttl.
+func (l *Locker) marginFor(ttl time.Duration) time.Duration {
+	if l.margin > 0 {
+		return l.margin
+	}
+	return ttl/10 + 100*time.Millisecond
+}
+
+func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error) {
+	c := acquireConfig{ttl: l.ttl}
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := ValidateKey(key); err != nil {
+		return c, err
+	}
+	if c.ttl < MinTTL {
+		return c, fmt.Errorf("%w: ttl %s is below the minimum %s", ErrInvalidOption, c.ttl, MinTTL)
+	}
+	if m := l.marginFor(c.ttl); 2*m >= c.ttl {
+		return c, fmt.Errorf("%w: margin %s must be less than half the ttl %s", ErrInvalidOption, m, c.ttl)
+	}
+	if err := validateText("owner", c.owner, MaxOwnerLen); err != nil {
+		return c, err
+	}
+	if c.metadata == nil {
+		c.metadata = &l.meta
+	}
+	if err := validateText("metadata", *c.metadata, MaxMetadataLen); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func defaultMetadata() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("host=%s pid=%d prog=%s", host, os.Getpid(), filepath.Base(os.Args[0]))
+}
