@@ -1,0 +1,252 @@
+package mysqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/goleak"
+)
+
+// testTable is the table the tests use, so that they never touch a real
+// dlock_locks table.
+const testTable = "dlock_test_locks"
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// dsn returns the test server's DSN: $DLOCK_MYSQL_DSN or the local MariaDB.
+func dsn() string {
+	if d := os.Getenv("DLOCK_MYSQL_DSN"); d != "" {
+		return d
+	}
+	return "root@tcp(127.0.0.1:3306)/test"
+}
+
+var migrateOnce sync.Once
+
+// open returns a new pool on the test server with extra DSN parameters.
+// Without a server the test fails under CI=true and is skipped otherwise.
+func open(t testing.TB, params string) *sql.DB {
+	t.Helper()
+	d := dsn()
+	if params != "" {
+		sep := "?"
+		if strings.Contains(d, "?") {
+			sep = "&"
+		}
+		d += sep + params
+	}
+	db, err := sql.Open("mysql", d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("MySQL/MariaDB at %s is required (CI=true): %v", dsn(), err)
+		}
+		t.Skipf("SKIPPING: no MySQL/MariaDB at %s (set DLOCK_MYSQL_DSN; run scripts/test.sh to start one): %v", dsn(), err)
+	}
+	return db
+}
+
+func newBackend(t testing.TB, params string) *mysqllock.Backend {
+	t.Helper()
+	b, err := mysqllock.New(open(t, params), &mysqllock.Options{Table: testTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var merr error
+	migrateOnce.Do(func() { merr = b.Migrate(context.Background()) })
+	if merr != nil {
+		t.Fatal(merr)
+	}
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") })
+}
+
+// TestConformanceDriverOptions runs the suite with the DSN settings that
+// change what the server reports: clientFoundRows (affected rows count
+// matches), interpolated parameters (no prepared statements) and a session
+// time zone far from UTC.
+func TestConformanceDriverOptions(t *testing.T) {
+	params := "clientFoundRows=true&interpolateParams=true&time_zone=%27%2B09%3A00%27"
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, params) })
+}
+
+// TestServerClock checks that the lease is timed by the server, whatever the
+// session time zones of the clients.
+func TestServerClock(t *testing.T) {
+	ctx := context.Background()
+	east := dlock.New(newBackend(t, "time_zone=%27%2B13%3A00%27"), nil)
+	defer east.Close(ctx)
+	west := dlock.New(newBackend(t, "time_zone=%27-11%3A00%27"), nil)
+	defer west.Close(ctx)
+	key := fmt.Sprintf("serverclock/%d", time.Now().UnixNano())
+	lk, err := east.TryAcquire(ctx, key, dlock.WithTTL(7*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(ctx)
+	if _, err := west.TryAcquire(ctx, key); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("a client 24 hours of time zone away took a held lock: %v", err)
+	}
+	var lease int64
+	err = open(t, "").QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, acquired_at, expires_at) FROM "+testTable+" WHERE name = ?", key).Scan(&lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease != (7 * time.Second).Microseconds() {
+		t.Errorf("stored lease %dµs, want exactly the TTL computed by the server", lease)
+	}
+}
+
+func TestInvalidTable(t *testing.T) {
+	for _, name := range []string{"a;b", "a b", "`x`", "a.b.c", "123", strings.Repeat("t", 65), "t-1", "ü"} {
+		if _, err := mysqllock.New(nil, &mysqllock.Options{Table: name}); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("New(table %q): %v, want ErrInvalidOption", name, err)
+		}
+	}
+	for _, name := range []string{"locks", "app.locks", "t_1$"} {
+		if _, err := mysqllock.Schema(name); err != nil {
+			t.Errorf("Schema(%q): %v", name, err)
+		}
+	}
+}
+
+func TestSchemaGolden(t *testing.T) {
+	got, err := mysqllock.Schema("app.locks")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("testdata/schema_app_locks.golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Errorf("Schema(app.locks) differs from testdata/schema_app_locks.golden:\n%s", got)
+	}
+	def, _ := mysqllock.Schema("")
+	file, _ := os.ReadFile("schema.sql")
+	if def != string(file) {
+		t.Error("Schema(\"\") differs from schema.sql")
+	}
+}
+
+func TestMissingTable(t *testing.T) {
+	b, err := mysqllock.New(open(t, ""), &mysqllock.Options{Table: "dlock_no_such_table"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := dlock.New(b, nil)
+	defer l.Close(context.Background())
+	_, err = l.TryAcquire(context.Background(), "k")
+	var me *mysql.MySQLError
+	if !errors.Is(err, dlock.ErrNoSchema) || !errors.As(err, &me) || errors.Is(err, dlock.ErrNotAcquired) {
+		t.Errorf("acquire on a missing table: %v, want ErrNoSchema wrapping the driver's error", err)
+	}
+}
+
+// TestDatabaseDown checks that an unreachable server is an error that wraps
+// the driver's, never "acquired" or "not acquired".
+func TestDatabaseDown(t *testing.T) {
+	db, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/test?timeout=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	b, _ := mysqllock.New(db, &mysqllock.Options{Table: testTable})
+	l := dlock.New(b, nil)
+	defer l.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, acquire := range []func(context.Context, string, ...dlock.AcquireOption) (*dlock.Lock, error){l.TryAcquire, l.Acquire} {
+		lk, err := acquire(ctx, "down")
+		if lk != nil || err == nil || errors.Is(err, dlock.ErrNotAcquired) || !strings.Contains(err.Error(), "connect") {
+			t.Errorf("database down: %v, %v; want the driver's connection error", lk, err)
+		}
+	}
+}
+
+// TestConnectionsKilled cuts every connection of a client from the server
+// side while it holds a lock: renewal goes on over new connections and the
+// client keeps working.
+func TestConnectionsKilled(t *testing.T) {
+	ctx := context.Background()
+	admin := open(t, "")
+	for _, q := range []string{
+		"CREATE USER IF NOT EXISTS 'dlock_victim'@'%'",
+		"CREATE USER IF NOT EXISTS 'dlock_victim'@'localhost'",
+		"GRANT ALL ON test.* TO 'dlock_victim'@'%'",
+		"GRANT ALL ON test.* TO 'dlock_victim'@'localhost'",
+	} {
+		if _, err := admin.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	newBackend(t, "") // migrated
+	vdb, err := sql.Open("mysql", strings.Replace(dsn(), "root@", "dlock_victim@", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vdb.Close()
+	b, _ := mysqllock.New(vdb, &mysqllock.Options{Table: testTable})
+	l := dlock.New(b, nil)
+	defer l.Close(ctx)
+	key := fmt.Sprintf("killed/%d", time.Now().UnixNano())
+	lk, err := l.TryAcquire(ctx, key, dlock.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill := func() int {
+		rows, err := admin.QueryContext(ctx, "SELECT id FROM information_schema.processlist WHERE user = 'dlock_victim'")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			rows.Scan(&id)
+			ids = append(ids, id)
+		}
+		rows.Close()
+		for _, id := range ids {
+			admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id))
+		}
+		return len(ids)
+	}
+	killed := 0
+	for range 6 {
+		killed += kill()
+		time.Sleep(250 * time.Millisecond)
+	}
+	if killed == 0 {
+		t.Fatal("found no connection to kill")
+	}
+	if err := lk.Err(); err != nil {
+		t.Errorf("lock lost after its connections were cut (%d kills): %v", killed, err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Errorf("release after cut connections: %v", err)
+	}
+	lk2, err := l.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatalf("the Locker did not recover: %v", err)
+	}
+	lk2.Release(ctx)
+}

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs every check and test of every module: gofmt, go vet, staticcheck and
+# go test -race. It starts the servers the tests need on loopback (installing
+# them from Debian if absent). With CI=true a server that cannot be started
+# is a failure, never a skip.
+#
+#   bash scripts/test.sh            # everything
+#   bash scripts/test.sh -run Foo   # extra arguments go to `go test`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATICCHECK_VERSION=v0.8.2 # staticcheck 2026.2.2
+export DLOCK_MYSQL_DSN="${DLOCK_MYSQL_DSN:-root@tcp(127.0.0.1:3306)/test}"
+
+log() { printf '== %s\n' "$*" >&2; }
+die() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+mysql_ok() { mysqladmin --connect-timeout=2 -h127.0.0.1 -P3306 -uroot ping >/dev/null 2>&1; }
+
+start_mariadb() {
+  if mysql_ok; then return 0; fi
+  if [ ! -x /usr/sbin/mariadbd ]; then
+    log "installing mariadb-server from Debian"
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server >/dev/null
+  fi
+  log "starting MariaDB on 127.0.0.1:3306"
+  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --bind-address=127.0.0.1
+  for _ in $(seq 60); do
+    mysqladmin --connect-timeout=1 -uroot ping >/dev/null 2>&1 && break
+    sleep 1
+  done
+  # A fresh Debian install lets root in only over the Unix socket: allow the
+  # passwordless loopback login the tests use, and create their database.
+  if ! mysql_ok; then
+    as_root mariadb -uroot -e "ALTER USER root@localhost IDENTIFIED VIA mysql_native_password USING PASSWORD('') OR unix_socket" 2>/dev/null || true
+  fi
+  as_root mariadb -uroot -e "CREATE DATABASE IF NOT EXISTS test" 2>/dev/null || true
+  mysql_ok
+}
+
+if ! start_mariadb; then
+  if [ "${CI:-}" = true ]; then die "MariaDB is required and could not be started"; fi
+  log "WARNING: no MariaDB; the MySQL tests will be skipped"
+fi
+
+command -v staticcheck >/dev/null 2>&1 || [ -x "$(go env GOPATH)/bin/staticcheck" ] ||
+  GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"
+STATICCHECK="$(command -v staticcheck || echo "$(go env GOPATH)/bin/staticcheck")"
+
+unformatted=$(gofmt -l .)
+[ -z "$unformatted" ] || die "gofmt needed on: $unformatted"
+
+status=0
+for dir in $(go list -m -f '{{.Dir}}'); do
+  log "module $(basename "$dir")"
+  (
+    cd "$dir"
+    go vet ./...
+    "$STATICCHECK" ./...
+    go test -race -count=1 -timeout 20m "$@" ./...
+  ) || status=1
+done
+[ "$status" = 0 ] || die "some module failed"
+log "all checks passed"
