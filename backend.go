@@ -35,7 +35,7 @@ import (
 //     token it sent).
 //
 // Optional capabilities are separate interfaces found by type assertion:
-// Lister.
+// Lister, ForceReleaser.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -47,6 +47,13 @@ type Lister interface {
 	// List returns the unexpired locks whose key starts with prefix, ordered
 	// by key.
 	List(ctx context.Context, prefix string) ([]LockInfo, error)
+}
+
+// ForceReleaser is implemented by backends that can free a key whatever
+// token holds it (for administrators). It returns ErrNotHeld if the key was
+// not held.
+type ForceReleaser interface {
+	ForceRelease(ctx context.Context, key string) error
 }
 
 // Request is one acquisition attempt handed to Backend.Acquire.

@@ -142,6 +142,22 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	}
 }
 
+// ForceRelease frees key whoever holds it: an administrative action for a
+// lock whose holder is gone or stuck. The next acquisition gets a larger
+// fencing token, so a stale holder is fenced out, and the holder learns of
+// the loss at its next renewal. It returns ErrNotHeld if the key was not held
+// and ErrUnsupported if the backend cannot do it.
+func (l *Locker) ForceRelease(ctx context.Context, key string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	fr, ok := l.b.(ForceReleaser)
+	if !ok {
+		return ErrUnsupported
+	}
+	return fr.ForceRelease(ctx, key)
+}
+
 // List returns the locks currently held on the backend whose key starts with
 // prefix. It returns ErrUnsupported if the backend cannot list.
 func (l *Locker) List(ctx context.Context, prefix string) ([]LockInfo, error) {
@@ -211,6 +227,9 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 			if !wait {
 				return nil, held
 			}
+			if cfg.onWait != nil {
+				cfg.onWait(held.Holder)
+			}
 			if err := l.sleep(ctx, -1, woken); err != nil {
 				return nil, errors.Join(held, err)
 			}
@@ -239,6 +258,9 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		held := &HeldError{Holder: res.Holder}
 		if !wait {
 			return nil, held
+		}
+		if cfg.onWait != nil {
+			cfg.onWait(held.Holder)
 		}
 		if err := l.sleep(ctx, bo.next(res.Remaining), woken); err != nil {
 			return nil, errors.Join(held, err)

@@ -53,6 +53,14 @@ type acquireConfig struct {
 	ttl      time.Duration
 	owner    string
 	metadata *string
+	onWait   func(LockInfo)
+}
+
+// WithWaitFunc makes Acquire call fn with what is known of the holder each
+// time an attempt finds the key taken, before it waits again (the dlock CLI
+// shows a status line with it). fn must not block.
+func WithWaitFunc(fn func(holder LockInfo)) AcquireOption {
+	return func(c *acquireConfig) { c.onWait = fn }
 }
 
 // WithTTL sets the lease of this acquisition. It must be at least MinTTL; the

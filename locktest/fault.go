@@ -81,3 +81,10 @@ func (f *faulty) List(ctx context.Context, prefix string) ([]dlock.LockInfo, err
 	}
 	return nil, dlock.ErrUnsupported
 }
+
+func (f *faulty) ForceRelease(ctx context.Context, key string) error {
+	if fr, ok := f.Backend.(dlock.ForceReleaser); ok {
+		return fr.ForceRelease(ctx, key)
+	}
+	return dlock.ErrUnsupported
+}

@@ -85,6 +85,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"DoCancelsContextOnLoss", s.doLoss},
 		{"CloseReleasesEverything", s.closeReleases},
 		{"ListShowsHolders", s.list},
+		{"ForceReleaseFencesOutTheHolder", s.forceRelease},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
@@ -562,9 +563,18 @@ func (s *suite) waitAcross(t *testing.T) {
 	k := key(t, "k")
 	lk := mustAcquire(t, a, k)
 	time.AfterFunc(300*time.Millisecond, func() { lk.Release(context.Background()) })
-	w, err := b.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+	var waits atomic.Int64
+	w, err := b.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl), dlock.WithWaitFunc(func(h dlock.LockInfo) {
+		if h.Key != k {
+			t.Errorf("WithWaitFunc got holder of %q, want %q", h.Key, k)
+		}
+		waits.Add(1)
+	}))
 	if err != nil {
 		t.Fatalf("rule: a waiter gets the key once released; %v", err)
+	}
+	if waits.Load() == 0 {
+		t.Error("WithWaitFunc was never called while waiting")
 	}
 	defer w.Release(context.Background())
 	if !errors.Is(lk.Err(), dlock.ErrNotHeld) {
@@ -835,4 +845,35 @@ func (s *suite) list(t *testing.T) {
 	if want := fmt.Sprintf("pid=%d", os.Getpid()); !strings.Contains(all[0].Metadata, want) {
 		t.Errorf("default metadata %q does not name %s", all[0].Metadata, want)
 	}
+}
+
+func (s *suite) forceRelease(t *testing.T) {
+	l, _ := s.locker(t)
+	if _, ok := s.newBackend(t).(dlock.ForceReleaser); !ok {
+		t.Skip("backend does not implement dlock.ForceReleaser")
+	}
+	admin, _ := s.locker(t)
+	k := key(t, "k")
+	if err := admin.ForceRelease(ctxT(t, 5*time.Second), k); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Errorf("ForceRelease of a free key: %v, want ErrNotHeld", err)
+	}
+	if err := admin.ForceRelease(ctxT(t, 5*time.Second), ""); !errors.Is(err, dlock.ErrInvalidKey) {
+		t.Errorf("ForceRelease of an invalid key: %v, want ErrInvalidKey", err)
+	}
+	lk := mustAcquire(t, l, k)
+	if err := admin.ForceRelease(ctxT(t, 5*time.Second), k); err != nil {
+		t.Fatalf("ForceRelease: %v", err)
+	}
+	next := mustAcquire(t, admin, k)
+	if next.Token() <= lk.Token() {
+		t.Errorf("rule: a forced release fences out the old holder; new token %d after %d", next.Token(), lk.Token())
+	}
+	waitDone(t, lk, ttl, "a force-released holder is told at its next renewal")
+	if !errors.Is(lk.Err(), dlock.ErrLockLost) {
+		t.Errorf("Err: %v, want ErrLockLost", lk.Err())
+	}
+	if err := next.Err(); err != nil {
+		t.Errorf("the new holder was disturbed by the old one: %v", err)
+	}
+	next.Release(context.Background())
 }

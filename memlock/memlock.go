@@ -20,8 +20,9 @@ type Backend struct {
 }
 
 var (
-	_ dlock.Backend = (*Backend)(nil)
-	_ dlock.Lister  = (*Backend)(nil)
+	_ dlock.Backend       = (*Backend)(nil)
+	_ dlock.Lister        = (*Backend)(nil)
+	_ dlock.ForceReleaser = (*Backend)(nil)
 )
 
 // entry is kept after release so that the fencing counter never resets.
@@ -111,4 +112,19 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
+}
+
+// ForceRelease implements dlock.ForceReleaser.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.keys[key]
+	if e == nil || !e.heldAt(time.Now()) {
+		return dlock.ErrNotHeld
+	}
+	e.expires = time.Time{}
+	return nil
 }

@@ -56,8 +56,9 @@ type Backend struct {
 }
 
 var (
-	_ dlock.Backend = (*Backend)(nil)
-	_ dlock.Lister  = (*Backend)(nil)
+	_ dlock.Backend       = (*Backend)(nil)
+	_ dlock.Lister        = (*Backend)(nil)
+	_ dlock.ForceReleaser = (*Backend)(nil)
 )
 
 //go:embed schema.sql
@@ -120,7 +121,7 @@ func (b *Backend) Migrate(ctx context.Context) error {
 }
 
 type queries struct {
-	acquire, holder, release, list string
+	acquire, holder, release, forceRelease, list string
 }
 
 // The acquisition statement assigns columns in this order because MySQL
@@ -146,6 +147,8 @@ ON DUPLICATE KEY UPDATE
 FROM ` + t + ` WHERE name = ?`,
 		release: `UPDATE ` + t + ` SET expires_at = '1970-01-01 00:00:00'
 WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
+		forceRelease: `UPDATE ` + t + ` SET expires_at = '1970-01-01 00:00:00'
+WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)`,
 		list: `SELECT name, token, owner, fence, metadata,
   TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
 FROM ` + t + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY name`,
@@ -253,13 +256,24 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 
 // Release implements dlock.Backend.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	res, err := b.db.ExecContext(ctx, b.q.release, key, token[:])
+	return b.free(ctx, "release", b.q.release, key, token[:])
+}
+
+// ForceRelease implements dlock.ForceReleaser.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	return b.free(ctx, "force release", b.q.forceRelease, key)
+}
+
+// free runs a releasing UPDATE; no affected row means the key was not held
+// (the UPDATE always changes expires_at when it matches).
+func (b *Backend) free(ctx context.Context, op, q string, args ...any) error {
+	res, err := b.db.ExecContext(ctx, q, args...)
 	if err != nil {
-		return b.wrap("release", err)
+		return b.wrap(op, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return b.wrap("release", err)
+		return b.wrap(op, err)
 	}
 	if n == 0 {
 		return dlock.ErrNotHeld
