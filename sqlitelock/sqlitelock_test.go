@@ -1,0 +1,67 @@
+package sqlitelock_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/sqlitelock"
+	"go.uber.org/goleak"
+)
+
+// envDB names the file shared by this test process and its helper processes.
+const envDB = "DLOCK_SQLITE_TEST_DB"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envDB) == "" {
+		dir, err := os.MkdirTemp("", "sqlitelock")
+		if err != nil {
+			panic(err)
+		}
+		os.Setenv(envDB, filepath.Join(dir, "locks.db"))
+		defer os.RemoveAll(dir)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func open(t *testing.T, path string) *sqlitelock.Backend {
+	t.Helper()
+	b, err := sqlitelock.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	path := os.Getenv(envDB)
+	if err := open(t, path).Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return open(t, path) })
+}
+
+func TestMissingTable(t *testing.T) {
+	b := open(t, filepath.Join(t.TempDir(), "sub", "empty.db"))
+	l := dlock.New(b, nil)
+	defer l.Close(context.Background())
+	if _, err := l.TryAcquire(context.Background(), "k"); !errors.Is(err, dlock.ErrNoSchema) || errors.Is(err, dlock.ErrNotAcquired) {
+		t.Errorf("acquire without the table: %v, want ErrNoSchema", err)
+	}
+	if err := b.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Migrate(context.Background()); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+	lk, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk.Release(context.Background())
+}
