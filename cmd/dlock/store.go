@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/dlock-dev/dlock/sqlitelock"
+	"github.com/go-sql-driver/mysql"
+)
+
+// store is an opened lock store.
+type store struct {
+	name    string // URL without password, for messages
+	backend dlock.Backend
+	migrate func(context.Context) error
+	schema  string
+	close   func() error
+}
+
+// storeURL returns the store URL: --db, else $DLOCK_DB, else the embedded
+// default.
+func (a *app) storeURL() (string, error) {
+	if a.db != "" {
+		return a.db, nil
+	}
+	if env := os.Getenv("DLOCK_DB"); env != "" {
+		return env, nil
+	}
+	dir := os.Getenv("XDG_STATE_HOME")
+	if dir == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("no --db, no $DLOCK_DB, and no home directory for the embedded store: %w", err)
+		}
+		dir = filepath.Join(home, ".local", "state")
+	}
+	return "sqlite://" + filepath.Join(dir, "dlock", "locks.db"), nil
+}
+
+// openStore opens the store named by the flags. The embedded SQLite store
+// creates its table on open; a MySQL store must be migrated once with
+// `dlock migrate`.
+func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
+	raw, err := a.storeURL()
+	if err != nil {
+		return nil, usageError("%w", err)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, usageError("bad store URL: %v (want mysql://user:pass@host:3306/db or sqlite:///path/file.db)", redactErr(err))
+	}
+	switch u.Scheme {
+	case "sqlite":
+		path := u.Path
+		if u.Host != "" { // sqlite://relative/path
+			path = filepath.Join(u.Host, u.Path)
+		}
+		b, err := sqlitelock.Open(path)
+		if err != nil {
+			return nil, failure(err)
+		}
+		s := &store{name: "sqlite://" + path, backend: b, migrate: b.Migrate, schema: sqlitelock.Schema(), close: b.Close}
+		if !forMigrate {
+			if err := b.Migrate(ctx); err != nil {
+				b.Close()
+				return nil, failure(fmt.Errorf("embedded store %s: %w", path, err))
+			}
+		}
+		return s, nil
+	case "mysql":
+		return openMySQL(u)
+	default:
+		return nil, usageError("unknown store %q in %s (want mysql:// or sqlite://)", u.Scheme, u.Redacted())
+	}
+}
+
+func openMySQL(u *url.URL) (*store, error) {
+	cfg := mysql.NewConfig()
+	cfg.Net = "tcp"
+	cfg.Addr = u.Host
+	if u.Port() == "" {
+		cfg.Addr = net.JoinHostPort(u.Hostname(), "3306")
+	}
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.DBName = trimSlash(u.Path)
+	cfg.Timeout = 5 * time.Second
+	cfg.InterpolateParams = true
+	q := u.Query()
+	opts := &mysqllock.Options{Table: q.Get("table")}
+	for k := range q {
+		if k != "table" && k != "strategy" {
+			return nil, usageError("unknown parameter %q in %s (known: strategy, table)", k, u.Redacted())
+		}
+	}
+	switch st := q.Get("strategy"); st {
+	case "", "lease":
+	case "getlock", "rowlock":
+		return nil, usageError("strategy %q is not available yet; use strategy=lease", st)
+	default:
+		return nil, usageError("unknown strategy %q (want lease)", st)
+	}
+	if cfg.DBName == "" {
+		return nil, usageError("no database in %s (want mysql://user:pass@host:3306/db)", u.Redacted())
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, usageError("%s: %v", u.Redacted(), err)
+	}
+	db := sql.OpenDB(connector)
+	b, err := mysqllock.New(db, opts)
+	if err != nil {
+		db.Close()
+		return nil, usageError("%w", err)
+	}
+	schema, _ := mysqllock.Schema(opts.Table)
+	return &store{name: u.Redacted(), backend: b, migrate: b.Migrate, schema: schema, close: db.Close}, nil
+}
+
+func trimSlash(p string) string {
+	for len(p) > 0 && p[0] == '/' {
+		p = p[1:]
+	}
+	return p
+}
+
+// redactErr drops a *url.Error's URL, which may carry a password.
+func redactErr(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// explain turns store errors into messages that name the fix.
+func (s *store) explain(err error) error {
+	switch {
+	case errors.Is(err, dlock.ErrNoSchema):
+		return fmt.Errorf("%s has no lock table: run `dlock migrate` once (%w)", s.name, err)
+	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption):
+		return usageError("%w", err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return fmt.Errorf("cannot reach %s: is the server running and the address right? (%w)", s.name, err)
+	}
+	return fmt.Errorf("%s: %w", s.name, err)
+}
