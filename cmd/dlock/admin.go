@@ -139,7 +139,9 @@ func (a *app) migrateCmd() *cobra.Command {
 			fmt.Fprintf(a.stdout, "migrated %s\n", s.name)
 			return nil
 		},
-	}, func(c *cobra.Command) { c.Flags().BoolVar(&print, "print", false, "print the SQL instead of running it") })
+	}, func(c *cobra.Command) {
+		c.Flags().BoolVar(&print, "print", false, "print the SQL instead of running it")
+	})
 }
 
 func withFlags(c *cobra.Command, f func(*cobra.Command)) *cobra.Command {

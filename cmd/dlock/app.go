@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -56,11 +57,11 @@ func (a *app) main(args []string) int {
 		return 0
 	case errors.As(err, &ee):
 		if ee.err != nil {
-			fmt.Fprintln(a.stderr, "dlock:", ee.err)
+			a.printErr(ee.err)
 		}
 		return ee.code
 	default: // cobra's own flag and argument errors
-		fmt.Fprintln(a.stderr, "dlock:", err)
+		a.printErr(err)
 		return exitUsage
 	}
 }
@@ -69,7 +70,24 @@ func usageError(format string, args ...any) error {
 	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
 }
 
-func failure(err error) error { return &exitError{code: exitFailure, err: err} }
+// failure marks err as a store or internal failure, unless it already
+// carries an exit code.
+func failure(err error) error {
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return err
+	}
+	return &exitError{code: exitFailure, err: err}
+}
+
+// printErr prints an error once prefixed with "dlock:".
+func (a *app) printErr(err error) {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "dlock: ") {
+		msg = "dlock: " + msg
+	}
+	fmt.Fprintln(a.stderr, msg)
+}
 
 func (a *app) rootCmd() *cobra.Command {
 	root := &cobra.Command{

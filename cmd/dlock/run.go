@@ -100,7 +100,7 @@ func (r *runCmd) run(key string, argv []string) error {
 		switch {
 		case errors.As(err, &he) || errors.Is(err, dlock.ErrNotAcquired):
 			if !r.quiet {
-				fmt.Fprintln(r.a.stderr, "dlock:", conflictMessage(key, err))
+				fmt.Fprintln(r.a.stderr, "dlock: "+conflictMessage(key, err))
 			}
 			return &exitError{code: r.conflictCode}
 		default:
@@ -178,7 +178,6 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal)
 		}
 	}
 }
-
 
 // exitCode maps a child's end to dlock's exit status: its own status, or
 // 128+N when signal N killed it.

@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	_ "github.com/go-sql-driver/mysql"
+)
+
+// The end-to-end tests drive the built binary against each store.
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "dlock-e2e")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "dlock")
+	if out, err := exec.Command("go", "build", "-race", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one store for the tests: the environment the binary runs with.
+type env []string
+
+// stores returns the embedded default (a fresh state directory) and MariaDB.
+func stores(t *testing.T) map[string]env {
+	out := map[string]env{
+		"embedded": {"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="},
+	}
+	dsn := "root@tcp(127.0.0.1:3306)/test"
+	db, _ := sql.Open("mysql", dsn)
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("MariaDB on 127.0.0.1:3306 is required (CI=true): %v", err)
+		}
+		t.Logf("SKIPPING the MySQL store: %v", err)
+		return out
+	}
+	e := env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test"}
+	if r := run(t, e, "migrate"); r.code != 0 {
+		t.Fatalf("migrate: %d %s", r.code, r.stderr)
+	}
+	out["mysql"] = e
+	return out
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func command(e env, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	cmd := exec.Command(binary, args...)
+	// The binary is built with -race; do not let it sleep 1s at exit.
+	cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), e...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	return cmd, &stdout, &stderr
+}
+
+func run(t *testing.T, e env, args ...string) result {
+	t.Helper()
+	cmd, stdout, stderr := command(e, args...)
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return result{cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()}
+}
+
+func forEachStore(t *testing.T, f func(t *testing.T, e env)) {
+	for name, e := range stores(t) {
+		t.Run(name, func(t *testing.T) { f(t, e) })
+	}
+}
+
+func uniqueKey(t *testing.T) string {
+	return fmt.Sprintf("e2e/%s/%d", t.Name(), time.Now().UnixNano())
+}
+
+// waitHeld polls `dlock list` until key shows up (bounded).
+func waitHeld(t *testing.T, e env, key string) {
+	t.Helper()
+	for range 100 {
+		if strings.Contains(run(t, e, "list", key).stdout, key) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%q never showed up in dlock list", key)
+}
+
+func TestRunNeverOverlaps(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env) {
+		key, dir := uniqueKey(t), t.TempDir()
+		script := `mkdir "$D/inside" || exit 99; echo "$DLOCK_TOKEN" >> "$D/log"; sleep 0.05; rmdir "$D/inside"`
+		var wg sync.WaitGroup
+		codes := make([]int, 6)
+		for i := range codes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				codes[i] = run(t, append(e, "D="+dir), "run", "--ttl", "5s", key, "--", "sh", "-c", script).code
+			}()
+		}
+		wg.Wait()
+		for i, c := range codes {
+			if c != 0 {
+				t.Errorf("run %d exited %d (99 means two critical sections overlapped)", i, c)
+			}
+		}
+		data, _ := os.ReadFile(filepath.Join(dir, "log"))
+		var last uint64
+		lines := strings.Fields(string(data))
+		for _, l := range lines {
+			tok, _ := strconv.ParseUint(l, 10, 64)
+			if tok <= last {
+				t.Errorf("DLOCK_TOKEN %d after %d: fencing tokens must increase", tok, last)
+			}
+			last = tok
+		}
+		if len(lines) != 6 {
+			t.Errorf("%d critical sections ran, want 6", len(lines))
+		}
+	})
+}
+
+func TestRunPassesExitStatusAndEnvironment(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env) {
+		key := uniqueKey(t)
+		if r := run(t, e, "run", key, "--", "sh", "-c", "exit 7"); r.code != 7 {
+			t.Errorf("exit status %d, want 7 (%s)", r.code, r.stderr)
+		}
+		r := run(t, e, "run", "--owner", "ci-7", key, "--", "sh", "-c", `echo "$DLOCK_KEY|$DLOCK_OWNER|$DLOCK_TOKEN"`)
+		parts := strings.Split(strings.TrimSpace(r.stdout), "|")
+		if r.code != 0 || len(parts) != 3 || parts[0] != key || parts[1] != "ci-7" || parts[2] == "" || parts[2] == "0" {
+			t.Errorf("child environment %q (exit %d, %s)", r.stdout, r.code, r.stderr)
+		}
+		if r := run(t, e, "run", key, "--", "sh", "-c", "kill -TERM $$"); r.code != 128+15 {
+			t.Errorf("a child killed by SIGTERM: exit %d, want 143", r.code)
+		}
+	})
+}
+
+func TestRunConflictAndList(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env) {
+		key := uniqueKey(t)
+		holder, _, _ := command(e, "run", "--owner", "alice", key, "--", "sleep", "30")
+		if err := holder.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Wait()
+		defer holder.Process.Signal(syscall.SIGTERM)
+		waitHeld(t, e, key)
+
+		if r := run(t, e, "run", "--wait", "0", key, "--", "true"); r.code != 75 || !strings.Contains(r.stderr, "alice") {
+			t.Errorf("--wait 0 on a held key: exit %d (%q), want 75 naming the holder", r.code, r.stderr)
+		}
+		if r := run(t, e, "run", "-q", "--wait", "0", "--conflict-exit-code", "9", key, "--", "true"); r.code != 9 || r.stderr != "" {
+			t.Errorf("--conflict-exit-code 9 -q: exit %d stderr %q", r.code, r.stderr)
+		}
+		if r := run(t, e, "run", "--wait", "300ms", key, "--", "true"); r.code != 75 {
+			t.Errorf("--wait 300ms on a held key: exit %d, want 75", r.code)
+		}
+		r := run(t, e, "list", "--json", key)
+		var got []struct {
+			Key, Owner string
+			Token      uint64
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 1 || got[0].Key != key || got[0].Owner != "alice" || got[0].Token == 0 {
+			t.Errorf("list --json: %v %q", err, r.stdout)
+		}
+		if r := run(t, e, "list"); !strings.Contains(r.stdout, "OWNER") || !strings.Contains(r.stdout, key) {
+			t.Errorf("list: %q", r.stdout)
+		}
+		if r := run(t, e, "release", key); r.code != 64 {
+			t.Errorf("release without --force: exit %d, want 64", r.code)
+		}
+		// SIGTERM to dlock reaches the child; the key is then free.
+		holder.Process.Signal(syscall.SIGTERM)
+		holder.Wait()
+		if code := holder.ProcessState.ExitCode(); code != 128+15 {
+			t.Errorf("dlock run after SIGTERM exited %d, want 143 (the child's death by SIGTERM)", code)
+		}
+		if r := run(t, e, "run", "--wait", "0", key, "--", "true"); r.code != 0 {
+			t.Errorf("key not released after the holder stopped: exit %d %s", r.code, r.stderr)
+		}
+	})
+}
+
+func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env) {
+		key, dir := uniqueKey(t), t.TempDir()
+		pidFile := filepath.Join(dir, "pid")
+		holder, _, _ := command(e, "run", "--ttl", "1s", key, "--", "sh", "-c", `echo $$ > "`+pidFile+`"; exec sleep 60`)
+		if err := holder.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitHeld(t, e, key)
+		holder.Process.Signal(syscall.SIGKILL)
+		holder.Wait()
+		start := time.Now()
+		if r := run(t, e, "run", "--wait", "2s", key, "--", "true"); r.code != 0 {
+			t.Errorf("the key of a killed dlock was not free within TTL + 1s: exit %d %s", r.code, r.stderr)
+		}
+		t.Logf("taken %s after the holder's SIGKILL (ttl 1s)", time.Since(start).Round(time.Millisecond))
+		data, _ := os.ReadFile(pidFile)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		if err != nil {
+			t.Fatalf("child pid: %v", err)
+		}
+		for i := 0; syscall.Kill(pid, 0) == nil; i++ {
+			if i == 100 {
+				t.Fatalf("child %d still runs after dlock was killed", pid)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}
+
+func TestLockLossStopsChild(t *testing.T) {
+	forEachStore(t, func(t *testing.T, e env) {
+		key := uniqueKey(t)
+		holder, _, stderr := command(e, "run", "--ttl", "1s", "--grace", "500ms", key, "--", "sh", "-c", `trap "" TERM; sleep 60`)
+		if err := holder.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waitHeld(t, e, key)
+		if r := run(t, e, "release", "--force", key); r.code != 0 {
+			t.Fatalf("release --force: %d %s", r.code, r.stderr)
+		}
+		done := make(chan struct{})
+		go func() { holder.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			holder.Process.Kill()
+			<-done
+			t.Fatal("dlock run kept the child running after losing the lock")
+		}
+		if code := holder.ProcessState.ExitCode(); code != 76 {
+			t.Errorf("exit %d after lock loss, want 76; stderr %q", code, stderr)
+		}
+		if r := run(t, e, "release", "--force", key); r.code != 1 {
+			t.Errorf("release --force of a free key: exit %d, want 1", r.code)
+		}
+	})
+}
+
+func TestUsageErrors(t *testing.T) {
+	e := env{"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="}
+	for _, args := range [][]string{
+		{"run", "k"},
+		{"run", "k", "true"},
+		{"run", "", "--", "true"},
+		{"run", "--ttl", "10ms", "k", "--", "true"},
+		{"run", "k", "--", "/no/such/command"},
+		{"run", "--db", "redis://x", "k", "--", "true"},
+		{"run", "--db", "mysql://u:hunter2@h/db?strategy=nope", "k", "--", "true"},
+		{"list", "a", "b"},
+		{"frobnicate"},
+	} {
+		r := run(t, e, args...)
+		if r.code != 64 {
+			t.Errorf("dlock %q: exit %d, want 64 (%s)", args, r.code, r.stderr)
+		}
+		if strings.Contains(r.stderr, "hunter2") {
+			t.Errorf("dlock %q printed the password: %s", args, r.stderr)
+		}
+	}
+	if r := run(t, env{"DLOCK_DB=mysql://root:hunter2@127.0.0.1:1/test"}, "list"); r.code != 70 || strings.Contains(r.stderr, "hunter2") || !strings.Contains(r.stderr, "cannot reach") {
+		t.Errorf("unreachable store: exit %d %q", r.code, r.stderr)
+	}
+	if r := run(t, env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_never_migrated"}, "list"); r.code != 70 || !strings.Contains(r.stderr, "dlock migrate") {
+		t.Errorf("missing table: exit %d %q, want advice to run dlock migrate", r.code, r.stderr)
+	}
+	if r := run(t, e, "migrate", "--print"); r.code != 0 || !strings.Contains(r.stdout, "CREATE TABLE") {
+		t.Errorf("migrate --print: %d %q", r.code, r.stdout)
+	}
+	if r := run(t, e, "version"); r.code != 0 || !strings.HasPrefix(r.stdout, "dlock ") {
+		t.Errorf("version: %d %q", r.code, r.stdout)
+	}
+	if r := run(t, e, "run", "--help"); r.code != 0 || !strings.Contains(r.stdout, "crontab") {
+		t.Errorf("run --help: %d %q", r.code, r.stdout)
+	}
+}
