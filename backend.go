@@ -35,7 +35,7 @@ import (
 //     token it sent).
 //
 // Optional capabilities are separate interfaces found by type assertion:
-// Lister, ForceReleaser.
+// Lister, ForceReleaser, Waiter.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -54,6 +54,18 @@ type Lister interface {
 // not held.
 type ForceReleaser interface {
 	ForceRelease(ctx context.Context, key string) error
+}
+
+// Waiter is implemented by backends that can wait in the store for a held
+// key to be released (a server-side blocking wait, a pub/sub wake-up), so
+// that a waiter is handed the key at once instead of sleeping a backoff.
+type Waiter interface {
+	// AcquireWait is Acquire that, while the key is held, waits until it is
+	// released or its lease expires, then takes it. It may return
+	// Acquired=false with a nil error before that (when ctx ends, or after a
+	// bound of its own choosing); the Locker then checks ctx and calls it
+	// again. An error means the outcome is unknown, as for Acquire.
+	AcquireWait(ctx context.Context, req Request) (Result, error)
 }
 
 // Request is one acquisition attempt handed to Backend.Acquire.

@@ -204,6 +204,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		return nil, err
 	}
 	var bo backoff
+	tried := false // an attempt found the key held by another process
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, errors.Join(ErrNotAcquired, err)
@@ -239,7 +240,21 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 
 		req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
 		sent := time.Now()
-		res, err := l.b.Acquire(ctx, req)
+		var res Result
+		if w, ok := l.b.(Waiter); ok && wait && tried {
+			// The first attempt showed the key held: wait in the store.
+			wctx, stop := l.withClosing(ctx)
+			res, err = w.AcquireWait(wctx, req)
+			stop()
+			if err == nil && !res.Acquired {
+				if l.isClosed() {
+					return nil, ErrClosed
+				}
+				continue
+			}
+		} else {
+			res, err = l.b.Acquire(ctx, req)
+		}
 		if err != nil {
 			l.resolve(req)
 			if cerr := ctx.Err(); cerr != nil {
@@ -262,10 +277,27 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		if cfg.onWait != nil {
 			cfg.onWait(held.Holder)
 		}
+		if _, ok := l.b.(Waiter); ok && !tried {
+			tried = true // from now on wait in the store
+			continue
+		}
 		if err := l.sleep(ctx, bo.next(res.Remaining), woken); err != nil {
 			return nil, errors.Join(held, err)
 		}
 	}
+}
+
+// withClosing returns ctx, also cancelled when the Locker closes.
+func (l *Locker) withClosing(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(l.bg, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+func (l *Locker) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
 }
 
 // sleep waits for d (forever if d < 0), a local release, ctx or Close.
