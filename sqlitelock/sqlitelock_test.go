@@ -28,7 +28,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func open(t *testing.T, path string) *sqlitelock.Backend {
+func open(t *testing.T, path string) *sqlitelock.Backend { return sqliteOpen(t, path) }
+
+func sqliteOpen(t testing.TB, path string) *sqlitelock.Backend {
 	t.Helper()
 	b, err := sqlitelock.Open(path)
 	if err != nil {

@@ -1,0 +1,76 @@
+package mysqllock_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+)
+
+// BenchmarkLockerAcquireRelease measures an uncontended TryAcquire+Release
+// through the Locker (one durable upsert and one durable update).
+func BenchmarkLockerAcquireRelease(b *testing.B) {
+	for _, params := range []string{"", "interpolateParams=true"} {
+		b.Run("dsn="+params, func(b *testing.B) {
+			l := dlock.New(newBackend(b, params), nil)
+			defer l.Close(context.Background())
+			ctx := context.Background()
+			key := fmt.Sprintf("bench/%p", b)
+			b.ReportAllocs()
+			for b.Loop() {
+				lk, err := l.TryAcquire(ctx, key)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := lk.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRawUpsertRelease is the floor: the same two statements without
+// dlock (a plain upsert and an update), with interpolated parameters.
+func BenchmarkRawUpsertRelease(b *testing.B) {
+	newBackend(b, "") // migrated
+	db := open(b, "interpolateParams=true")
+	ctx := context.Background()
+	key := fmt.Sprintf("benchraw/%p", b)
+	tok := dlock.NewToken()
+	for b.Loop() {
+		if _, err := db.ExecContext(ctx, `INSERT INTO `+testTable+` (name, token, fence, acquired_at, expires_at)
+VALUES (?, ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)
+ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = VALUES(expires_at)`, key, tok[:]); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := db.ExecContext(ctx, `UPDATE `+testTable+` SET expires_at = '1970-01-01' WHERE name = ? AND token = ?`, key, tok[:]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkBackendAcquireRelease is the backend alone, without the Locker.
+func BenchmarkBackendAcquireRelease(b *testing.B) {
+	be := newBackend(b, "interpolateParams=true")
+	ctx := context.Background()
+	key := fmt.Sprintf("benchbe/%p", b)
+	for b.Loop() {
+		tok := dlock.NewToken()
+		r, err := be.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: dlock.DefaultTTL})
+		if err != nil || !r.Acquired {
+			b.Fatal(r, err)
+		}
+		if err := be.Release(ctx, key, tok); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkContended8 runs 8 workers, each with its own Locker and pool (as
+// 8 processes would), on one key.
+func BenchmarkContended8(b *testing.B) {
+	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend { return newBackend(tb, "interpolateParams=true") })
+}
