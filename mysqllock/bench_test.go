@@ -74,3 +74,7 @@ func BenchmarkBackendAcquireRelease(b *testing.B) {
 func BenchmarkContended8(b *testing.B) {
 	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend { return newBackend(tb, "interpolateParams=true") })
 }
+
+func BenchmarkGetLockContended8(b *testing.B) {
+	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend { return newGetLock(tb, "interpolateParams=true") })
+}

@@ -107,14 +107,33 @@ func Schema(table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return strings.Replace(schemaSQL, "`"+DefaultTable+"`", q, 1), nil
+	return schemaFor(q), nil
 }
 
-// Migrate creates the lock table if it does not exist. It is safe to run
-// concurrently and repeatedly.
+// schemaFor substitutes the quoted table name (which names the lease table
+// and prefixes the session strategies' tables) into schema.sql.
+func schemaFor(quoted string) string {
+	return strings.ReplaceAll(schemaSQL, "`"+DefaultTable, strings.TrimSuffix(quoted, "`"))
+}
+
+// execScript runs the statements of a schema one by one (the driver does
+// not run several per call unless the DSN allows it). Statements end with
+// ";" at the end of a line.
+func execScript(ctx context.Context, db DB, script string) error {
+	for _, stmt := range strings.Split(script, ";\n") {
+		if strings.TrimSpace(stmt) != "" {
+			if _, err := db.ExecContext(ctx, stmt); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Migrate creates the lock tables of every strategy if they do not exist. It
+// is safe to run concurrently and repeatedly.
 func (b *Backend) Migrate(ctx context.Context) error {
-	ddl := strings.Replace(schemaSQL, "`"+DefaultTable+"`", b.table, 1)
-	if _, err := b.db.ExecContext(ctx, ddl); err != nil {
+	if err := execScript(ctx, b.db, schemaFor(b.table)); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: %w", b.table, err)
 	}
 	return nil
@@ -162,10 +181,12 @@ const (
 )
 
 // wrap adds context and maps a missing table to dlock.ErrNoSchema.
-func (b *Backend) wrap(op string, err error) error {
+func (b *Backend) wrap(op string, err error) error { return wrapErr(b.table, op, err) }
+
+func wrapErr(table, op string, err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) && me.Number == errNoSuchTable {
-		return fmt.Errorf("mysqllock: %s: table %s does not exist: %w (%w)", op, b.table, dlock.ErrNoSchema, err)
+		return fmt.Errorf("mysqllock: %s: table %s does not exist: %w (%w)", op, table, dlock.ErrNoSchema, err)
 	}
 	return fmt.Errorf("mysqllock: %s: %w", op, err)
 }

@@ -250,3 +250,18 @@ func TestConnectionsKilled(t *testing.T) {
 	}
 	lk2.Release(ctx)
 }
+
+func newGetLock(t testing.TB, params string) *mysqllock.GetLock {
+	t.Helper()
+	newBackend(t, params) // migrated
+	g, err := mysqllock.NewGetLock(open(t, params), &mysqllock.Options{Table: testTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+func TestConformanceGetLock(t *testing.T) {
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") })
+}

@@ -11,3 +11,23 @@ CREATE TABLE IF NOT EXISTS `dlock_locks` (
   metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
   PRIMARY KEY (name)
 ) ENGINE=InnoDB;
+
+-- Session strategies (getlock, rowlock): the lock lives in the holder's
+-- session; this row keeps each key's fencing counter and its last holder.
+CREATE TABLE IF NOT EXISTS `dlock_locks_session` (
+  name        VARBINARY(255)  NOT NULL,
+  token       BINARY(16)      NOT NULL,
+  owner       VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  fence       BIGINT UNSIGNED NOT NULL,
+  conn_id     BIGINT UNSIGNED NOT NULL,                 -- CONNECTION_ID() of the holder's session
+  lock_name   VARCHAR(64)     CHARACTER SET utf8mb4 NOT NULL DEFAULT '',  -- GET_LOCK name ('' for rowlock)
+  acquired_at DATETIME(6)     NOT NULL,
+  metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  PRIMARY KEY (name)
+) ENGINE=InnoDB;
+
+-- rowlock: the rows locked with SELECT … FOR UPDATE, created on demand.
+CREATE TABLE IF NOT EXISTS `dlock_locks_rows` (
+  name VARBINARY(255) NOT NULL,
+  PRIMARY KEY (name)
+) ENGINE=InnoDB;

@@ -1,0 +1,336 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// GetLock is the getlock strategy: MySQL named locks (GET_LOCK /
+// RELEASE_LOCK) held by sessions pinned from the caller's pool.
+//
+// Waiting happens in the server, which hands the lock to the next waiter the
+// moment it is released (no client polling). A holder that crashes loses its
+// session and the server frees its locks at once; a holder that stops
+// talking (paused, partitioned) is dropped by the server after its session's
+// wait_timeout, which is set to the lease TTL (rounded up to seconds), while
+// renewal checks the lock every TTL/3 and reports a loss before that.
+// Uncontended locks share one session however many there are; each blocked
+// waiter and each lock handed over by a wait uses a session of its own until
+// released. Keys longer than 58 characters are hashed into the server's
+// 64-character name limit. Fencing tokens come from a per-key counter row
+// bumped on every grant.
+//
+// Not for Galera (GET_LOCK is not replicated: NewGetLock's first use fails
+// with ErrGalera), Group Replication or proxies that multiplex sessions.
+type GetLock struct {
+	db   *sql.DB
+	s    *sessions
+	mu   sync.Mutex
+	main *session // takes the uncontended locks
+}
+
+var (
+	_ dlock.Backend       = (*GetLock)(nil)
+	_ dlock.Waiter        = (*GetLock)(nil)
+	_ dlock.Lister        = (*GetLock)(nil)
+	_ dlock.ForceReleaser = (*GetLock)(nil)
+)
+
+// NewGetLock returns the getlock strategy over db, whose connections it pins
+// for held locks. It does no I/O; Migrate (any strategy's) creates the
+// fencing table. Call Close to return the pinned connections.
+func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	table, err := quoteTable(opts.Table)
+	if err != nil {
+		return nil, err
+	}
+	if db == nil {
+		return nil, fmt.Errorf("%w: mysqllock: nil DB", dlock.ErrInvalidOption)
+	}
+	return &GetLock{db: db, s: newSessions(db, strings.TrimSuffix(table, "`")+"_session`")}, nil
+}
+
+// Close releases every lock still held and returns the pinned connections to
+// the pool. It does not close the *sql.DB.
+func (g *GetLock) Close() error {
+	g.mu.Lock()
+	g.main = nil
+	g.mu.Unlock()
+	g.s.closeAll()
+	return nil
+}
+
+// mainSession returns the shared session, opening it if needed.
+func (g *GetLock) mainSession(ctx context.Context, ttl time.Duration) (*session, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.main == nil || g.main.broken {
+		ss, err := g.s.open(ctx, ttl)
+		if err != nil {
+			return nil, err
+		}
+		g.main = ss
+	}
+	return g.main, g.s.cover(ctx, g.main, ttl)
+}
+
+// reserve marks key as being taken on ss; false if ss holds it already
+// (GET_LOCK is re-entrant per session, so a second GET_LOCK would succeed).
+func (g *GetLock) reserve(ss *session, key string, tok dlock.Token) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := ss.keys[key]; ok {
+		return false
+	}
+	ss.keys[key] = tok
+	return true
+}
+
+// forget drops key from ss; a session left holding nothing (other than the
+// main one) goes back to the pool, a broken one is discarded.
+func (g *GetLock) forget(ss *session, key string, err error) {
+	g.mu.Lock()
+	delete(ss.keys, key)
+	if sessionLost(err) {
+		ss.broken = true
+	}
+	done := ss != g.main && len(ss.keys) == 0 || ss.broken
+	if ss.broken && ss == g.main {
+		g.main = nil
+	}
+	g.mu.Unlock()
+	if done {
+		g.s.close(ss)
+	}
+}
+
+// Acquire implements dlock.Backend: GET_LOCK(name, 0) on the main session.
+// If the main session turns out to be gone (the server drops idle sessions
+// after their wait_timeout), it is replaced and the attempt made once more.
+func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	for try := 0; ; try++ {
+		ss, err := g.mainSession(ctx, req.TTL)
+		if err != nil {
+			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+		}
+		if !g.reserve(ss, req.Key, req.Token) {
+			return g.notAcquired(ctx, req.Key), nil
+		}
+		res, err := g.take(ctx, ss, req, 0)
+		if try == 0 && ss.broken && !res.Acquired {
+			continue
+		}
+		return res, err
+	}
+}
+
+// maxWait bounds one server-side wait; the Locker calls AcquireWait again.
+const maxWait = 30 * time.Second
+
+// AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
+// its own, killed with KILL QUERY when ctx ends.
+func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	ss, err := g.s.open(ctx, req.TTL)
+	if err != nil {
+		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+	}
+	g.reserve(ss, req.Key, req.Token)
+	wait := maxWait
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d))
+	}
+	return g.take(ctx, ss, req, max(wait, 0))
+}
+
+// take runs GET_LOCK on ss (reserved for req.Key) and records the grant.
+//
+// Statements on a session never run under the caller's ctx: the driver
+// closes the connection when a statement's context ends, which would drop
+// every lock of the session. They run under detached(ctx) instead, and a
+// blocking wait is interrupted with KILL QUERY when ctx ends.
+func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait time.Duration) (dlock.Result, error) {
+	name := lockName(req.Key)
+	var got sql.NullInt64
+	var err error
+	if wait == 0 {
+		sctx, cancel := detached(ctx)
+		err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got)
+		cancel()
+	} else {
+		stop := context.AfterFunc(ctx, func() { g.kill(ss.id) })
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+statementTimeout)
+		err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, wait.Seconds()).Scan(&got)
+		cancel()
+		if !stop() {
+			// ctx ended: whatever the wait's outcome, drop the session so
+			// that no grant can outlive it.
+			g.forget(ss, req.Key, errAbandoned)
+			return dlock.Result{}, nil
+		}
+	}
+	if err != nil || got.Int64 != 1 {
+		g.forget(ss, req.Key, err)
+		if err != nil {
+			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+		}
+		return g.notAcquired(ctx, req.Key), nil
+	}
+	sctx, cancel := detached(ctx)
+	defer cancel()
+	fence, err := g.s.grant(sctx, ss, req, name)
+	if err != nil {
+		if !sessionLost(err) {
+			_, err2 := ss.conn.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
+			err = errors.Join(err, err2)
+		}
+		g.forget(ss, req.Key, err)
+		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+	}
+	return dlock.Result{Acquired: true, Fence: fence}, nil
+}
+
+// kill interrupts the statement running on session id.
+func (g *GetLock) kill(id int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = g.db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id))
+}
+
+// notAcquired describes the key's last holder, best effort.
+func (g *GetLock) notAcquired(ctx context.Context, key string) dlock.Result {
+	hs, err := g.s.holders(ctx, "name = ?", key)
+	if err != nil || len(hs) == 0 {
+		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
+	}
+	return dlock.Result{Holder: hs[0]}
+}
+
+// holding returns the session where key is held by tok.
+func (g *GetLock) holding(key string, tok dlock.Token) *session {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for ss := range g.s.all {
+		if t, ok := ss.keys[key]; ok && t == tok && !ss.broken {
+			return ss
+		}
+	}
+	return nil
+}
+
+// Extend implements dlock.Backend: one query per session checks that the
+// server still gives each lock to that session (IS_USED_LOCK =
+// CONNECTION_ID()), which also keeps the session from timing out.
+func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	errs := make([]error, len(leases))
+	bySession := map[*session][]int{}
+	for i, l := range leases {
+		ss := g.holding(l.Key, l.Token)
+		if ss == nil {
+			errs[i] = dlock.ErrNotHeld
+			continue
+		}
+		bySession[ss] = append(bySession[ss], i)
+	}
+	for ss, idx := range bySession {
+		q := "SELECT CONNECTION_ID()" + strings.Repeat(", IS_USED_LOCK(?)", len(idx))
+		args := make([]any, len(idx))
+		dest := make([]any, len(idx)+1)
+		ids := make([]sql.NullInt64, len(idx)+1)
+		for j, i := range idx {
+			args[j] = lockName(leases[i].Key)
+		}
+		for j := range dest {
+			dest[j] = &ids[j]
+		}
+		sctx, cancel := detached(ctx)
+		err := ss.conn.QueryRowContext(sctx, q, args...).Scan(dest...)
+		cancel()
+		for j, i := range idx {
+			switch {
+			case sessionLost(err):
+				errs[i] = fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
+			case err != nil:
+				errs[i] = wrapErr(g.s.table, "getlock extend", err)
+			case ids[j+1].Int64 != ids[0].Int64:
+				errs[i] = dlock.ErrNotHeld
+			}
+		}
+		if sessionLost(err) {
+			g.dropSession(ss)
+		}
+	}
+	return errs, nil
+}
+
+// dropSession discards a session whose connection is gone.
+func (g *GetLock) dropSession(ss *session) {
+	g.mu.Lock()
+	ss.broken = true
+	clear(ss.keys)
+	if g.main == ss {
+		g.main = nil
+	}
+	g.mu.Unlock()
+	g.s.close(ss)
+}
+
+// Release implements dlock.Backend.
+func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) error {
+	ss := g.holding(key, token)
+	if ss == nil {
+		return dlock.ErrNotHeld
+	}
+	var got sql.NullInt64
+	sctx, cancel := detached(ctx)
+	err := ss.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", lockName(key)).Scan(&got)
+	cancel()
+	g.forget(ss, key, err)
+	switch {
+	case sessionLost(err):
+		return fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
+	case err != nil:
+		return wrapErr(g.s.table, "getlock release", err)
+	case got.Int64 != 1:
+		return dlock.ErrNotHeld
+	}
+	return nil
+}
+
+// ForceRelease implements dlock.ForceReleaser. MySQL cannot release another
+// session's named lock, so this kills the holder's session: every lock that
+// session held is freed, and its holders learn it at their next renewal.
+func (g *GetLock) ForceRelease(ctx context.Context, key string) error {
+	var id sql.NullInt64
+	if err := g.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", lockName(key)).Scan(&id); err != nil {
+		return wrapErr(g.s.table, "getlock force release", err)
+	}
+	if !id.Valid {
+		return dlock.ErrNotHeld
+	}
+	if _, err := g.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id.Int64)); err != nil {
+		return wrapErr(g.s.table, "getlock force release", err)
+	}
+	return nil
+}
+
+// List implements dlock.Lister: the keys whose last grant's session still
+// holds the named lock. ExpiresAt is zero: session locks last as long as the
+// holder's session.
+func (g *GetLock) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	hs, err := g.s.holders(ctx, "LEFT(name, ?) = ? AND lock_name <> '' AND IS_USED_LOCK(lock_name) = conn_id", len(prefix), []byte(prefix))
+	if err != nil {
+		return nil, wrapErr(g.s.table, "getlock list", err)
+	}
+	return hs, nil
+}
+

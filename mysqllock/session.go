@@ -1,0 +1,223 @@
+package mysqllock
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/go-sql-driver/mysql"
+)
+
+// ErrGalera is returned by the session strategies on a Galera cluster, where
+// GET_LOCK is not replicated (and locks are not safe): use the lease
+// strategy (New) there.
+var ErrGalera = errors.New("mysqllock: session locks are unsafe on Galera (wsrep_on=ON); use the lease strategy")
+
+// session is a connection pinned for holding session locks.
+type session struct {
+	conn        *sql.Conn
+	id          int64                  // CONNECTION_ID()
+	keys        map[string]dlock.Token // getlock: keys held or being taken on this session
+	waitTimeout int                    // seconds, as set on the session
+	broken      bool
+}
+
+// sessions pins connections of a *sql.DB for the session strategies. A
+// session that holds nothing goes back to the pool, with its settings reset.
+type sessions struct {
+	db    *sql.DB
+	table string // quoted session table
+	mu    sync.Mutex
+	all   map[*session]struct{}
+	galera struct {
+		once sync.Once
+		err  error
+	}
+}
+
+func newSessions(db *sql.DB, table string) *sessions {
+	return &sessions{db: db, table: table, all: make(map[*session]struct{})}
+}
+
+// checkGalera refuses to run on Galera, once per backend.
+func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
+	s.galera.once.Do(func() {
+		var on sql.NullString
+		err := c.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on)
+		var me *mysql.MySQLError
+		switch {
+		case errors.As(err, &me) && me.Number == 1193: // unknown variable: not MariaDB/Galera
+		case err != nil:
+			s.galera.err = err
+		case on.String == "1" || on.String == "ON":
+			s.galera.err = ErrGalera
+		}
+	})
+	return s.galera.err
+}
+
+// open pins a new session whose wait_timeout covers ttl, so that the server
+// drops it (and its locks) if the holder stops talking for longer.
+func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error) {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ss := &session{conn: c, keys: make(map[string]dlock.Token)}
+	if err := s.checkGalera(ctx, c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := c.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&ss.id); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if err := s.cover(ctx, ss, ttl); err != nil {
+		c.Close()
+		return nil, err
+	}
+	s.mu.Lock()
+	s.all[ss] = struct{}{}
+	s.mu.Unlock()
+	return ss, nil
+}
+
+// cover raises the session's wait_timeout to ttl (whole seconds, rounded up).
+func (s *sessions) cover(ctx context.Context, ss *session, ttl time.Duration) error {
+	secs := int(math.Ceil(ttl.Seconds()))
+	if secs <= ss.waitTimeout {
+		return nil
+	}
+	if _, err := ss.conn.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", secs)); err != nil {
+		return err
+	}
+	ss.waitTimeout = secs
+	return nil
+}
+
+// close returns a session to the pool after dropping its named locks and
+// restoring its settings, or discards it if it is broken.
+func (s *sessions) close(ss *session) {
+	s.mu.Lock()
+	delete(s.all, ss)
+	s.mu.Unlock()
+	err := errors.New("broken")
+	if !ss.broken {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err = ss.conn.ExecContext(ctx, "DO RELEASE_ALL_LOCKS()")
+		if err == nil {
+			_, err = ss.conn.ExecContext(ctx, "SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+		}
+	}
+	if err != nil { // do not hand a dubious session back to the pool
+		_ = ss.conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	ss.conn.Close()
+}
+
+// closeAll closes every session: their locks are released by the server.
+func (s *sessions) closeAll() {
+	s.mu.Lock()
+	all := make([]*session, 0, len(s.all))
+	for ss := range s.all {
+		all = append(all, ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range all {
+		s.close(ss)
+	}
+}
+
+// statementTimeout bounds a statement on a pinned session.
+const statementTimeout = 10 * time.Second
+
+// detached returns a context for a statement on a pinned session: it keeps
+// ctx's values and deadline but not its cancellation, and ends after
+// statementTimeout at the latest.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := time.Now().Add(statementTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(d) {
+		d = dl
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), d)
+}
+
+// errAbandoned marks a session dropped on purpose.
+var errAbandoned = errors.New("mysqllock: session abandoned")
+
+// sessionLost reports whether err leaves the session unusable: anything but
+// an error reported by the server (the driver closes the connection when a
+// statement's context ends, and the server then drops the session's locks).
+func sessionLost(err error) bool {
+	var me *mysql.MySQLError
+	return err != nil && !errors.As(err, &me)
+}
+
+// lockName maps a key to a GET_LOCK name: "dlock:" + key when it fits the
+// server's 64-character limit, else "dlock#" + a SHA-256 prefix. The two
+// forms cannot collide.
+func lockName(key string) string {
+	if utf8.RuneCountInString(key) <= 58 {
+		return "dlock:" + key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "dlock#" + fmt.Sprintf("%x", sum)[:58]
+}
+
+// grant records a new holder of key in the session table on ss, bumping the
+// key's fencing counter, and returns the new fence. It runs while ss holds
+// the lock, so grants of a key are serialised.
+func (s *sessions) grant(ctx context.Context, ss *session, req dlock.Request, lockName string) (uint64, error) {
+	res, err := ss.conn.ExecContext(ctx, `INSERT INTO `+s.table+`
+  (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+VALUES (?, ?, ?, LAST_INSERT_ID(1), ?, ?, UTC_TIMESTAMP(6), ?)
+ON DUPLICATE KEY UPDATE token = ?, owner = ?, fence = LAST_INSERT_ID(fence + 1), conn_id = ?,
+  lock_name = ?, acquired_at = UTC_TIMESTAMP(6), metadata = ?`,
+		req.Key, req.Token[:], req.Owner, ss.id, lockName, req.Metadata,
+		req.Token[:], req.Owner, ss.id, lockName, req.Metadata)
+	if err != nil {
+		return 0, err
+	}
+	fence, err := res.LastInsertId()
+	if err != nil || fence <= 0 {
+		return 0, fmt.Errorf("mysqllock: no fence from the grant (%v)", err)
+	}
+	return uint64(fence), nil
+}
+
+// holders reads the session table; where is a condition on the row that
+// tells whether its holder still holds it.
+func (s *sessions) holders(ctx context.Context, where string, args ...any) ([]dlock.LockInfo, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, token, owner, fence, metadata,
+  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at)
+FROM `+s.table+` WHERE `+where, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []dlock.LockInfo
+	for rows.Next() {
+		var h dlock.LockInfo
+		var name, token []byte
+		var acquiredUs int64
+		if err := rows.Scan(&name, &token, &h.Owner, &h.Fence, &h.Metadata, &acquiredUs); err != nil {
+			return nil, err
+		}
+		h.Key = string(name)
+		copy(h.Token[:], token)
+		h.AcquiredAt = time.UnixMicro(acquiredUs)
+		out = append(out, h)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, rows.Err()
+}
