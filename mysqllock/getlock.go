@@ -47,15 +47,9 @@ var (
 // for held locks. It does no I/O; Migrate (any strategy's) creates the
 // fencing table. Call Close to return the pinned connections.
 func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
-	if opts == nil {
-		opts = &Options{}
-	}
-	table, err := quoteTable(opts.Table)
+	table, err := checkArgs(db == nil, opts)
 	if err != nil {
 		return nil, err
-	}
-	if db == nil {
-		return nil, fmt.Errorf("%w: mysqllock: nil DB", dlock.ErrInvalidOption)
 	}
 	return &GetLock{db: db, s: newSessions(db, strings.TrimSuffix(table, "`")+"_session`")}, nil
 }
@@ -333,4 +327,3 @@ func (g *GetLock) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	}
 	return hs, nil
 }
-

@@ -70,17 +70,23 @@ var digitsRE = regexp.MustCompile(`^[0-9]+$`)
 // New returns a Backend over db. It does no I/O; call Migrate once to create
 // the table. The error matches dlock.ErrInvalidOption for a bad table name.
 func New(db DB, opts *Options) (*Backend, error) {
+	table, err := checkArgs(db == nil, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{db: db, table: table, q: newQueries(table)}, nil
+}
+
+// checkArgs validates a constructor's arguments and returns the quoted table.
+func checkArgs(nilDB bool, opts *Options) (string, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
 	table, err := quoteTable(opts.Table)
-	if err != nil {
-		return nil, err
+	if err == nil && nilDB {
+		err = fmt.Errorf("%w: mysqllock: nil DB", dlock.ErrInvalidOption)
 	}
-	if db == nil {
-		return nil, fmt.Errorf("%w: mysqllock: nil DB", dlock.ErrInvalidOption)
-	}
-	return &Backend{db: db, table: table, q: newQueries(table)}, nil
+	return table, err
 }
 
 func quoteTable(name string) (string, error) {

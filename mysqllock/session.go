@@ -34,10 +34,10 @@ type session struct {
 // sessions pins connections of a *sql.DB for the session strategies. A
 // session that holds nothing goes back to the pool, with its settings reset.
 type sessions struct {
-	db    *sql.DB
-	table string // quoted session table
-	mu    sync.Mutex
-	all   map[*session]struct{}
+	db     *sql.DB
+	table  string // quoted session table
+	mu     sync.Mutex
+	all    map[*session]struct{}
 	galera struct {
 		once sync.Once
 		err  error
