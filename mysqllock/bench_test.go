@@ -13,22 +13,24 @@ import (
 // through the Locker (one durable upsert and one durable update).
 func BenchmarkLockerAcquireRelease(b *testing.B) {
 	for _, params := range []string{"", "interpolateParams=true"} {
-		b.Run("dsn="+params, func(b *testing.B) {
-			l := dlock.New(newBackend(b, params), nil)
-			defer l.Close(context.Background())
-			ctx := context.Background()
-			key := fmt.Sprintf("bench/%p", b)
-			b.ReportAllocs()
-			for b.Loop() {
-				lk, err := l.TryAcquire(ctx, key)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := lk.Release(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+		b.Run("dsn="+params, func(b *testing.B) { benchAcquireRelease(b, newBackend(b, params)) })
+	}
+}
+
+func benchAcquireRelease(b *testing.B, be dlock.Backend) {
+	l := dlock.New(be, nil)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	key := fmt.Sprintf("bench/%p", b)
+	b.ReportAllocs()
+	for b.Loop() {
+		lk, err := l.TryAcquire(ctx, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
@@ -77,4 +79,16 @@ func BenchmarkContended8(b *testing.B) {
 
 func BenchmarkGetLockContended8(b *testing.B) {
 	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend { return newGetLock(tb, "interpolateParams=true") })
+}
+
+func BenchmarkRowLockContended8(b *testing.B) {
+	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend { return newRowLock(tb, "interpolateParams=true") })
+}
+
+func BenchmarkGetLockAcquireRelease(b *testing.B) {
+	benchAcquireRelease(b, newGetLock(b, "interpolateParams=true"))
+}
+
+func BenchmarkRowLockAcquireRelease(b *testing.B) {
+	benchAcquireRelease(b, newRowLock(b, "interpolateParams=true"))
 }

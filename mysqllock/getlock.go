@@ -181,7 +181,7 @@ func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait
 	}
 	sctx, cancel := detached(ctx)
 	defer cancel()
-	fence, err := g.s.grant(sctx, ss, req, name)
+	fence, err := g.s.grant(sctx, ss.conn, ss, req, name)
 	if err != nil {
 		if !sessionLost(err) {
 			_, err2 := ss.conn.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
@@ -194,11 +194,7 @@ func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait
 }
 
 // kill interrupts the statement running on session id.
-func (g *GetLock) kill(id int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_, _ = g.db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id))
-}
+func (g *GetLock) kill(id int64) { killQuery(g.db, id) }
 
 // notAcquired describes the key's last holder, best effort.
 func (g *GetLock) notAcquired(ctx context.Context, key string) dlock.Result {

@@ -265,3 +265,18 @@ func newGetLock(t testing.TB, params string) *mysqllock.GetLock {
 func TestConformanceGetLock(t *testing.T) {
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") })
 }
+
+func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
+	t.Helper()
+	newBackend(t, params) // migrated
+	r, err := mysqllock.NewRowLock(open(t, params), &mysqllock.Options{Table: testTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func TestConformanceRowLock(t *testing.T) {
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") })
+}

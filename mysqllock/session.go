@@ -24,6 +24,7 @@ var ErrGalera = errors.New("mysqllock: session locks are unsafe on Galera (wsrep
 
 // session is a connection pinned for holding session locks.
 type session struct {
+	idleSince   time.Time // when it was parked in sessions.idle
 	conn        *sql.Conn
 	id          int64                  // CONNECTION_ID()
 	keys        map[string]dlock.Token // getlock: keys held or being taken on this session
@@ -32,12 +33,14 @@ type session struct {
 }
 
 // sessions pins connections of a *sql.DB for the session strategies. A
-// session that holds nothing goes back to the pool, with its settings reset.
+// session that holds nothing is kept for reuse (up to maxIdle) or goes back
+// to the pool with its settings reset.
 type sessions struct {
 	db     *sql.DB
 	table  string // quoted session table
 	mu     sync.Mutex
 	all    map[*session]struct{}
+	idle   []*session // healthy sessions holding nothing, kept for reuse
 	galera struct {
 		once sync.Once
 		err  error
@@ -68,6 +71,13 @@ func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
 // open pins a new session whose wait_timeout covers ttl, so that the server
 // drops it (and its locks) if the holder stops talking for longer.
 func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error) {
+	if ss := s.reuse(); ss != nil {
+		if err := s.cover(ctx, ss, ttl); err == nil {
+			return ss, nil
+		}
+		ss.broken = true
+		s.discard(ss)
+	}
 	c, err := s.db.Conn(ctx)
 	if err != nil {
 		return nil, err
@@ -104,9 +114,43 @@ func (s *sessions) cover(ctx context.Context, ss *session, ttl time.Duration) er
 	return nil
 }
 
-// close returns a session to the pool after dropping its named locks and
-// restoring its settings, or discards it if it is broken.
+// maxIdle bounds the sessions kept for reuse.
+const maxIdle = 8
+
+// reuse returns a parked session that the server has not timed out.
+func (s *sessions) reuse() *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(s.idle) > 0 {
+		ss := s.idle[len(s.idle)-1]
+		s.idle = s.idle[:len(s.idle)-1]
+		// The server drops a session idle for wait_timeout; keep a second
+		// of slack rather than find out with an error.
+		if time.Since(ss.idleSince) < time.Duration(ss.waitTimeout)*time.Second-time.Second {
+			return ss
+		}
+		go s.discard(ss)
+	}
+	return nil
+}
+
+// close parks a healthy session that holds nothing for reuse, or gives it
+// back to the pool.
 func (s *sessions) close(ss *session) {
+	s.mu.Lock()
+	if !ss.broken && len(ss.keys) == 0 && len(s.idle) < maxIdle {
+		ss.idleSince = time.Now()
+		s.idle = append(s.idle, ss)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.discard(ss)
+}
+
+// discard returns a session to the pool after dropping its named locks and
+// restoring its settings, or closes it if it is broken.
+func (s *sessions) discard(ss *session) {
 	s.mu.Lock()
 	delete(s.all, ss)
 	s.mu.Unlock()
@@ -125,16 +169,17 @@ func (s *sessions) close(ss *session) {
 	ss.conn.Close()
 }
 
-// closeAll closes every session: their locks are released by the server.
+// closeAll gives every session back: their locks are released.
 func (s *sessions) closeAll() {
 	s.mu.Lock()
 	all := make([]*session, 0, len(s.all))
 	for ss := range s.all {
 		all = append(all, ss)
 	}
+	s.idle = nil
 	s.mu.Unlock()
 	for _, ss := range all {
-		s.close(ss)
+		s.discard(ss)
 	}
 }
 
@@ -174,11 +219,17 @@ func lockName(key string) string {
 	return "dlock#" + fmt.Sprintf("%x", sum)[:58]
 }
 
-// grant records a new holder of key in the session table on ss, bumping the
-// key's fencing counter, and returns the new fence. It runs while ss holds
-// the lock, so grants of a key are serialised.
-func (s *sessions) grant(ctx context.Context, ss *session, req dlock.Request, lockName string) (uint64, error) {
-	res, err := ss.conn.ExecContext(ctx, `INSERT INTO `+s.table+`
+// execer runs a statement: a *sql.Conn or a *sql.DB.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// grant records a new holder of key (on session ss) in the session table
+// through ex, in its own autocommit statement so that it is durable at once,
+// bumping the key's fencing counter, and returns the new fence. It runs
+// while ss holds the lock, so grants of a key are serialised.
+func (s *sessions) grant(ctx context.Context, ex execer, ss *session, req dlock.Request, lockName string) (uint64, error) {
+	res, err := ex.ExecContext(ctx, `INSERT INTO `+s.table+`
   (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
 VALUES (?, ?, ?, LAST_INSERT_ID(1), ?, ?, UTC_TIMESTAMP(6), ?)
 ON DUPLICATE KEY UPDATE token = ?, owner = ?, fence = LAST_INSERT_ID(fence + 1), conn_id = ?,

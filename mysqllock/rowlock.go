@@ -1,0 +1,319 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/go-sql-driver/mysql"
+)
+
+// RowLock is the rowlock strategy: a row per key (created on demand) locked
+// with SELECT … FOR UPDATE in a transaction kept open on a pinned session
+// until release (COMMIT).
+//
+// Waiting happens in InnoDB, which grants the row to the next waiter when the
+// holder commits. Crash and pause behave as for GetLock: the server rolls
+// back a dead or timed-out session (wait_timeout is set to the TTL) and the
+// row is free. Each held lock is one open transaction on a connection of its
+// own. Fencing tokens come from the per-key counter row, bumped on every grant
+// in a separate autocommit statement so that it is durable at once. Works on
+// Galera with its usual caveat: a conflicting write on another node aborts
+// the holder's transaction (reported as a loss at the next renewal).
+type RowLock struct {
+	db    *sql.DB
+	s     *sessions
+	rows  string // quoted rows table
+	mu    sync.Mutex
+	held  map[string]*rowHold
+	known map[string]struct{} // keys whose row exists
+}
+
+type rowHold struct {
+	ss    *session
+	tx    *sql.Tx
+	token dlock.Token
+}
+
+var (
+	_ dlock.Backend       = (*RowLock)(nil)
+	_ dlock.Waiter        = (*RowLock)(nil)
+	_ dlock.Lister        = (*RowLock)(nil)
+	_ dlock.ForceReleaser = (*RowLock)(nil)
+)
+
+// MySQL error numbers of a lock that could not be had.
+const (
+	errLockWaitTimeout = 1205 // MariaDB's answer to NOWAIT, and any timed-out wait
+	errLockNowait      = 3572 // MySQL 8's answer to NOWAIT
+)
+
+// NewRowLock returns the rowlock strategy over db, whose connections it pins
+// for held locks. It does no I/O; Migrate creates the tables. Call Close to
+// roll back what is still held and return the connections.
+func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
+	table, err := checkArgs(db == nil, opts)
+	if err != nil {
+		return nil, err
+	}
+	base := strings.TrimSuffix(table, "`")
+	return &RowLock{db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
+		held: make(map[string]*rowHold), known: make(map[string]struct{})}, nil
+}
+
+// Close rolls back every held lock and returns the pinned connections.
+func (r *RowLock) Close() error {
+	r.mu.Lock()
+	holds := r.held
+	r.held = make(map[string]*rowHold)
+	r.mu.Unlock()
+	for _, h := range holds {
+		_ = h.tx.Rollback()
+	}
+	r.s.closeAll()
+	return nil
+}
+
+// Acquire implements dlock.Backend with FOR UPDATE NOWAIT.
+func (r *RowLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	return r.take(ctx, req, 0)
+}
+
+// AcquireWait implements dlock.Waiter: a blocking FOR UPDATE bounded by
+// innodb_lock_wait_timeout, killed with KILL QUERY when ctx ends.
+func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	wait := maxWait
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d))
+	}
+	return r.take(ctx, req, max(wait, time.Second))
+}
+
+func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duration) (dlock.Result, error) {
+	r.mu.Lock()
+	_, mine := r.held[req.Key]
+	r.mu.Unlock()
+	if mine && wait == 0 {
+		return r.notAcquired(ctx, req.Key), nil
+	}
+	ss, err := r.s.open(ctx, req.TTL)
+	if err != nil {
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
+	}
+	sctx, cancel := detached(ctx)
+	defer cancel()
+	if err := r.ensureRow(sctx, ss, req.Key); err != nil {
+		ss.broken = sessionLost(err)
+		r.s.close(ss)
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
+	}
+	// The transaction outlives this call: it is the lock.
+	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), nil)
+	if err != nil {
+		ss.broken = true
+		r.s.close(ss)
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
+	}
+	q := `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE NOWAIT`
+	if wait > 0 {
+		q = `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE`
+		secs := int(math.Ceil(wait.Seconds()))
+		if _, err = tx.ExecContext(sctx, fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", secs)); err == nil {
+			stop := context.AfterFunc(ctx, func() { killQuery(r.db, ss.id) })
+			wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), wait+statementTimeout)
+			var name []byte
+			err = tx.QueryRowContext(wctx, q, req.Key).Scan(&name)
+			wcancel()
+			if !stop() { // ctx ended: drop the session, and with it any grant
+				ss.broken = true
+				_ = tx.Rollback()
+				r.s.close(ss)
+				return dlock.Result{}, nil
+			}
+		}
+	} else {
+		var name []byte
+		err = tx.QueryRowContext(sctx, q, req.Key).Scan(&name)
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		ss.broken = sessionLost(err)
+		r.s.close(ss)
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && (me.Number == errLockWaitTimeout || me.Number == errLockNowait) {
+			return r.notAcquired(ctx, req.Key), nil
+		}
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
+	}
+	fence, err := r.s.grant(sctx, r.db, ss, req, "")
+	if err != nil {
+		_ = tx.Rollback()
+		r.s.close(ss)
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
+	}
+	r.mu.Lock()
+	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
+	r.mu.Unlock()
+	return dlock.Result{Acquired: true, Fence: fence}, nil
+}
+
+// ensureRow creates key's row if it does not exist yet. The plain read does
+// not wait for locks; INSERT IGNORE runs only for a missing row.
+func (r *RowLock) ensureRow(ctx context.Context, ss *session, key string) error {
+	r.mu.Lock()
+	_, seen := r.known[key]
+	r.mu.Unlock()
+	if seen { // rows are never deleted
+		return nil
+	}
+	var one int
+	err := ss.conn.QueryRowContext(ctx, `SELECT 1 FROM `+r.rows+` WHERE name = ?`, key).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		_, err = ss.conn.ExecContext(ctx, `INSERT IGNORE INTO `+r.rows+` (name) VALUES (?)`, key)
+	}
+	if err == nil {
+		r.mu.Lock()
+		if len(r.known) >= maxKnownRows {
+			clear(r.known)
+		}
+		r.known[key] = struct{}{}
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// maxKnownRows bounds the cache of keys whose row is known to exist.
+const maxKnownRows = 10000
+
+func killQuery(db *sql.DB, id int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id))
+}
+
+func (r *RowLock) notAcquired(ctx context.Context, key string) dlock.Result {
+	hs, err := r.s.holders(ctx, "name = ?", key)
+	if err != nil || len(hs) == 0 {
+		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
+	}
+	return dlock.Result{Holder: hs[0]}
+}
+
+// hold returns key's hold if tok holds it.
+func (r *RowLock) hold(key string, tok dlock.Token) *rowHold {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if h := r.held[key]; h != nil && h.token == tok {
+		return h
+	}
+	return nil
+}
+
+// drop forgets a hold and ends its transaction and session.
+func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
+	r.mu.Lock()
+	if r.held[key] == h {
+		delete(r.held, key)
+	}
+	r.mu.Unlock()
+	var err error
+	if commit {
+		err = h.tx.Commit()
+	} else {
+		_ = h.tx.Rollback()
+	}
+	h.ss.broken = h.ss.broken || sessionLost(err)
+	r.s.close(h.ss)
+	return err
+}
+
+// Extend implements dlock.Backend: each held transaction is asked whether it
+// is still open (which also keeps its session from timing out).
+func (r *RowLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	errs := make([]error, len(leases))
+	sctx, cancel := detached(ctx)
+	defer cancel()
+	for i, l := range leases {
+		h := r.hold(l.Key, l.Token)
+		if h == nil {
+			errs[i] = dlock.ErrNotHeld
+			continue
+		}
+		var open int
+		err := h.tx.QueryRowContext(sctx, "SELECT @@in_transaction").Scan(&open)
+		var me *mysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1193 { // MySQL: no such variable
+			err = h.tx.QueryRowContext(sctx, "SELECT 1").Scan(&open)
+		}
+		switch {
+		case sessionLost(err):
+			h.ss.broken = true
+			r.drop(l.Key, h, false)
+			errs[i] = fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
+		case err != nil:
+			errs[i] = wrapErr(r.rows, "rowlock extend", err)
+		case open != 1:
+			r.drop(l.Key, h, false)
+			errs[i] = fmt.Errorf("%w: the transaction holding the row ended", dlock.ErrNotHeld)
+		}
+	}
+	return errs, nil
+}
+
+// Release implements dlock.Backend: COMMIT.
+func (r *RowLock) Release(ctx context.Context, key string, token dlock.Token) error {
+	h := r.hold(key, token)
+	if h == nil {
+		return dlock.ErrNotHeld
+	}
+	if err := r.drop(key, h, true); err != nil {
+		return fmt.Errorf("%w: commit: %v", dlock.ErrNotHeld, err)
+	}
+	return nil
+}
+
+// ForceRelease implements dlock.ForceReleaser by killing the session of the
+// key's last holder if its row is locked.
+func (r *RowLock) ForceRelease(ctx context.Context, key string) error {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrapErr(r.rows, "rowlock force release", err)
+	}
+	var name []byte
+	err = tx.QueryRowContext(ctx, `SELECT name FROM `+r.rows+` WHERE name = ? FOR UPDATE NOWAIT`, key).Scan(&name)
+	_ = tx.Rollback()
+	var me *mysql.MySQLError
+	switch {
+	case err == nil || errors.Is(err, sql.ErrNoRows):
+		return dlock.ErrNotHeld
+	case !errors.As(err, &me) || (me.Number != errLockWaitTimeout && me.Number != errLockNowait):
+		return wrapErr(r.rows, "rowlock force release", err)
+	}
+	var id int64
+	if err := r.db.QueryRowContext(ctx, `SELECT conn_id FROM `+r.s.table+` WHERE name = ?`, key).Scan(&id); err != nil {
+		return wrapErr(r.rows, "rowlock force release", err)
+	}
+	if _, err := r.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+		return wrapErr(r.rows, "rowlock force release", err)
+	}
+	return nil
+}
+
+// List implements dlock.Lister: keys whose last holder's session still has
+// an open transaction (read from information_schema.INNODB_TRX, which needs
+// the PROCESS privilege). ExpiresAt is zero: the lock lasts as long as the
+// holder's session.
+func (r *RowLock) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	hs, err := r.s.holders(ctx, `LEFT(name, ?) = ? AND lock_name = ''
+  AND conn_id IN (SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX)`, len(prefix), []byte(prefix))
+	if err != nil {
+		return nil, wrapErr(r.rows, "rowlock list", err)
+	}
+	return hs, nil
+}
