@@ -116,3 +116,22 @@ func BenchmarkContention(b *testing.B, workers int, newBackend func(testing.TB) 
 	b.ReportMetric(st.AcquisitionsPerSec(), "acq/s")
 	b.ReportMetric(st.MinShare, "min-share")
 }
+
+// BenchmarkAcquireRelease measures an uncontended TryAcquire and Release of
+// one key through a Locker over be.
+func BenchmarkAcquireRelease(b *testing.B, be dlock.Backend) {
+	l := dlock.New(be, nil)
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	key := "locktest/bench/" + dlock.NewToken().String()
+	b.ReportAllocs()
+	for b.Loop() {
+		lk, err := l.TryAcquire(ctx, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -13,24 +13,7 @@ import (
 // through the Locker (one durable upsert and one durable update).
 func BenchmarkLockerAcquireRelease(b *testing.B) {
 	for _, params := range []string{"", "interpolateParams=true"} {
-		b.Run("dsn="+params, func(b *testing.B) { benchAcquireRelease(b, newBackend(b, params)) })
-	}
-}
-
-func benchAcquireRelease(b *testing.B, be dlock.Backend) {
-	l := dlock.New(be, nil)
-	defer l.Close(context.Background())
-	ctx := context.Background()
-	key := fmt.Sprintf("bench/%p", b)
-	b.ReportAllocs()
-	for b.Loop() {
-		lk, err := l.TryAcquire(ctx, key)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lk.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
+		b.Run("dsn="+params, func(b *testing.B) { locktest.BenchmarkAcquireRelease(b, newBackend(b, params)) })
 	}
 }
 
@@ -86,9 +69,9 @@ func BenchmarkRowLockContended8(b *testing.B) {
 }
 
 func BenchmarkGetLockAcquireRelease(b *testing.B) {
-	benchAcquireRelease(b, newGetLock(b, "interpolateParams=true"))
+	locktest.BenchmarkAcquireRelease(b, newGetLock(b, "interpolateParams=true"))
 }
 
 func BenchmarkRowLockAcquireRelease(b *testing.B) {
-	benchAcquireRelease(b, newRowLock(b, "interpolateParams=true"))
+	locktest.BenchmarkAcquireRelease(b, newRowLock(b, "interpolateParams=true"))
 }

@@ -118,7 +118,7 @@ func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 		}
 		if !g.reserve(ss, req.Key, req.Token) {
-			return g.notAcquired(ctx, req.Key), nil
+			return g.s.notAcquired(ctx, req.Key), nil
 		}
 		res, err := g.take(ctx, ss, req, 0)
 		if try == 0 && ss.broken && !res.Acquired {
@@ -177,7 +177,7 @@ func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait
 		if err != nil {
 			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 		}
-		return g.notAcquired(ctx, req.Key), nil
+		return g.s.notAcquired(ctx, req.Key), nil
 	}
 	sctx, cancel := detached(ctx)
 	defer cancel()
@@ -195,15 +195,6 @@ func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait
 
 // kill interrupts the statement running on session id.
 func (g *GetLock) kill(id int64) { killQuery(g.db, id) }
-
-// notAcquired describes the key's last holder, best effort.
-func (g *GetLock) notAcquired(ctx context.Context, key string) dlock.Result {
-	hs, err := g.s.holders(ctx, "name = ?", key)
-	if err != nil || len(hs) == 0 {
-		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
-	}
-	return dlock.Result{Holder: hs[0]}
-}
 
 // holding returns the session where key is held by tok.
 func (g *GetLock) holding(key string, tok dlock.Token) *session {

@@ -100,7 +100,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	_, mine := r.held[req.Key]
 	r.mu.Unlock()
 	if mine && wait == 0 {
-		return r.notAcquired(ctx, req.Key), nil
+		return r.s.notAcquired(ctx, req.Key), nil
 	}
 	ss, err := r.s.open(ctx, req.TTL)
 	if err != nil {
@@ -147,7 +147,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		r.s.close(ss)
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && (me.Number == errLockWaitTimeout || me.Number == errLockNowait) {
-			return r.notAcquired(ctx, req.Key), nil
+			return r.s.notAcquired(ctx, req.Key), nil
 		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
@@ -195,14 +195,6 @@ func killQuery(db *sql.DB, id int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, _ = db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id))
-}
-
-func (r *RowLock) notAcquired(ctx context.Context, key string) dlock.Result {
-	hs, err := r.s.holders(ctx, "name = ?", key)
-	if err != nil || len(hs) == 0 {
-		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
-	}
-	return dlock.Result{Holder: hs[0]}
 }
 
 // hold returns key's hold if tok holds it.

@@ -246,6 +246,15 @@ ON DUPLICATE KEY UPDATE token = ?, owner = ?, fence = LAST_INSERT_ID(fence + 1),
 	return uint64(fence), nil
 }
 
+// notAcquired describes the key's last holder, best effort.
+func (s *sessions) notAcquired(ctx context.Context, key string) dlock.Result {
+	hs, err := s.holders(ctx, "name = ?", key)
+	if err != nil || len(hs) == 0 {
+		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
+	}
+	return dlock.Result{Holder: hs[0]}
+}
+
 // holders reads the session table; where is a condition on the row that
 // tells whether its holder still holds it.
 func (s *sessions) holders(ctx context.Context, where string, args ...any) ([]dlock.LockInfo, error) {

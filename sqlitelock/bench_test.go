@@ -2,7 +2,6 @@ package sqlitelock_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"testing"
 
@@ -17,20 +16,7 @@ func BenchmarkLockerAcquireRelease(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := dlock.New(be, nil)
-	defer l.Close(context.Background())
-	ctx := context.Background()
-	key := fmt.Sprintf("bench/%p", b)
-	b.ReportAllocs()
-	for b.Loop() {
-		lk, err := l.TryAcquire(ctx, key)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := lk.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
-	}
+	locktest.BenchmarkAcquireRelease(b, be)
 }
 
 func openB(b testing.TB) (dlock.Backend, error) {
