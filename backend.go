@@ -64,7 +64,9 @@ type Waiter interface {
 	// released or its lease expires, then takes it. It may return
 	// Acquired=false with a nil error before that (when ctx ends, or after a
 	// bound of its own choosing); the Locker then checks ctx and calls it
-	// again. An error means the outcome is unknown, as for Acquire.
+	// again. An error means the outcome is unknown, as for Acquire, except
+	// ErrUnsupported: the backend cannot wait here (it took nothing) and the
+	// Locker falls back to its backoff for this acquisition.
 	AcquireWait(ctx context.Context, req Request) (Result, error)
 }
 

@@ -203,8 +203,9 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 	if err != nil {
 		return nil, err
 	}
-	var bo backoff
-	tried := false // an attempt found the key held by another process
+	var bo Backoff
+	tried := false    // an attempt found the key held by another process
+	noWaiter := false // the backend's Waiter declined: use the backoff
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, errors.Join(ErrNotAcquired, err)
@@ -241,11 +242,15 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
 		sent := time.Now()
 		var res Result
-		if w, ok := l.b.(Waiter); ok && wait && tried {
+		if w, ok := l.b.(Waiter); ok && wait && tried && !noWaiter {
 			// The first attempt showed the key held: wait in the store.
 			wctx, stop := l.withClosing(ctx)
 			res, err = w.AcquireWait(wctx, req)
 			stop()
+			if errors.Is(err, ErrUnsupported) { // took nothing: back off instead
+				noWaiter = true
+				continue
+			}
 			if err == nil && !res.Acquired {
 				if l.isClosed() {
 					return nil, ErrClosed
@@ -257,7 +262,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		}
 		if err != nil {
 			l.resolve(req)
-			if cerr := ctx.Err(); cerr != nil {
+			if cerr := ctxErr(ctx); cerr != nil {
 				return nil, errors.Join(ErrNotAcquired, cerr)
 			}
 			return nil, fmt.Errorf("dlock: acquire %q: %w", key, err)
@@ -277,14 +282,27 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		if cfg.onWait != nil {
 			cfg.onWait(held.Holder)
 		}
-		if _, ok := l.b.(Waiter); ok && !tried {
+		if _, ok := l.b.(Waiter); ok && !tried && !noWaiter {
 			tried = true // from now on wait in the store
 			continue
 		}
-		if err := l.sleep(ctx, bo.next(res.Remaining), woken); err != nil {
+		if err := l.sleep(ctx, bo.Next(res.Remaining), woken); err != nil {
 			return nil, errors.Join(held, err)
 		}
 	}
+}
+
+// ctxErr is ctx.Err(), also reporting a deadline that has passed but whose
+// timer has not fired yet (a backend's own timer for the same instant may
+// fire first and fail a statement).
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // withClosing returns ctx, also cancelled when the Locker closes.
@@ -352,11 +370,16 @@ func (l *Locker) resolve(req Request) {
 	}
 }
 
-// backoff yields capped, jittered, doubling delays.
-type backoff struct{ n uint }
+// Backoff yields capped, jittered, doubling delays: the Locker's wait policy,
+// exported for backends that wait on their own (see Waiter). The zero value
+// is ready to use; it is not safe for concurrent use.
+type Backoff struct{ n uint }
 
-// next returns the next delay, never longer than hint when hint > 0.
-func (b *backoff) next(hint time.Duration) time.Duration {
+// Next returns the next delay: half of the current step plus a random part
+// of the other half, the step doubling from 5 ms to 1 s; never longer than
+// hint (plus 1 ms) when hint > 0, so that a waiter wakes when the holder's
+// lease runs out.
+func (b *Backoff) Next(hint time.Duration) time.Duration {
 	d := min(minBackoff<<b.n, maxBackoff)
 	if d < maxBackoff {
 		b.n++

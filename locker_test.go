@@ -6,9 +6,9 @@ import (
 )
 
 func TestBackoff(t *testing.T) {
-	var b backoff
+	var b Backoff
 	for i := range 20 {
-		d := b.next(0)
+		d := b.Next(0)
 		if d < minBackoff/2 || d > maxBackoff {
 			t.Fatalf("step %d: %s outside [%s, %s]", i, d, minBackoff/2, maxBackoff)
 		}
@@ -16,7 +16,7 @@ func TestBackoff(t *testing.T) {
 			t.Errorf("step %d: %s, want capped near %s", i, d, maxBackoff)
 		}
 	}
-	if d := b.next(3 * time.Millisecond); d != 4*time.Millisecond {
+	if d := b.Next(3 * time.Millisecond); d != 4*time.Millisecond {
 		t.Errorf("with a 3ms remaining lease the waiter sleeps %s, want 4ms", d)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
 )
 
 // BenchmarkLockerAcquireRelease measures an uncontended TryAcquire+Release
@@ -74,4 +75,10 @@ func BenchmarkGetLockAcquireRelease(b *testing.B) {
 
 func BenchmarkRowLockAcquireRelease(b *testing.B) {
 	locktest.BenchmarkAcquireRelease(b, newRowLock(b, "interpolateParams=true"))
+}
+
+func BenchmarkLeaseNoDoorbellContended8(b *testing.B) {
+	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend {
+		return newLease(tb, "interpolateParams=true", &mysqllock.Options{Table: testTable, NoDoorbell: true})
+	})
 }

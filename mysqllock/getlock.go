@@ -30,10 +30,12 @@ import (
 // Not for Galera (GET_LOCK is not replicated: NewGetLock's first use fails
 // with ErrGalera), Group Replication or proxies that multiplex sessions.
 type GetLock struct {
-	db   *sql.DB
-	s    *sessions
-	mu   sync.Mutex
-	main *session // takes the uncontended locks
+	db      *sql.DB
+	s       *sessions
+	bell    bool // a lease's doorbell: "dbell" names, no fencing row
+	mu      sync.Mutex
+	main    *session                 // takes the uncontended locks
+	byToken map[dlock.Token]*session // where each held or pending token is
 }
 
 var (
@@ -68,7 +70,7 @@ func (g *GetLock) Close() error {
 func (g *GetLock) mainSession(ctx context.Context, ttl time.Duration) (*session, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.main == nil || g.main.broken {
+	if g.main == nil || g.main.broken.Load() {
 		ss, err := g.s.open(ctx, ttl)
 		if err != nil {
 			return nil, err
@@ -87,6 +89,10 @@ func (g *GetLock) reserve(ss *session, key string, tok dlock.Token) bool {
 		return false
 	}
 	ss.keys[key] = tok
+	if g.byToken == nil {
+		g.byToken = make(map[dlock.Token]*session)
+	}
+	g.byToken[tok] = ss
 	return true
 }
 
@@ -94,12 +100,15 @@ func (g *GetLock) reserve(ss *session, key string, tok dlock.Token) bool {
 // main one) goes back to the pool, a broken one is discarded.
 func (g *GetLock) forget(ss *session, key string, err error) {
 	g.mu.Lock()
+	if tok, ok := ss.keys[key]; ok {
+		delete(g.byToken, tok)
+	}
 	delete(ss.keys, key)
 	if sessionLost(err) {
-		ss.broken = true
+		ss.broken.Store(true)
 	}
-	done := ss != g.main && len(ss.keys) == 0 || ss.broken
-	if ss.broken && ss == g.main {
+	done := ss != g.main && len(ss.keys) == 0 || ss.broken.Load()
+	if ss.broken.Load() && ss == g.main {
 		g.main = nil
 	}
 	g.mu.Unlock()
@@ -118,10 +127,10 @@ func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 		}
 		if !g.reserve(ss, req.Key, req.Token) {
-			return g.s.notAcquired(ctx, req.Key), nil
+			return g.notAcquired(ctx, req.Key), nil
 		}
 		res, err := g.take(ctx, ss, req, 0)
-		if try == 0 && ss.broken && !res.Acquired {
+		if try == 0 && ss.broken.Load() && !res.Acquired {
 			continue
 		}
 		return res, err
@@ -153,7 +162,7 @@ func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // every lock of the session. They run under detached(ctx) instead, and a
 // blocking wait is interrupted with KILL QUERY when ctx ends.
 func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait time.Duration) (dlock.Result, error) {
-	name := lockName(req.Key)
+	name := g.name(req.Key)
 	var got sql.NullInt64
 	var err error
 	if wait == 0 {
@@ -177,7 +186,10 @@ func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait
 		if err != nil {
 			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 		}
-		return g.s.notAcquired(ctx, req.Key), nil
+		return g.notAcquired(ctx, req.Key), nil
+	}
+	if g.bell {
+		return dlock.Result{Acquired: true}, nil
 	}
 	sctx, cancel := detached(ctx)
 	defer cancel()
@@ -193,6 +205,22 @@ func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait
 	return dlock.Result{Acquired: true, Fence: fence}, nil
 }
 
+// notAcquired describes the key's last holder (doorbells have no record).
+func (g *GetLock) notAcquired(ctx context.Context, key string) dlock.Result {
+	if g.bell {
+		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
+	}
+	return g.s.notAcquired(ctx, key)
+}
+
+// name is key's GET_LOCK name.
+func (g *GetLock) name(key string) string {
+	if g.bell {
+		return lockName("dbell", key)
+	}
+	return lockName("dlock", key)
+}
+
 // kill interrupts the statement running on session id.
 func (g *GetLock) kill(id int64) { killQuery(g.db, id) }
 
@@ -200,12 +228,18 @@ func (g *GetLock) kill(id int64) { killQuery(g.db, id) }
 func (g *GetLock) holding(key string, tok dlock.Token) *session {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for ss := range g.s.all {
-		if t, ok := ss.keys[key]; ok && t == tok && !ss.broken {
-			return ss
-		}
+	if ss := g.byToken[tok]; ss != nil && ss.keys[key] == tok && !ss.broken.Load() {
+		return ss
 	}
 	return nil
+}
+
+// sessionOf returns the id of the session where tok holds key, or 0.
+func (g *GetLock) sessionOf(key string, tok dlock.Token) int64 {
+	if ss := g.holding(key, tok); ss != nil {
+		return ss.id
+	}
+	return 0
 }
 
 // Extend implements dlock.Backend: one query per session checks that the
@@ -228,7 +262,7 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		dest := make([]any, len(idx)+1)
 		ids := make([]sql.NullInt64, len(idx)+1)
 		for j, i := range idx {
-			args[j] = lockName(leases[i].Key)
+			args[j] = g.name(leases[i].Key)
 		}
 		for j := range dest {
 			dest[j] = &ids[j]
@@ -256,7 +290,10 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 // dropSession discards a session whose connection is gone.
 func (g *GetLock) dropSession(ss *session) {
 	g.mu.Lock()
-	ss.broken = true
+	ss.broken.Store(true)
+	for _, tok := range ss.keys {
+		delete(g.byToken, tok)
+	}
 	clear(ss.keys)
 	if g.main == ss {
 		g.main = nil
@@ -273,7 +310,7 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 	}
 	var got sql.NullInt64
 	sctx, cancel := detached(ctx)
-	err := ss.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", lockName(key)).Scan(&got)
+	err := ss.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", g.name(key)).Scan(&got)
 	cancel()
 	g.forget(ss, key, err)
 	switch {
@@ -292,7 +329,7 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 // session held is freed, and its holders learn it at their next renewal.
 func (g *GetLock) ForceRelease(ctx context.Context, key string) error {
 	var id sql.NullInt64
-	if err := g.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", lockName(key)).Scan(&id); err != nil {
+	if err := g.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", g.name(key)).Scan(&id); err != nil {
 		return wrapErr(g.s.table, "getlock force release", err)
 	}
 	if !id.Valid {

@@ -23,6 +23,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -45,18 +46,32 @@ type Options struct {
 	// ("locks.dlock_locks"). Each part is 1..64 of [A-Za-z0-9_$], not all
 	// digits. The default is DefaultTable.
 	Table string
+
+	// NoDoorbell turns off the lease strategy's doorbells. By default a
+	// lease holder also holds a named lock (a "doorbell": GET_LOCK on a
+	// session pinned from a *sql.DB), so that waiters block in the server,
+	// wake the moment the lease is released or its holder dies, and are
+	// handed the lease in FIFO order: a client that releases a key cannot
+	// take it straight back ahead of a waiter. Without doorbells (also where
+	// named locks are unavailable: Galera, a DB that is not a *sql.DB)
+	// waiters use the Locker's backoff and a releasing client may barge
+	// back in, for more acquisitions per second and no fairness.
+	NoDoorbell bool
 }
 
 // Backend is the lease strategy on MySQL/MariaDB. It is safe for concurrent
 // use.
 type Backend struct {
-	db    DB
-	table string // quoted
-	q     queries
+	db     DB
+	table  string // quoted
+	q      queries
+	bell   *GetLock    // the doorbells; nil without them
+	noBell atomic.Bool // doorbells turned out to be unavailable (Galera)
 }
 
 var (
 	_ dlock.Backend       = (*Backend)(nil)
+	_ dlock.Waiter        = (*Backend)(nil)
 	_ dlock.Lister        = (*Backend)(nil)
 	_ dlock.ForceReleaser = (*Backend)(nil)
 )
@@ -74,7 +89,21 @@ func New(db DB, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{db: db, table: table, q: newQueries(table)}, nil
+	b := &Backend{db: db, table: table, q: newQueries(table)}
+	if sdb, ok := db.(*sql.DB); ok && (opts == nil || !opts.NoDoorbell) {
+		b.bell = &GetLock{db: sdb, s: newSessions(sdb, ""), bell: true}
+		b.bell.s.keepTimeout = true // a doorbell's session may idle: its death only rings
+	}
+	return b, nil
+}
+
+// Close returns the connections pinned for doorbells to the pool. It does not
+// close the DB.
+func (b *Backend) Close() error {
+	if b.bell != nil {
+		return b.bell.Close()
+	}
+	return nil
 }
 
 // checkArgs validates a constructor's arguments and returns the quoted table.
@@ -146,7 +175,7 @@ func (b *Backend) Migrate(ctx context.Context) error {
 }
 
 type queries struct {
-	acquire, holder, release, forceRelease, list string
+	acquire, acquireBell, holder, release, forceRelease, list string
 }
 
 // The acquisition statement assigns columns in this order because MySQL
@@ -155,10 +184,15 @@ type queries struct {
 // assigned last. LAST_INSERT_ID(x) makes the reply carry the new fence when
 // the row is taken and 0 when it is not, so that the outcome does not depend
 // on affected-row counts (which clientFoundRows changes).
+//
+// With doorbells, a free lease is not taken while another session holds the
+// key's doorbell (IS_USED_LOCK) and the lease was freed less than staleBell
+// ago: that session belongs to the waiter first in line, woken by the
+// release. A doorbell held longer than that past the lease's end is stale
+// (its holder paused or lost the lease without ringing) and is ignored.
 func newQueries(t string) queries {
-	const free = "expires_at <= UTC_TIMESTAMP(6)"
-	return queries{
-		acquire: `INSERT INTO ` + t + ` (name, token, owner, fence, acquired_at, expires_at, metadata)
+	acquire := func(free string) string {
+		return `INSERT INTO ` + t + ` (name, token, owner, fence, acquired_at, expires_at, metadata)
 VALUES (?, ?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)
 ON DUPLICATE KEY UPDATE
   token = IF(` + free + `, ?, token),
@@ -166,13 +200,20 @@ ON DUPLICATE KEY UPDATE
   metadata = IF(` + free + `, ?, metadata),
   acquired_at = IF(` + free + `, UTC_TIMESTAMP(6), acquired_at),
   fence = IF(` + free + `, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
-  expires_at = IF(` + free + `, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`,
+  expires_at = IF(` + free + `, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
+	}
+	const free = "expires_at <= UTC_TIMESTAMP(6)"
+	freeBell := fmt.Sprintf("(%s AND (IFNULL(IS_USED_LOCK(?), ?) = ? OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND))",
+		free, staleBell.Microseconds())
+	return queries{
+		acquire:     acquire(free),
+		acquireBell: acquire(freeBell),
 		holder: `SELECT name, token, owner, fence, metadata,
   TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
 FROM ` + t + ` WHERE name = ?`,
-		release: `UPDATE ` + t + ` SET expires_at = '1970-01-01 00:00:00'
+		release: `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6)
 WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
-		forceRelease: `UPDATE ` + t + ` SET expires_at = '1970-01-01 00:00:00'
+		forceRelease: `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6)
 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)`,
 		list: `SELECT name, token, owner, fence, metadata,
   TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
@@ -202,17 +243,28 @@ func isDeadlock(err error) bool {
 	return errors.As(err, &me) && me.Number == errDeadlock
 }
 
-// Acquire implements dlock.Backend.
-func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+// acquireLease is one attempt at the lease row. With doorbells, inLine is
+// the session holding this request's doorbell (0 if none): the lease is not
+// taken while anyone else holds a fresh doorbell (see newQueries).
+func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	ttl := req.TTL.Microseconds()
+	q := b.q.acquire
+	args := []any{req.Key, req.Token[:], req.Owner, ttl, req.Metadata,
+		req.Token[:], req.Owner, req.Metadata, ttl}
+	if b.bells() {
+		q = b.q.acquireBell
+		bell := []any{b.bell.name(req.Key), inLine, inLine}
+		args = args[:5:5]
+		for _, v := range [][]any{{req.Token[:]}, {req.Owner}, {req.Metadata}, nil, nil, {ttl}} {
+			args = append(append(args, bell...), v...)
+		}
+	}
 	var res sql.Result
 	var err error
 	// A deadlock rolls the statement back, so it is safe to repeat; they
 	// happen when first inserts of one key race.
 	for try := 0; ; try++ {
-		res, err = b.db.ExecContext(ctx, b.q.acquire,
-			req.Key, req.Token[:], req.Owner, ttl, req.Metadata,
-			req.Token[:], req.Owner, req.Metadata, ttl)
+		res, err = b.db.ExecContext(ctx, q, args...)
 		if err == nil || !isDeadlock(err) || try == 4 {
 			break
 		}
@@ -229,12 +281,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	}
 	// Not taken: report the holder (a failure here is not an outage of the
 	// acquisition, whose outcome is known).
-	holders, err := b.query(ctx, b.q.holder, req.Key)
-	if err != nil || len(holders) == 0 {
-		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}, nil
-	}
-	h := holders[0]
-	return dlock.Result{Holder: h.LockInfo, Remaining: max(h.remaining, 0)}, nil
+	return b.holder(ctx, req.Key), nil
 }
 
 // Extend implements dlock.Backend with one UPDATE and one SELECT per distinct
@@ -275,20 +322,30 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 			r, ok := got[leases[i].Key]
 			if !ok || r.Token != leases[i].Token || r.remaining <= 0 {
 				errs[i] = dlock.ErrNotHeld
+				b.ring(ctx, leases[i].Key, leases[i].Token) // a lost lease keeps no doorbell
 			}
 		}
 	}
 	return errs, nil
 }
 
-// Release implements dlock.Backend.
+// Release implements dlock.Backend. The lease is freed before the doorbell
+// rings, so that the woken waiter finds it free.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	return b.free(ctx, "release", b.q.release, key, token[:])
+	err := b.free(ctx, "release", b.q.release, key, token[:])
+	b.ring(ctx, key, token)
+	return err
 }
 
-// ForceRelease implements dlock.ForceReleaser.
+// ForceRelease implements dlock.ForceReleaser. The holder's doorbell, if
+// any, is freed by killing the session that holds it (which rings the
+// doorbells of that client's other keys: a spurious wake-up, no more).
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	return b.free(ctx, "force release", b.q.forceRelease, key)
+	err := b.free(ctx, "force release", b.q.forceRelease, key)
+	if err == nil && b.bell != nil {
+		_ = b.bell.ForceRelease(ctx, key)
+	}
+	return err
 }
 
 // free runs a releasing UPDATE; no affected row means the key was not held

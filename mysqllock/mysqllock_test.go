@@ -64,10 +64,16 @@ func open(t testing.TB, params string) *sql.DB {
 
 func newBackend(t testing.TB, params string) *mysqllock.Backend {
 	t.Helper()
-	b, err := mysqllock.New(open(t, params), &mysqllock.Options{Table: testTable})
+	return newLease(t, params, &mysqllock.Options{Table: testTable})
+}
+
+func newLease(t testing.TB, params string, opts *mysqllock.Options) *mysqllock.Backend {
+	t.Helper()
+	b, err := mysqllock.New(open(t, params), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() })
 	var merr error
 	migrateOnce.Do(func() { merr = b.Migrate(context.Background()) })
 	if merr != nil {
@@ -78,6 +84,12 @@ func newBackend(t testing.TB, params string) *mysqllock.Backend {
 
 func TestConformance(t *testing.T) {
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") })
+}
+
+func TestConformanceLeaseNoDoorbell(t *testing.T) {
+	locktest.Run(t, func(t *testing.T) dlock.Backend {
+		return newLease(t, "", &mysqllock.Options{Table: testTable, NoDoorbell: true})
+	})
 }
 
 // TestConformanceDriverOptions runs the suite with the DSN settings that
@@ -153,6 +165,7 @@ func TestMissingTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer b.Close()
 	l := dlock.New(b, nil)
 	defer l.Close(context.Background())
 	_, err = l.TryAcquire(context.Background(), "k")
@@ -171,6 +184,7 @@ func TestDatabaseDown(t *testing.T) {
 	}
 	defer db.Close()
 	b, _ := mysqllock.New(db, &mysqllock.Options{Table: testTable})
+	defer b.Close()
 	l := dlock.New(b, nil)
 	defer l.Close(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -206,6 +220,7 @@ func TestConnectionsKilled(t *testing.T) {
 	}
 	defer vdb.Close()
 	b, _ := mysqllock.New(vdb, &mysqllock.Options{Table: testTable})
+	defer b.Close()
 	l := dlock.New(b, nil)
 	defer l.Close(ctx)
 	key := fmt.Sprintf("killed/%d", time.Now().UnixNano())

@@ -109,14 +109,14 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	sctx, cancel := detached(ctx)
 	defer cancel()
 	if err := r.ensureRow(sctx, ss, req.Key); err != nil {
-		ss.broken = sessionLost(err)
+		ss.broken.Store(sessionLost(err))
 		r.s.close(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	// The transaction outlives this call: it is the lock.
 	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
-		ss.broken = true
+		ss.broken.Store(true)
 		r.s.close(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
@@ -131,7 +131,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 			err = tx.QueryRowContext(wctx, q, req.Key).Scan(&name)
 			wcancel()
 			if !stop() { // ctx ended: drop the session, and with it any grant
-				ss.broken = true
+				ss.broken.Store(true)
 				_ = tx.Rollback()
 				r.s.close(ss)
 				return dlock.Result{}, nil
@@ -143,7 +143,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	}
 	if err != nil {
 		_ = tx.Rollback()
-		ss.broken = sessionLost(err)
+		ss.broken.Store(sessionLost(err))
 		r.s.close(ss)
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && (me.Number == errLockWaitTimeout || me.Number == errLockNowait) {
@@ -216,11 +216,21 @@ func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
 	r.mu.Unlock()
 	var err error
 	if commit {
-		err = h.tx.Commit()
+		// Mark the record as released in the same transaction, for List.
+		sctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+		_, err = h.tx.ExecContext(sctx, `UPDATE `+r.s.table+` SET conn_id = 0 WHERE name = ? AND token = ?`, key, h.token[:])
+		cancel()
+		if err == nil {
+			err = h.tx.Commit()
+		} else {
+			_ = h.tx.Rollback()
+		}
 	} else {
 		_ = h.tx.Rollback()
 	}
-	h.ss.broken = h.ss.broken || sessionLost(err)
+	if sessionLost(err) {
+		h.ss.broken.Store(true)
+	}
 	r.s.close(h.ss)
 	return err
 }
@@ -245,7 +255,7 @@ func (r *RowLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		}
 		switch {
 		case sessionLost(err):
-			h.ss.broken = true
+			h.ss.broken.Store(true)
 			r.drop(l.Key, h, false)
 			errs[i] = fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
 		case err != nil:
@@ -297,13 +307,14 @@ func (r *RowLock) ForceRelease(ctx context.Context, key string) error {
 	return nil
 }
 
-// List implements dlock.Lister: keys whose last holder's session still has
-// an open transaction (read from information_schema.INNODB_TRX, which needs
-// the PROCESS privilege). ExpiresAt is zero: the lock lasts as long as the
-// holder's session.
+// List implements dlock.Lister: keys whose last holder has not released them
+// and whose session still exists (information_schema.PROCESSLIST; seeing
+// other users' sessions needs the PROCESS privilege). InnoDB's own lock
+// tables are not used: INNODB_TRX is a cache that polling keeps stale.
+// ExpiresAt is zero: the lock lasts as long as the holder's session.
 func (r *RowLock) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
-	hs, err := r.s.holders(ctx, `LEFT(name, ?) = ? AND lock_name = ''
-  AND conn_id IN (SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX)`, len(prefix), []byte(prefix))
+	hs, err := r.s.holders(ctx, `LEFT(name, ?) = ? AND lock_name = '' AND conn_id <> 0
+  AND conn_id IN (SELECT id FROM information_schema.PROCESSLIST)`, len(prefix), []byte(prefix))
 	if err != nil {
 		return nil, wrapErr(r.rows, "rowlock list", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -29,19 +30,21 @@ type session struct {
 	id          int64                  // CONNECTION_ID()
 	keys        map[string]dlock.Token // getlock: keys held or being taken on this session
 	waitTimeout int                    // seconds, as set on the session
-	broken      bool
+	broken      atomic.Bool            // the connection is gone or dubious
 }
 
 // sessions pins connections of a *sql.DB for the session strategies. A
 // session that holds nothing is kept for reuse (up to maxIdle) or goes back
 // to the pool with its settings reset.
 type sessions struct {
-	db     *sql.DB
-	table  string // quoted session table
-	mu     sync.Mutex
-	all    map[*session]struct{}
-	idle   []*session // healthy sessions holding nothing, kept for reuse
-	galera struct {
+	db    *sql.DB
+	table string // quoted session table
+	mu    sync.Mutex
+	all   map[*session]struct{}
+	idle  []*session // healthy sessions holding nothing, kept for reuse
+	// keepTimeout leaves wait_timeout as the server has it (doorbells).
+	keepTimeout bool
+	galera      struct {
 		once sync.Once
 		err  error
 	}
@@ -75,7 +78,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		if err := s.cover(ctx, ss, ttl); err == nil {
 			return ss, nil
 		}
-		ss.broken = true
+		ss.broken.Store(true)
 		s.discard(ss)
 	}
 	c, err := s.db.Conn(ctx)
@@ -104,7 +107,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 // cover raises the session's wait_timeout to ttl (whole seconds, rounded up).
 func (s *sessions) cover(ctx context.Context, ss *session, ttl time.Duration) error {
 	secs := int(math.Ceil(ttl.Seconds()))
-	if secs <= ss.waitTimeout {
+	if s.keepTimeout || secs <= ss.waitTimeout {
 		return nil
 	}
 	if _, err := ss.conn.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", secs)); err != nil {
@@ -119,6 +122,12 @@ const maxIdle = 8
 
 // reuse returns a parked session that the server has not timed out.
 func (s *sessions) reuse() *session {
+	var stale []*session
+	defer func() {
+		for _, ss := range stale {
+			s.discard(ss)
+		}
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for len(s.idle) > 0 {
@@ -126,19 +135,19 @@ func (s *sessions) reuse() *session {
 		s.idle = s.idle[:len(s.idle)-1]
 		// The server drops a session idle for wait_timeout; keep a second
 		// of slack rather than find out with an error.
-		if time.Since(ss.idleSince) < time.Duration(ss.waitTimeout)*time.Second-time.Second {
+		if s.keepTimeout || time.Since(ss.idleSince) < time.Duration(ss.waitTimeout)*time.Second-time.Second {
 			return ss
 		}
-		go s.discard(ss)
+		stale = append(stale, ss)
 	}
 	return nil
 }
 
-// close parks a healthy session that holds nothing for reuse, or gives it
-// back to the pool.
+// close parks a healthy session for reuse, or gives it back to the pool.
+// The caller makes sure that it holds nothing.
 func (s *sessions) close(ss *session) {
 	s.mu.Lock()
-	if !ss.broken && len(ss.keys) == 0 && len(s.idle) < maxIdle {
+	if !ss.broken.Load() && len(s.idle) < maxIdle {
 		ss.idleSince = time.Now()
 		s.idle = append(s.idle, ss)
 		s.mu.Unlock()
@@ -155,7 +164,7 @@ func (s *sessions) discard(ss *session) {
 	delete(s.all, ss)
 	s.mu.Unlock()
 	err := errors.New("broken")
-	if !ss.broken {
+	if !ss.broken.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err = ss.conn.ExecContext(ctx, "DO RELEASE_ALL_LOCKS()")
@@ -208,15 +217,15 @@ func sessionLost(err error) bool {
 	return err != nil && !errors.As(err, &me)
 }
 
-// lockName maps a key to a GET_LOCK name: "dlock:" + key when it fits the
-// server's 64-character limit, else "dlock#" + a SHA-256 prefix. The two
-// forms cannot collide.
-func lockName(key string) string {
+// lockName maps a key to a GET_LOCK name: prefix + ":" + key when it fits
+// the server's 64-character limit, else prefix + "#" + a SHA-256 prefix. The
+// two forms cannot collide. prefix has 5 characters.
+func lockName(prefix, key string) string {
 	if utf8.RuneCountInString(key) <= 58 {
-		return "dlock:" + key
+		return prefix + ":" + key
 	}
 	sum := sha256.Sum256([]byte(key))
-	return "dlock#" + fmt.Sprintf("%x", sum)[:58]
+	return prefix + "#" + fmt.Sprintf("%x", sum)[:58]
 }
 
 // execer runs a statement: a *sql.Conn or a *sql.DB.

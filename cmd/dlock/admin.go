@@ -46,8 +46,12 @@ func (a *app) listCmd() *cobra.Command {
 				if owner == "" {
 					owner = "-"
 				}
+				expires := "-" // session locks: as long as the holder's session
+				if !l.ExpiresAt.IsZero() {
+					expires = time.Until(l.ExpiresAt).Round(100 * time.Millisecond).String()
+				}
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", l.Key, owner, l.Fence,
-					l.AcquiredAt.Local().Format(time.DateTime), time.Until(l.ExpiresAt).Round(100*time.Millisecond), l.Metadata)
+					l.AcquiredAt.Local().Format(time.DateTime), expires, l.Metadata)
 			}
 			return tw.Flush()
 		},

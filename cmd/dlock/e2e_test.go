@@ -64,6 +64,8 @@ func stores(t *testing.T) map[string]env {
 		t.Fatalf("migrate: %d %s", r.code, r.stderr)
 	}
 	out["mysql"] = e
+	out["mysql-getlock"] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=getlock"}
+	out["mysql-rowlock"] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=rowlock"}
 	return out
 }
 
@@ -216,10 +218,16 @@ func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env) {
 		key, dir := uniqueKey(t), t.TempDir()
 		pidFile := filepath.Join(dir, "pid")
-		holder, _, _ := command(e, "run", "--ttl", "1s", key, "--", "sh", "-c", `echo $$ > "`+pidFile+`"; exec sleep 60`)
+		holder, _, herr := command(e, "run", "--ttl", "1s", key, "--", "sh", "-c", `echo $$ > "`+pidFile+`"; exec sleep 60`)
 		if err := holder.Start(); err != nil {
 			t.Fatal(err)
 		}
+		defer holder.Process.Kill()
+		defer func() {
+			if t.Failed() {
+				t.Logf("holder stderr: %s", herr)
+			}
+		}()
 		waitHeld(t, e, key)
 		holder.Process.Signal(syscall.SIGKILL)
 		holder.Wait()
@@ -245,10 +253,11 @@ func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
 func TestLockLossStopsChild(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env) {
 		key := uniqueKey(t)
-		holder, _, stderr := command(e, "run", "--ttl", "1s", "--grace", "500ms", key, "--", "sh", "-c", `trap "" TERM; sleep 60`)
+		holder, _, stderr := command(e, "run", "--ttl", "1s", "--grace", "500ms", key, "--", "sh", "-c", `trap "" TERM; exec sleep 60`)
 		if err := holder.Start(); err != nil {
 			t.Fatal(err)
 		}
+		defer holder.Process.Kill()
 		waitHeld(t, e, key)
 		if r := run(t, e, "release", "--force", key); r.code != 0 {
 			t.Fatalf("release --force: %d %s", r.code, r.stderr)
@@ -281,6 +290,7 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "k", "--", "/no/such/command"},
 		{"run", "--db", "redis://x", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?strategy=nope", "k", "--", "true"},
+		{"run", "--db", "mysql://u:hunter2@h/db?color=red", "k", "--", "true"},
 		{"list", "a", "b"},
 		{"frobnicate"},
 	} {

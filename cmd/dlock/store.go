@@ -102,12 +102,11 @@ func openMySQL(u *url.URL) (*store, error) {
 			return nil, usageError("unknown parameter %q in %s (known: strategy, table)", k, u.Redacted())
 		}
 	}
-	switch st := q.Get("strategy"); st {
-	case "", "lease":
-	case "getlock", "rowlock":
-		return nil, usageError("strategy %q is not available yet; use strategy=lease", st)
+	strategy := q.Get("strategy")
+	switch strategy {
+	case "", "lease", "getlock", "rowlock":
 	default:
-		return nil, usageError("unknown strategy %q (want lease)", st)
+		return nil, usageError("unknown strategy %q (want lease, getlock or rowlock)", strategy)
 	}
 	if cfg.DBName == "" {
 		return nil, usageError("no database in %s (want mysql://user:pass@host:3306/db)", u.Redacted())
@@ -117,13 +116,28 @@ func openMySQL(u *url.URL) (*store, error) {
 		return nil, usageError("%s: %v", u.Redacted(), err)
 	}
 	db := sql.OpenDB(connector)
-	b, err := mysqllock.New(db, opts)
+	lease, err := mysqllock.New(db, opts)
+	if err != nil {
+		db.Close()
+		return nil, usageError("%w", err)
+	}
+	var backend interface {
+		dlock.Backend
+		Close() error
+	} = lease
+	switch strategy {
+	case "getlock":
+		backend, err = mysqllock.NewGetLock(db, opts)
+	case "rowlock":
+		backend, err = mysqllock.NewRowLock(db, opts)
+	}
 	if err != nil {
 		db.Close()
 		return nil, usageError("%w", err)
 	}
 	schema, _ := mysqllock.Schema(opts.Table)
-	return &store{name: u.Redacted(), backend: b, migrate: b.Migrate, schema: schema, close: db.Close}, nil
+	closeAll := func() error { return errors.Join(backend.Close(), lease.Close(), db.Close()) }
+	return &store{name: u.Redacted(), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
 }
 
 func trimSlash(p string) string {

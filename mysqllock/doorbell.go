@@ -1,0 +1,118 @@
+package mysqllock
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// The lease strategy's doorbells: a lease holder also holds a named lock per
+// key on a pinned session, which waiters block on in the server (FIFO). The
+// holder rings it by releasing it after the lease, or by dying; the woken
+// waiter, first in line, takes the lease while holding the doorbell, so the
+// doorbell passes with the lease. The acquisition statement refuses a free
+// lease to anyone but the first in line for a short while (staleBell).
+
+// staleBell is how long after a lease's end a doorbell held by someone else
+// still stops others from taking the lease: the waiter first in line takes
+// it within a round trip, so a doorbell held longer is stale.
+const staleBell = 100 * time.Millisecond
+
+// bells reports whether doorbells are in use.
+func (b *Backend) bells() bool { return b.bell != nil && !b.noBell.Load() }
+
+// Acquire implements dlock.Backend: one attempt at the lease, then its
+// doorbell.
+func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	res, err := b.acquireLease(ctx, req, 0)
+	if err != nil || !res.Acquired || !b.bells() {
+		return res, err
+	}
+	return b.takeBell(ctx, req, res)
+}
+
+// takeBell takes the doorbell of a lease just acquired, best effort: if it is
+// held (a waiter that arrived in the instant between our statements, or a
+// stale holder), this lease goes without, and its waiters back off instead
+// of being woken.
+func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Result) (dlock.Result, error) {
+	if _, err := b.bell.Acquire(ctx, req); errors.Is(err, ErrGalera) {
+		b.noBell.Store(true)
+	}
+	return res, nil
+}
+
+// AcquireWait implements dlock.Waiter: wait on the key's doorbell, bounded by
+// the holder's remaining lease (or by staleBell when the lease is already
+// free), then take the lease as the first in line. If the lease is still
+// held (its holder died, or took it without a doorbell), back off while
+// keeping the doorbell, never beyond the lease's end. Doorbell failures are
+// never errors: they only cost the wake-up.
+func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if !b.bells() {
+		return dlock.Result{}, dlock.ErrUnsupported
+	}
+	res, err := b.Acquire(ctx, req)
+	if err != nil || res.Acquired {
+		return res, err
+	}
+	wait := staleBell
+	if res.Remaining > 0 {
+		wait = res.Remaining + time.Millisecond
+	}
+	wctx, cancel := context.WithTimeout(ctx, min(wait, maxWait))
+	r, err := b.bell.AcquireWait(wctx, req)
+	cancel()
+	var bo dlock.Backoff
+	switch {
+	case errors.Is(err, ErrGalera):
+		b.noBell.Store(true)
+		return dlock.Result{}, dlock.ErrUnsupported
+	case err != nil: // a broken doorbell must not make the Locker spin
+		sleep(ctx, bo.Next(res.Remaining))
+		return dlock.Result{}, nil
+	case !r.Acquired: // the lease ran out, or ctx ended: the Locker tries again
+		return dlock.Result{}, nil
+	}
+	inLine := b.bell.sessionOf(req.Key, req.Token)
+	for {
+		res, err := b.acquireLease(ctx, req, inLine)
+		if err != nil || res.Acquired {
+			return res, err // after an error the Locker's Release drops the doorbell too
+		}
+		if !sleep(ctx, bo.Next(res.Remaining)) {
+			_ = b.bell.Release(context.WithoutCancel(ctx), req.Key, req.Token)
+			return dlock.Result{}, nil
+		}
+	}
+}
+
+// ring releases the doorbell token holds for key, if any.
+func (b *Backend) ring(ctx context.Context, key string, token dlock.Token) {
+	if b.bell != nil {
+		_ = b.bell.Release(ctx, key, token)
+	}
+}
+
+// holder describes the current holder of key, best effort.
+func (b *Backend) holder(ctx context.Context, key string) dlock.Result {
+	hs, err := b.query(ctx, b.q.holder, key)
+	if err != nil || len(hs) == 0 {
+		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
+	}
+	return dlock.Result{Holder: hs[0].LockInfo, Remaining: max(hs[0].remaining, 0)}
+}
+
+// sleep waits for d or ctx, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
