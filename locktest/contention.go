@@ -27,12 +27,22 @@ func (s ContentionStats) AcquisitionsPerSec() float64 {
 	return float64(s.Acquisitions) / s.Duration.Seconds()
 }
 
-// Contend runs one worker per Locker for d, each acquiring key (waiting),
-// holding it for hold, releasing it and starting again at once, and counts
-// acquisitions and true handoffs. Give each worker its own Locker over its
-// own backend to model processes. It is for benchmarks: it asserts nothing
-// but reports an error if a worker fails or two workers are inside at once.
-func Contend(ctx context.Context, lockers []*dlock.Locker, key string, hold, d time.Duration, opts ...dlock.AcquireOption) (ContentionStats, error) {
+// Contention configures Contend.
+type Contention struct {
+	Duration time.Duration // how long to run
+	Hold     time.Duration // time in the critical section (0: release at once)
+	// Poll, when set, makes workers use the naive recipe instead of the
+	// Locker's waiting: TryAcquire, and sleep Poll after each failure.
+	Poll time.Duration
+}
+
+// Contend runs one worker per Locker, each acquiring key (waiting), holding
+// it, releasing it and starting again at once, and counts acquisitions and
+// true handoffs. Give each worker its own Locker over its own backend to
+// model processes. It is for benchmarks: it asserts nothing but reports an
+// error if a worker fails or two workers are inside at once.
+func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Contention, opts ...dlock.AcquireOption) (ContentionStats, error) {
+	hold, d := c.Hold, c.Duration
 	var mu sync.Mutex
 	last, inside := -1, false
 	st := ContentionStats{Shares: make([]int, len(lockers))}
@@ -46,7 +56,7 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, hold, d t
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				lk, err := l.Acquire(ctx, key, opts...)
+				lk, err := acquire(ctx, l, key, c.Poll, opts)
 				if err != nil {
 					if !errors.Is(err, dlock.ErrNotAcquired) || ctx.Err() == nil {
 						errc <- err
@@ -93,11 +103,39 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, hold, d t
 	return st, <-errc
 }
 
+// acquire waits for key through the Locker, or by polling every poll.
+func acquire(ctx context.Context, l *dlock.Locker, key string, poll time.Duration, opts []dlock.AcquireOption) (*dlock.Lock, error) {
+	if poll == 0 {
+		return l.Acquire(ctx, key, opts...)
+	}
+	for {
+		lk, err := l.TryAcquire(ctx, key, opts...)
+		if !errors.Is(err, dlock.ErrNotAcquired) {
+			return lk, err
+		}
+		select {
+		case <-time.After(poll):
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		}
+	}
+}
+
 // BenchmarkContention runs workers Lockers, each over its own backend from
 // newBackend (as separate processes would be), contending for one key for
 // 3 s per iteration, and reports true handoffs/s, acquisitions/s and the
 // smallest worker share (1 = fair). opts apply to every acquisition.
 func BenchmarkContention(b *testing.B, workers int, newBackend func(testing.TB) dlock.Backend, opts ...dlock.AcquireOption) {
+	benchmarkContention(b, workers, newBackend, Contention{Duration: 3 * time.Second}, opts...)
+}
+
+// BenchmarkPolling is BenchmarkContention for the naive recipe: TryAcquire
+// and a fixed sleep of poll after each failure.
+func BenchmarkPolling(b *testing.B, workers int, poll time.Duration, newBackend func(testing.TB) dlock.Backend) {
+	benchmarkContention(b, workers, newBackend, Contention{Duration: 3 * time.Second, Poll: poll})
+}
+
+func benchmarkContention(b *testing.B, workers int, newBackend func(testing.TB) dlock.Backend, c Contention, opts ...dlock.AcquireOption) {
 	lockers := make([]*dlock.Locker, workers)
 	for i := range lockers {
 		lockers[i] = dlock.New(newBackend(b), nil)
@@ -107,7 +145,7 @@ func BenchmarkContention(b *testing.B, workers int, newBackend func(testing.TB) 
 	var st ContentionStats
 	for b.Loop() {
 		var err error
-		st, err = Contend(context.Background(), lockers, key, 0, 3*time.Second, opts...)
+		st, err = Contend(context.Background(), lockers, key, c, opts...)
 		if err != nil {
 			b.Fatal(err)
 		}

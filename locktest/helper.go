@@ -74,6 +74,26 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 			}
 		}
 		return nil
+	case "share":
+		ms, _ := strconv.Atoi(os.Getenv(envRounds))
+		sctx, cancel := context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+		defer cancel()
+		n := 0
+		for sctx.Err() == nil {
+			lk, err := l.Acquire(sctx, k, dlock.WithTTL(5*time.Second))
+			if err != nil {
+				if errors.Is(err, dlock.ErrNotAcquired) && sctx.Err() != nil {
+					break
+				}
+				return err
+			}
+			n++
+			if err := lk.Release(context.Background()); err != nil {
+				return err
+			}
+		}
+		fmt.Printf("COUNT %d\n", n)
+		return nil
 	case "hold":
 		lk, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
 		if err != nil {
@@ -201,5 +221,52 @@ func (s *suite) killedHolder(t *testing.T) {
 	defer lk.Release(context.Background())
 	if lk.Token() <= held {
 		t.Errorf("fencing: %d after the killed holder's %d", lk.Token(), held)
+	}
+}
+
+// FairShare runs procs processes (the test binary re-executed, each with its
+// own Locker over its own backend) that acquire and release one key in a
+// loop for d, and fails the test if any of them got less than half of a fair
+// share of the acquisitions. Call it from a test function of its own.
+func FairShare(t *testing.T, newBackend func(t *testing.T) dlock.Backend, procs int, d time.Duration) {
+	if os.Getenv(envRole) == "share" && os.Getenv(envSuite) == t.Name() {
+		s := &suite{newBackend: newBackend}
+		s.helper(t, "share")
+	}
+	s := &suite{newBackend: newBackend}
+	k := key(t, "k")
+	type proc struct {
+		cmd *exec.Cmd
+		out *strings.Builder
+	}
+	var ps []proc
+	for range procs {
+		cmd := s.spawn(t, t.Name(), "share", k, t.TempDir(), int(d.Milliseconds()))
+		var out strings.Builder
+		cmd.Stdout = &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, proc{cmd, &out})
+	}
+	counts := make([]int, 0, procs)
+	total := 0
+	for _, p := range ps {
+		if err := p.cmd.Wait(); err != nil {
+			t.Fatalf("helper %d: %v", p.cmd.Process.Pid, err)
+		}
+		var n int
+		if _, err := fmt.Sscanf(p.out.String(), "COUNT %d", &n); err != nil {
+			t.Fatalf("helper output %q: %v", p.out.String(), err)
+		}
+		counts = append(counts, n)
+		total += n
+	}
+	fair := float64(total) / float64(procs)
+	t.Logf("%d acquisitions in %s by %d processes: %v", total, d, procs, counts)
+	for i, n := range counts {
+		if float64(n) < fair/2 {
+			t.Errorf("rule: fair share; process %d got %d acquisitions, less than half of the fair %.0f (all: %v)", i, n, fair, counts)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/locktest"
@@ -79,6 +80,14 @@ func BenchmarkRowLockAcquireRelease(b *testing.B) {
 
 func BenchmarkLeaseNoDoorbellContended8(b *testing.B) {
 	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend {
+		return newLease(tb, "interpolateParams=true", &mysqllock.Options{Table: testTable, NoDoorbell: true})
+	})
+}
+
+// BenchmarkNaivePoll8 is the blog recipe for comparison: the lease without
+// doorbells, TryAcquire and a fixed 100 ms sleep after each failure.
+func BenchmarkNaivePoll8(b *testing.B) {
+	locktest.BenchmarkPolling(b, 8, 100*time.Millisecond, func(tb testing.TB) dlock.Backend {
 		return newLease(tb, "interpolateParams=true", &mysqllock.Options{Table: testTable, NoDoorbell: true})
 	})
 }

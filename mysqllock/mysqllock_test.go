@@ -295,3 +295,17 @@ func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
 func TestConformanceRowLock(t *testing.T) {
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") })
 }
+
+// The fair-share tests run 8 processes on one key for 3 s each: no process
+// may get less than half of its fair share.
+func TestFairShareGetLock(t *testing.T) {
+	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") }, 8, 3*time.Second)
+}
+
+func TestFairShareRowLock(t *testing.T) {
+	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") }, 8, 3*time.Second)
+}
+
+func TestFairShareLease(t *testing.T) {
+	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") }, 8, 3*time.Second)
+}
