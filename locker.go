@@ -255,6 +255,9 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 				if l.isClosed() {
 					return nil, ErrClosed
 				}
+				if cfg.onWait != nil && res.Holder.Key != "" {
+					cfg.onWait(res.Holder)
+				}
 				continue
 			}
 		} else {

@@ -58,7 +58,7 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Content
 			for ctx.Err() == nil {
 				lk, err := acquire(ctx, l, key, c.Poll, opts)
 				if err != nil {
-					if !errors.Is(err, dlock.ErrNotAcquired) || ctx.Err() == nil {
+					if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 						errc <- err
 					}
 					return

@@ -33,6 +33,11 @@ func newFaulty(b dlock.Backend) *faulty {
 }
 
 func (f *faulty) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	return f.attempt(req, func() (dlock.Result, error) { return f.Backend.Acquire(ctx, req) })
+}
+
+// attempt counts an acquisition attempt and injects its faults around do.
+func (f *faulty) attempt(req dlock.Request, do func() (dlock.Result, error)) (dlock.Result, error) {
 	f.acquires.Add(1)
 	f.mu.Lock()
 	f.tokens[req.Key] = req.Token
@@ -40,7 +45,7 @@ func (f *faulty) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, 
 	if f.failAcquireBefore.Load() {
 		return dlock.Result{}, errInjected
 	}
-	res, err := f.Backend.Acquire(ctx, req)
+	res, err := do()
 	if err == nil && f.failAcquireAfter.Load() {
 		return dlock.Result{}, errInjected
 	}
@@ -87,4 +92,21 @@ func (f *faulty) ForceRelease(ctx context.Context, key string) error {
 		return fr.ForceRelease(ctx, key)
 	}
 	return dlock.ErrUnsupported
+}
+
+// faultyWaiter is faulty for a backend that is a dlock.Waiter: embedding
+// hides AcquireWait, so it is passed through (with the same faults) here.
+type faultyWaiter struct{ *faulty }
+
+func (f faultyWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	return f.attempt(req, func() (dlock.Result, error) { return f.Backend.(dlock.Waiter).AcquireWait(ctx, req) })
+}
+
+// backend returns f as the Locker should see it: with AcquireWait if the
+// wrapped backend has it.
+func (f *faulty) backend() dlock.Backend {
+	if _, ok := f.Backend.(dlock.Waiter); ok {
+		return faultyWaiter{f}
+	}
+	return f
 }

@@ -82,7 +82,7 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 		for sctx.Err() == nil {
 			lk, err := l.Acquire(sctx, k, dlock.WithTTL(5*time.Second))
 			if err != nil {
-				if errors.Is(err, dlock.ErrNotAcquired) && sctx.Err() != nil {
+				if errors.Is(err, dlock.ErrNotAcquired) && errors.Is(err, context.DeadlineExceeded) {
 					break
 				}
 				return err

@@ -102,7 +102,7 @@ func key(t *testing.T, suffix string) string {
 func (s *suite) locker(t *testing.T) (*dlock.Locker, *faulty) {
 	t.Helper()
 	f := newFaulty(s.newBackend(t))
-	l := dlock.New(f, nil)
+	l := dlock.New(f.backend(), nil)
 	t.Cleanup(func() {
 		if err := l.Close(context.Background()); err != nil {
 			t.Errorf("Close: %v", err)
@@ -776,7 +776,7 @@ func (s *suite) doLoss(t *testing.T) {
 
 func (s *suite) closeReleases(t *testing.T) {
 	f := newFaulty(s.newBackend(t))
-	l := dlock.New(f, nil)
+	l := dlock.New(f.backend(), nil)
 	other, _ := s.locker(t)
 	k1, k2 := key(t, "1"), key(t, "2")
 	a := mustAcquire(t, l, k1)
