@@ -45,6 +45,17 @@ if ! start_mariadb; then
   log "WARNING: no MariaDB; the MySQL tests will be skipped"
 fi
 
+# The Redis tests start their own redis-server processes on loopback; they
+# need the binaries (redis-cli builds their cluster).
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  log "installing redis-server from Debian"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null || true
+fi
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+  if [ "${CI:-}" = true ]; then die "redis-server and redis-cli are required"; fi
+  log "WARNING: no redis-server; the Redis tests will be skipped"
+fi
+
 command -v staticcheck >/dev/null 2>&1 || [ -x "$(go env GOPATH)/bin/staticcheck" ] ||
   GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"
 STATICCHECK="$(command -v staticcheck || echo "$(go env GOPATH)/bin/staticcheck")"

@@ -97,7 +97,8 @@ func (a *app) rootCmd() *cobra.Command {
 store, so that a cron job installed on N machines runs on one at a time.
 
 Stores (--db or $DLOCK_DB):
-  mysql://user:pass@host:3306/db[?table=dlock_locks&strategy=lease]
+  mysql://user:pass@host:3306/db[?table=dlock_locks&strategy=lease|getlock|rowlock]
+  redis://[user:pass@]host:6379/0[?prefix=dlock:]
   sqlite:///path/to/locks.db
   (none)  the embedded default: a SQLite file in $XDG_STATE_HOME/dlock/locks.db
           (else ~/.local/state/dlock/locks.db), for processes of one host`,

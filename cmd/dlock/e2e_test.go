@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,6 +63,9 @@ func stores(t *testing.T) map[string]env {
 	e := env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test"}
 	if r := run(t, e, "migrate"); r.code != 0 {
 		t.Fatalf("migrate: %d %s", r.code, r.stderr)
+	}
+	if addr := startRedis(t); addr != "" {
+		out["redis"] = env{"DLOCK_DB=redis://" + addr + "/0"}
 	}
 	out["mysql"] = e
 	out["mysql-getlock"] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=getlock"}
@@ -288,7 +292,7 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "", "--", "true"},
 		{"run", "--ttl", "10ms", "k", "--", "true"},
 		{"run", "k", "--", "/no/such/command"},
-		{"run", "--db", "redis://x", "k", "--", "true"},
+		{"run", "--db", "memcached://x", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?strategy=nope", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?color=red", "k", "--", "true"},
 		{"list", "a", "b"},
@@ -317,4 +321,39 @@ func TestUsageErrors(t *testing.T) {
 	if r := run(t, e, "run", "--help"); r.code != 0 || !strings.Contains(r.stdout, "crontab") {
 		t.Errorf("run --help: %d %q", r.code, r.stdout)
 	}
+}
+
+// startRedis starts a redis-server on a free loopback port for the test and
+// returns its address ("" when there is no redis-server and CI is not set).
+func startRedis(t *testing.T) string {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("redis-server is required (CI=true): %v", err)
+		}
+		t.Logf("SKIPPING the Redis store: %v", err)
+		return ""
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	for range 100 {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return addr
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("redis-server on %s did not start", addr)
+	return ""
 }

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/dlock-dev/dlock v0.0.0
 	github.com/dlock-dev/dlock/mysqllock v0.0.0
+	github.com/dlock-dev/dlock/redislock v0.0.0
 	github.com/dlock-dev/dlock/sqlitelock v0.0.0
 )
 
@@ -19,5 +20,6 @@ require (
 replace (
 	github.com/dlock-dev/dlock => ../../
 	github.com/dlock-dev/dlock/mysqllock => ../../mysqllock
+	github.com/dlock-dev/dlock/redislock => ../../redislock
 	github.com/dlock-dev/dlock/sqlitelock => ../../sqlitelock
 )

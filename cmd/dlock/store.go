@@ -13,8 +13,10 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/dlock-dev/dlock/redislock"
 	"github.com/dlock-dev/dlock/sqlitelock"
 	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
 )
 
 // store is an opened lock store.
@@ -78,8 +80,10 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 		return s, nil
 	case "mysql":
 		return openMySQL(u)
+	case "redis", "rediss":
+		return openRedis(raw, u)
 	default:
-		return nil, usageError("unknown store %q in %s (want mysql:// or sqlite://)", u.Scheme, u.Redacted())
+		return nil, usageError("unknown store %q in %s (want mysql://, redis:// or sqlite://)", u.Scheme, u.Redacted())
 	}
 }
 
@@ -169,4 +173,26 @@ func (s *store) explain(err error) error {
 		return fmt.Errorf("cannot reach %s: is the server running and the address right? (%w)", s.name, err)
 	}
 	return fmt.Errorf("%s: %w", s.name, err)
+}
+
+// openRedis opens redis://[user:pass@]host:6379/db[?prefix=dlock:] (go-redis
+// URL options are accepted too).
+func openRedis(raw string, u *url.URL) (*store, error) {
+	q := u.Query()
+	prefix := q.Get("prefix")
+	q.Del("prefix")
+	u2 := *u
+	u2.RawQuery = q.Encode()
+	opts, err := redis.ParseURL(u2.String())
+	if err != nil {
+		return nil, usageError("%s: %v", u.Redacted(), redactErr(err))
+	}
+	c := redis.NewClient(opts)
+	b, err := redislock.New(c, &redislock.Options{Prefix: prefix})
+	if err != nil {
+		c.Close()
+		return nil, usageError("%w", err)
+	}
+	return &store{name: u.Redacted(), backend: b, migrate: func(context.Context) error { return nil },
+		schema: "-- Redis needs no schema.", close: c.Close}, nil
 }

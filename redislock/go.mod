@@ -1,0 +1,17 @@
+module github.com/dlock-dev/dlock/redislock
+
+go 1.26.0
+
+replace github.com/dlock-dev/dlock => ../
+
+require (
+	github.com/dlock-dev/dlock v0.0.0
+	github.com/redis/go-redis/v9 v9.23.0
+	go.uber.org/goleak v1.3.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)

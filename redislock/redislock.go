@@ -1,0 +1,558 @@
+// Package redislock is a dlock.Backend on Redis (github.com/redis/go-redis/v9):
+// a single server, a Sentinel-managed primary or a Redis Cluster, and, with
+// NewRedlock, the Redlock algorithm over several independent servers.
+//
+// Each lock is a hash holding the owner token, owner, fencing token, metadata
+// and acquisition time, whose expiry (PEXPIRE) is the lease, so leases are
+// timed by Redis's clock. Acquisition, extension, release and forced release
+// are Lua scripts that check the owner token atomically. Releases publish on
+// a per-key channel that waiting acquisitions subscribe to (dlock.Waiter), so
+// a waiter is handed the key at once instead of polling.
+//
+// A separate counter per key that never expires gives the fencing token, so
+// tokens keep increasing across releases and expiries. Each acquisition also
+// raises the counter to at least the server's clock in microseconds (TIME),
+// so tokens keep increasing after a restart without persistence, or a
+// failover to a replica, that lost the counter: the new server's clock has
+// moved on past the old tokens, unless it is behind the old server's by more
+// than the outage lasted. Tokens are therefore large numbers (about 1.8e15),
+// not 1, 2, 3.
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+//	b, err := redislock.New(rdb, nil)
+//	locker := dlock.New(b, nil)
+//
+// # Keys
+//
+// Key k uses the Redis key "dlock:{k}" (the lock hash; inspect it with
+// HGETALL), "dlock:{k}:fence" (its counter) and the channel
+// "dlock:{k}:released", where "dlock:" is Options.Prefix. The braces are a
+// cluster hash tag: all three live in one slot, which the scripts need on
+// Redis Cluster. Braces and '%' inside k are escaped as %7B, %7D and %25.
+//
+// # Operations
+//
+// Counters are never deleted (deleting one could hand out a token again), so
+// a store with unbounded distinct keys keeps one small string per key ever
+// locked. Run Redis with maxmemory-policy noeviction (the default): an
+// evicted lock frees it early, an evicted counter can reset it. Without
+// persistence a restart frees every lock at once; with a replica, a failover
+// can lose the newest acquisitions (replication is asynchronous). Where that
+// matters, use Redlock over independent servers or a consensus store, and
+// pass the fencing token to the resources you guard.
+//
+// Reentrancy (dlock.WithOwner) is counted by the dlock.Locker, per Locker; the
+// scripts do not count it again, and a second acquisition with a different
+// token is always refused.
+//
+// Redis 7.0 or later is recommended: releases use sharded pub/sub (SPUBLISH),
+// which stays on the key's shard in a cluster; on older servers the scripts
+// and waiters fall back to classic PUBLISH/SUBSCRIBE. *redis.Ring is not
+// supported: it moves keys between shards when one is down, so two clients can
+// disagree on where a lock lives.
+package redislock
+
+import (
+	"context"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPrefix is the key prefix used when Options.Prefix is empty.
+const DefaultPrefix = "dlock:"
+
+// Client is what a Backend needs of a go-redis client: scripts, pipelines
+// (to renew many leases in one round trip), SCAN (for List) and pub/sub (to
+// wake waiters, which is why redis.Scripter alone is not enough).
+// *redis.Client (also from redis.NewFailoverClient for Sentinel),
+// *redis.ClusterClient and redis.UniversalClient satisfy it. The caller owns
+// the client: the Backend never closes it.
+type Client interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
+}
+
+// Options configure a Backend. The zero value (or nil) means all defaults.
+type Options struct {
+	// Prefix starts every Redis key and channel name the Backend uses, so
+	// that several applications can share a server. It must not contain '{'
+	// or '}', which would change the cluster hash tags. The default is
+	// DefaultPrefix.
+	Prefix string
+}
+
+// Backend is a dlock.Backend on one Redis deployment (a server, a Sentinel
+// group or a cluster). It is safe for concurrent use.
+type Backend struct {
+	c      Client
+	prefix string
+	// clockFloor keeps fencing counters at least the server's clock in µs.
+	clockFloor bool
+	// classicPubSub is set once the server refused SSUBSCRIBE (Redis < 7).
+	classicPubSub atomic.Bool
+}
+
+var (
+	_ dlock.Backend       = (*Backend)(nil)
+	_ dlock.Lister        = (*Backend)(nil)
+	_ dlock.ForceReleaser = (*Backend)(nil)
+	_ dlock.Waiter        = (*Backend)(nil)
+)
+
+var (
+	//go:embed acquire.lua
+	acquireLua string
+	//go:embed extend.lua
+	extendLua string
+	//go:embed release.lua
+	releaseLua string
+	//go:embed forcerelease.lua
+	forceReleaseLua string
+	//go:embed info.lua
+	infoLua string
+	//go:embed raisefence.lua
+	raiseFenceLua string
+
+	acquireScript      = redis.NewScript(acquireLua)
+	extendScript       = redis.NewScript(extendLua)
+	releaseScript      = redis.NewScript(releaseLua)
+	forceReleaseScript = redis.NewScript(forceReleaseLua)
+	infoScript         = redis.NewScript(infoLua)
+	raiseFenceScript   = redis.NewScript(raiseFenceLua)
+)
+
+// New returns a Backend over c. It does no I/O. The error matches
+// dlock.ErrInvalidOption for a nil client or a bad prefix.
+func New(c Client, opts *Options) (*Backend, error) {
+	b, err := newBackend(c, opts)
+	if err != nil {
+		return nil, err
+	}
+	b.clockFloor = true
+	return b, nil
+}
+
+func newBackend(c Client, opts *Options) (*Backend, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if c == nil {
+		return nil, fmt.Errorf("%w: redislock: nil client", dlock.ErrInvalidOption)
+	}
+	prefix, err := checkPrefix(opts.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{c: c, prefix: prefix}, nil
+}
+
+func checkPrefix(p string) (string, error) {
+	if p == "" {
+		return DefaultPrefix, nil
+	}
+	if strings.ContainsAny(p, "{}") {
+		return "", fmt.Errorf("%w: redislock: prefix %q contains a brace", dlock.ErrInvalidOption, p)
+	}
+	return p, nil
+}
+
+// Escaping braces keeps each key's hash tag non-empty and whole; escaping
+// '%' keeps the mapping one-to-one.
+var (
+	keyEscaper   = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+	keyUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")
+)
+
+// tagged is the hash-tagged part shared by a key's Redis names.
+func (b *Backend) tagged(key string) string { return b.prefix + "{" + keyEscaper.Replace(key) + "}" }
+
+func (b *Backend) lockKey(key string) string  { return b.tagged(key) }
+func (b *Backend) fenceKey(key string) string { return b.tagged(key) + ":fence" }
+func (b *Backend) channel(key string) string  { return b.tagged(key) + ":released" }
+
+// keyOf returns the dlock key of a lock's Redis name, and false for other
+// names (counters, foreign keys).
+func (b *Backend) keyOf(name string) (string, bool) {
+	inner, ok := strings.CutPrefix(name, b.prefix+"{")
+	if !ok {
+		return "", false
+	}
+	inner, ok = strings.CutSuffix(inner, "}")
+	if !ok || strings.ContainsAny(inner, "{}") {
+		return "", false
+	}
+	return keyUnescaper.Replace(inner), true
+}
+
+func (b *Backend) floorArg() string {
+	if b.clockFloor {
+		return "1"
+	}
+	return "0"
+}
+
+// Acquire implements dlock.Backend with one script call.
+func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	v, err := acquireScript.Run(ctx, b.c, []string{b.lockKey(req.Key), b.fenceKey(req.Key)},
+		req.Token.String(), req.TTL.Milliseconds(), req.Owner, req.Metadata, b.floorArg()).Slice()
+	if err != nil {
+		return dlock.Result{}, fmt.Errorf("redislock: acquire %q: %w", req.Key, err)
+	}
+	if len(v) >= 2 && v[0] == int64(1) {
+		fence, ok := v[1].(int64)
+		if !ok || fence <= 0 {
+			return dlock.Result{}, fmt.Errorf("redislock: acquire %q: bad fence %v", req.Key, v[1])
+		}
+		return dlock.Result{Acquired: true, Fence: uint64(fence)}, nil
+	}
+	if len(v) < 1 || v[0] != int64(0) {
+		return dlock.Result{}, fmt.Errorf("redislock: acquire %q: unexpected reply %v", req.Key, v)
+	}
+	h, remaining := parseHolder(req.Key, v[1:], time.Now())
+	return dlock.Result{Holder: h, Remaining: remaining}, nil
+}
+
+// parseHolder reads {pttl, token, owner, fence, metadata, acquired_us} as
+// far as it can: the reply only informs the caller, so a malformed field is
+// left zero rather than failing an acquisition whose outcome is known.
+func parseHolder(key string, v []any, now time.Time) (dlock.LockInfo, time.Duration) {
+	h := dlock.LockInfo{Key: key}
+	str := func(i int) string {
+		if i < len(v) {
+			s, _ := v[i].(string)
+			return s
+		}
+		return ""
+	}
+	var remaining time.Duration
+	if len(v) > 0 {
+		if ms, ok := v[0].(int64); ok && ms > 0 {
+			remaining = time.Duration(ms) * time.Millisecond
+			h.ExpiresAt = now.Add(remaining)
+		}
+	}
+	if tok, err := hex.DecodeString(str(1)); err == nil && len(tok) == len(h.Token) {
+		copy(h.Token[:], tok)
+	}
+	h.Owner = str(2)
+	h.Fence, _ = strconv.ParseUint(str(3), 10, 64)
+	h.Metadata = str(4)
+	if us, err := strconv.ParseInt(str(5), 10, 64); err == nil {
+		h.AcquiredAt = time.UnixMicro(us)
+	}
+	return h, remaining
+}
+
+// Extend implements dlock.Backend: one script call per lease, all in one
+// pipeline (which a cluster client splits by node).
+func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	cmds := b.runEach(ctx, extendScript, len(leases), func(i int) ([]string, []any) {
+		return []string{b.lockKey(leases[i].Key)}, []any{leases[i].Token.String(), leases[i].TTL.Milliseconds()}
+	})
+	errs := make([]error, len(leases))
+	failed := 0
+	for i, c := range cmds {
+		n, err := c.Int64()
+		switch {
+		case err != nil:
+			errs[i] = fmt.Errorf("redislock: extend %q: %w", leases[i].Key, err)
+			failed++
+		case n == 0:
+			errs[i] = dlock.ErrNotHeld
+		}
+	}
+	if failed > 0 && failed == len(leases) {
+		return nil, errs[0]
+	}
+	return errs, nil
+}
+
+// runEach runs script s n times in one pipeline with the keys and arguments
+// args(i) gives, by digest, then runs again with the script's body those the
+// server had not cached (after a restart or SCRIPT FLUSH). A NOSCRIPT call
+// did nothing, so repeating it is safe.
+func (b *Backend) runEach(ctx context.Context, s *redis.Script, n int, args func(i int) ([]string, []any)) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, n)
+	if n == 0 {
+		return cmds
+	}
+	pipe := b.c.Pipeline()
+	for i := range n {
+		keys, argv := args(i)
+		cmds[i] = s.EvalSha(ctx, pipe, keys, argv...)
+	}
+	_, _ = pipe.Exec(ctx) // errors are read per command
+	var again []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		pipe = b.c.Pipeline()
+		for _, i := range again {
+			keys, argv := args(i)
+			cmds[i] = s.Eval(ctx, pipe, keys, argv...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	return cmds
+}
+
+// Release implements dlock.Backend. A release wakes the key's waiters.
+func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
+	n, err := releaseScript.Run(ctx, b.c, []string{b.lockKey(key)}, token.String(), b.channel(key)).Int64()
+	if err != nil {
+		return fmt.Errorf("redislock: release %q: %w", key, err)
+	}
+	if n == 0 {
+		return dlock.ErrNotHeld
+	}
+	return nil
+}
+
+// ForceRelease implements dlock.ForceReleaser. It wakes the key's waiters;
+// the holder learns of the loss at its next renewal.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	n, err := forceReleaseScript.Run(ctx, b.c, []string{b.lockKey(key)}, b.channel(key)).Int64()
+	if err != nil {
+		return fmt.Errorf("redislock: force release %q: %w", key, err)
+	}
+	if n == 0 {
+		return dlock.ErrNotHeld
+	}
+	return nil
+}
+
+// List implements dlock.Lister. It SCANs the keyspace (every primary of a
+// cluster) for the prefix, so it costs O(keys in the database), not O(locks);
+// it is meant for operators, not hot paths. Locks taken or released while it
+// runs may or may not be listed.
+func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	names, err := b.scan(ctx, globEscape(b.prefix+"{"+keyEscaper.Replace(prefix))+"*")
+	if err != nil {
+		return nil, fmt.Errorf("redislock: list: %w", err)
+	}
+	var keys []string
+	for _, name := range names {
+		if k, ok := b.keyOf(name); ok && strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	cmds := b.runEach(ctx, infoScript, len(keys), func(i int) ([]string, []any) {
+		return []string{b.lockKey(keys[i])}, nil
+	})
+	now := time.Now()
+	var out []dlock.LockInfo
+	for i, c := range cmds {
+		v, err := c.Slice()
+		if err != nil {
+			return nil, fmt.Errorf("redislock: list %q: %w", keys[i], err)
+		}
+		if len(v) == 0 {
+			continue // released since the scan
+		}
+		h, _ := parseHolder(keys[i], v, now)
+		out = append(out, h)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// scanner is the SCAN of one server.
+type scanner interface {
+	Scan(ctx context.Context, cursor uint64, match string, count int64) *redis.ScanCmd
+}
+
+// scan returns the distinct names matching pattern: on every primary of a
+// cluster client, on the server otherwise.
+func (b *Backend) scan(ctx context.Context, pattern string) ([]string, error) {
+	seen := map[string]bool{}
+	var mu sync.Mutex
+	one := func(ctx context.Context, s scanner) error {
+		var cursor uint64
+		for {
+			names, next, err := s.Scan(ctx, cursor, pattern, 1000).Result()
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			for _, n := range names {
+				seen[n] = true
+			}
+			mu.Unlock()
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	}
+	type cluster interface {
+		ForEachMaster(ctx context.Context, fn func(ctx context.Context, c *redis.Client) error) error
+	}
+	var err error
+	if cc, ok := b.c.(cluster); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return one(ctx, c) })
+	} else {
+		err = one(ctx, b.c)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// globEscape quotes the characters SCAN MATCH treats specially.
+func globEscape(s string) string {
+	var sb strings.Builder
+	for i := 0; i < len(s); i++ { // bytes: the special characters are ASCII
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			sb.WriteByte('\\')
+		}
+		sb.WriteByte(s[i])
+	}
+	return sb.String()
+}
+
+// subscribeTimeout bounds the wait for a subscription's confirmation.
+const subscribeTimeout = 5 * time.Second
+
+// unknownLeaseWait bounds a wait for a holder whose lease Redis did not
+// report (a lock key without expiry, written by something else).
+const unknownLeaseWait = time.Second
+
+// AcquireWait implements dlock.Waiter. It subscribes to the key's release
+// channel before its first attempt, so that a release between an attempt and
+// the wait is not missed, then attempts again on each release message (or
+// resubscription after a reconnect, when messages may have been lost) and
+// when the holder's lease, as Redis reported it, runs out. It returns
+// Acquired=false and a nil error when ctx ends while the key is held, and an
+// error matching dlock.ErrUnsupported, having taken nothing, when it cannot
+// subscribe (an ACL without channel rights, an unreachable server): the
+// Locker then backs off instead.
+//
+// Each waiting call holds one pub/sub connection. Woken waiters race for the
+// key: there is no FIFO queue, and a releaser that acquires again at once may
+// win.
+func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	ps, err := b.subscribe(ctx, b.channel(req.Key))
+	if err != nil {
+		if ctx.Err() != nil {
+			return dlock.Result{}, nil // nothing was attempted
+		}
+		return dlock.Result{}, fmt.Errorf("%w: redislock: subscribe to %q: %w", dlock.ErrUnsupported, b.channel(req.Key), err)
+	}
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	forward(&wg, ps, wake)
+	defer func() {
+		ps.Close() // ends forward's goroutine
+		wg.Wait()
+	}()
+	return waitLoop(ctx, req, b.Acquire, wake)
+}
+
+// subscribe subscribes to ch (sharded pub/sub, or classic on servers that
+// lack it) and waits for the server's confirmation.
+func (b *Backend) subscribe(ctx context.Context, ch string) (*redis.PubSub, error) {
+	if !b.classicPubSub.Load() {
+		ps, err := confirm(ctx, b.c.SSubscribe(ctx, ch))
+		if err == nil || !isUnknownCommand(err) {
+			return ps, err
+		}
+		b.classicPubSub.Store(true)
+	}
+	return confirm(ctx, b.c.Subscribe(ctx, ch))
+}
+
+func isUnknownCommand(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown command")
+}
+
+// confirm waits for ps's subscription reply, and closes ps on failure.
+func confirm(ctx context.Context, ps *redis.PubSub) (*redis.PubSub, error) {
+	ctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+	defer cancel()
+	// go-redis applies a context's deadline to the read, not its
+	// cancellation: closing the connection ends the read at once.
+	stop := context.AfterFunc(ctx, func() { ps.Close() })
+	msg, err := ps.Receive(ctx)
+	if !stop() {
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, err
+	}
+	if err == nil {
+		if _, ok := msg.(*redis.Subscription); !ok {
+			err = fmt.Errorf("redislock: unexpected reply %T to a subscription", msg)
+		}
+	}
+	if err != nil {
+		ps.Close()
+		return nil, err
+	}
+	return ps, nil
+}
+
+// forward turns every message and resubscription on ps into a non-blocking
+// send on wake, until ps is closed.
+func forward(wg *sync.WaitGroup, ps *redis.PubSub, wake chan<- struct{}) {
+	// A resubscription (after go-redis reconnected) counts as a wake-up:
+	// a release may have been published while the connection was down.
+	ch := ps.ChannelWithSubscriptions(redis.WithChannelSendTimeout(time.Second))
+	wg.Go(func() {
+		for range ch {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	})
+}
+
+// waitLoop attempts acquire until it succeeds, fails, or ctx ends, waiting
+// between attempts for wake or for the holder's remaining lease.
+func waitLoop(ctx context.Context, req dlock.Request, acquire func(context.Context, dlock.Request) (dlock.Result, error), wake <-chan struct{}) (dlock.Result, error) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		res, err := acquire(ctx, req)
+		if err != nil || res.Acquired {
+			return res, err
+		}
+		wait := res.Remaining
+		if wait <= 0 {
+			wait = unknownLeaseWait
+		}
+		// Redis expires the key on the first access after its lease; the
+		// millisecond covers PTTL's rounding.
+		t.Reset(wait + time.Millisecond)
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+			return dlock.Result{Holder: res.Holder}, nil
+		}
+	}
+}
