@@ -233,6 +233,15 @@ func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
 			}
 		}()
 		waitHeld(t, e, key)
+		var pid int
+		for i := 0; pid == 0; i++ { // the child has started
+			if i == 100 {
+				t.Fatal("the child never wrote its pid")
+			}
+			time.Sleep(20 * time.Millisecond)
+			data, _ := os.ReadFile(pidFile)
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		}
 		holder.Process.Signal(syscall.SIGKILL)
 		holder.Wait()
 		start := time.Now()
@@ -240,11 +249,6 @@ func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
 			t.Errorf("the key of a killed dlock was not free within TTL + 1s: exit %d %s", r.code, r.stderr)
 		}
 		t.Logf("taken %s after the holder's SIGKILL (ttl 1s)", time.Since(start).Round(time.Millisecond))
-		data, _ := os.ReadFile(pidFile)
-		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err != nil {
-			t.Fatalf("child pid: %v", err)
-		}
 		for i := 0; syscall.Kill(pid, 0) == nil; i++ {
 			if i == 100 {
 				t.Fatalf("child %d still runs after dlock was killed", pid)
