@@ -36,6 +36,11 @@ type Option func(*suite)
 // in-memory backend), so the cases that need several processes are skipped.
 func InProcess() Option { return func(s *suite) { s.inProcess = true } }
 
+// CrashFreesWithin sets how soon after its holder process is killed a lock
+// must be free again. The default is the lease TTL plus one second; session
+// strategies, whose server ends the session at once, promise less.
+func CrashFreesWithin(d time.Duration) Option { return func(s *suite) { s.crashBound = d } }
+
 // ttl is the lease used by the suite: the shortest allowed, so that expiry
 // cases finish quickly.
 const ttl = dlock.MinTTL
@@ -43,13 +48,14 @@ const ttl = dlock.MinTTL
 type suite struct {
 	newBackend func(t *testing.T) dlock.Backend
 	inProcess  bool
+	crashBound time.Duration
 }
 
 // Run runs the conformance suite against backends made by newBackend. Each
 // call of newBackend must return a new client of the same store (as a new
 // process would have), which the suite uses to play other processes.
 func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Option) {
-	s := &suite{newBackend: newBackend}
+	s := &suite{newBackend: newBackend, crashBound: ttl + time.Second}
 	for _, o := range opts {
 		o(s)
 	}

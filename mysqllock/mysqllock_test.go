@@ -278,7 +278,7 @@ func newGetLock(t testing.TB, params string) *mysqllock.GetLock {
 }
 
 func TestConformanceGetLock(t *testing.T) {
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") }, locktest.CrashFreesWithin(time.Second))
 }
 
 func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
@@ -293,7 +293,7 @@ func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
 }
 
 func TestConformanceRowLock(t *testing.T) {
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") }, locktest.CrashFreesWithin(time.Second))
 }
 
 // The fair-share tests run 8 processes on one key for 3 s each: no process
