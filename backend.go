@@ -91,6 +91,18 @@ type Result struct {
 	// Remaining is the holder's remaining lease by the store's clock when not
 	// Acquired; 0 if unknown. Waiters never sleep longer than this.
 	Remaining time.Duration
+	// SentAfter is set by Waiter.AcquireWait when Acquired: how long after
+	// the call began the backend sent the request whose success started the
+	// lease (the acquisition statement after a wake-up, or the statement
+	// that recorded a grant made by a server-side wait). The Locker times
+	// the lease from then, so that a long wait does not use up the lease
+	// before it starts. Never report a later instant than that request's
+	// sending: the Locker would trust the lease too long. (Session locks,
+	// whose store-side timeout counts idle time from the granting reply, may
+	// report that reply's arrival: it is later than the reply's sending by
+	// one network trip, which the Locker's margin covers.) 0 means the
+	// call's start, which is always safe.
+	SentAfter time.Duration
 }
 
 // Lease names a held lease for Backend.Extend.

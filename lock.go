@@ -10,8 +10,15 @@ import (
 // A Lock is one acquisition of a key. Its methods are safe for concurrent use.
 //
 // Holding a *Lock does not guarantee holding the lock: Done closes and Err
-// turns non-nil as soon as the lease is lost or cannot be confirmed, before
-// the store lets anyone else take it.
+// turns non-nil as soon as the lease is lost or cannot be confirmed. For
+// leases (every backend's default strategy) that happens before the store
+// lets anyone else take the key: the client gives up at its own deadline,
+// which precedes the store's expiry. Session strategies (mysqllock's GetLock
+// and RowLock), whose lock ends the instant the server ends the session (a
+// cut connection, KILL, a proxy restart), can only tell the holder at its
+// next check, up to TTL/3 later; a shorter TTL narrows that window. In every
+// case, pass Token to the resource you guard so that it refuses a stale
+// holder.
 type Lock struct {
 	l    *Locker
 	ls   *lease
@@ -36,7 +43,7 @@ type lease struct {
 	deadline time.Time          // considered lost at this instant unless renewed
 	tries    uint               // failed renewals since the last success
 	inflight bool               // a renewal is under way
-	timer    *time.Timer        // fires at deadline
+	timer    Timer              // fires at deadline
 }
 
 var errTooLate = errors.New("dlock: acquisition confirmed after its safe deadline")
@@ -166,7 +173,7 @@ func (l *Locker) register(req Request, fence uint64, sent time.Time) (*Lock, err
 		deadline: sent.Add(req.TTL - margin),
 	}
 	l.mu.Lock()
-	if l.closed || !time.Now().Before(ls.deadline) {
+	if l.closed || !l.clock.Now().Before(ls.deadline) {
 		err := ErrClosed
 		if !l.closed {
 			err = errTooLate
@@ -183,7 +190,7 @@ func (l *Locker) register(req Request, fence uint64, sent time.Time) (*Lock, err
 		return nil, fmt.Errorf("dlock: backend granted %q twice to one Locker", req.Key)
 	}
 	k := l.newHandleLocked(ls)
-	ls.timer = time.AfterFunc(time.Until(ls.deadline), func() { l.expire(ls) })
+	ls.timer = l.clock.AfterFunc(ls.deadline.Sub(l.clock.Now()), func() { l.expire(ls) })
 	l.held[req.Key] = ls
 	if !l.renewing {
 		l.renewing = true
@@ -209,7 +216,7 @@ func (l *Locker) expire(ls *lease) {
 	if ls.ended {
 		return
 	}
-	if d := time.Until(ls.deadline); d > 0 { // renewed after the timer fired
+	if d := ls.deadline.Sub(l.clock.Now()); d > 0 { // renewed after the timer fired
 		ls.timer.Reset(d)
 		return
 	}
@@ -257,7 +264,7 @@ const maxBatch = 1000
 // anything and exits when it holds nothing or is closed.
 func (l *Locker) renewLoop() {
 	defer l.wg.Done()
-	t := time.NewTimer(time.Hour)
+	t := l.clock.AfterFunc(time.Hour, l.poke)
 	defer t.Stop()
 	for {
 		l.mu.Lock()
@@ -266,7 +273,7 @@ func (l *Locker) renewLoop() {
 			l.mu.Unlock()
 			return
 		}
-		now := time.Now()
+		now := l.clock.Now()
 		next := now.Add(time.Hour)
 		var batch []*lease
 		for _, ls := range l.held {
@@ -293,9 +300,8 @@ func (l *Locker) renewLoop() {
 		}
 		l.mu.Unlock()
 
-		t.Reset(time.Until(next))
+		t.Reset(next.Sub(l.clock.Now()))
 		select {
-		case <-t.C:
 		case <-l.kick:
 		case <-l.closing:
 		}
@@ -317,8 +323,8 @@ func (l *Locker) renew(batch []*lease) {
 	}
 	l.mu.Unlock()
 
-	ctx, cancel := context.WithDeadline(l.bg, deadline)
-	sent := time.Now()
+	sent := l.clock.Now()
+	ctx, cancel := context.WithTimeout(l.bg, deadline.Sub(sent))
 	errs, err := l.b.Extend(ctx, leases)
 	cancel()
 	if err == nil && len(errs) != len(leases) {
@@ -326,7 +332,7 @@ func (l *Locker) renew(batch []*lease) {
 	}
 
 	l.mu.Lock()
-	now := time.Now()
+	now := l.clock.Now()
 	for i, ls := range batch {
 		ls.inflight = false
 		if ls.ended {

@@ -51,6 +51,7 @@ type Locker struct {
 	margin time.Duration
 	log    *slog.Logger
 	meta   string
+	clock  Clock
 
 	// bg is cancelled by Close; background I/O (renewal, clean-up) uses it.
 	bg       context.Context
@@ -78,6 +79,7 @@ func New(b Backend, opts *Options) *Locker {
 		margin:  opts.Margin,
 		log:     opts.Logger,
 		meta:    opts.Metadata,
+		clock:   opts.Clock,
 		closing: make(chan struct{}),
 		held:    make(map[string]*lease),
 		wakers:  make(map[string]chan struct{}),
@@ -88,6 +90,9 @@ func New(b Backend, opts *Options) *Locker {
 	}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
+	}
+	if l.clock == nil {
+		l.clock = systemClock{}
 	}
 	if l.meta == "" {
 		l.meta = defaultMetadata()
@@ -240,13 +245,20 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		l.mu.Unlock()
 
 		req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
-		sent := time.Now()
+		sent, realSent := l.clock.Now(), time.Now()
 		var res Result
 		if w, ok := l.b.(Waiter); ok && wait && tried && !noWaiter {
 			// The first attempt showed the key held: wait in the store.
 			wctx, stop := l.withClosing(ctx)
 			res, err = w.AcquireWait(wctx, req)
 			stop()
+			if err == nil && res.Acquired && res.SentAfter > 0 {
+				// SentAfter is real time. Count back from now only what
+				// followed the sending (about a round trip), so that a
+				// Clock running at another rate errs over that alone, not
+				// over the whole wait.
+				sent = l.clock.Now().Add(-max(time.Since(realSent)-res.SentAfter, 0))
+			}
 			if errors.Is(err, ErrUnsupported) { // took nothing: back off instead
 				noWaiter = true
 				continue

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -44,6 +45,11 @@ type Options struct {
 	// Metadata is attached to acquisitions made without WithMetadata. The
 	// default names the host, process id and program.
 	Metadata string
+
+	// Clock times leases, renewals and safe deadlines. The default is the
+	// system's monotonic clock; another is for tests and fault injection
+	// (see Clock).
+	Clock Clock
 }
 
 // AcquireOption configures one acquisition.
@@ -74,13 +80,16 @@ func WithTTL(ttl time.Duration) AcquireOption {
 // at once, returns a Lock with the same fencing token and increments a count;
 // the key is freed when every such Lock has been released. Owner identities
 // are labels, not credentials: reentrancy is scoped to one Locker, and two
-// Lockers (or processes) using the same owner still exclude each other.
+// Lockers (or processes) using the same owner still exclude each other. An
+// owner is at most MaxOwnerLen bytes of UTF-8 without NUL; anything else is
+// ErrInvalidOption.
 func WithOwner(owner string) AcquireOption {
 	return func(c *acquireConfig) { c.owner = owner }
 }
 
 // WithMetadata attaches a short description of the holder (at most
-// MaxMetadataLen bytes) that Locker.List and `dlock list` show.
+// MaxMetadataLen bytes of UTF-8 without NUL) that Locker.List and
+// `dlock list` show.
 func WithMetadata(s string) AcquireOption {
 	return func(c *acquireConfig) { c.metadata = &s }
 }
@@ -110,6 +119,10 @@ func validateText(what, s string, max int) error {
 	}
 	if !utf8.ValidString(s) {
 		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidOption, what)
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		// Some stores cannot keep NUL in text (PostgreSQL).
+		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidOption, what)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package locktest
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,19 @@ type ContentionStats struct {
 	Handoffs     int     // acquisitions by a different worker than the previous holder
 	Shares       []int   // acquisitions per worker
 	MinShare     float64 // smallest worker share relative to a fair share (1 = fair)
+	// Waits holds how long each acquisition took, from the call to the
+	// grant, in no particular order.
+	Waits []time.Duration
+}
+
+// WaitPercentile returns the p-th percentile (0..100) of Waits.
+func (s ContentionStats) WaitPercentile(p float64) time.Duration {
+	if len(s.Waits) == 0 {
+		return 0
+	}
+	w := slices.Clone(s.Waits)
+	slices.Sort(w)
+	return w[min(len(w)-1, int(float64(len(w))*p/100))]
 }
 
 // HandoffsPerSec is Handoffs divided by Duration.
@@ -56,7 +70,9 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Content
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
+				began := time.Now()
 				lk, err := acquire(ctx, l, key, c.Poll, opts)
+				waited := time.Since(began)
 				if err != nil {
 					if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 						errc <- err
@@ -72,6 +88,7 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Content
 				inside = true
 				st.Acquisitions++
 				st.Shares[w]++
+				st.Waits = append(st.Waits, waited)
 				if last != w && last != -1 {
 					st.Handoffs++
 				}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -76,6 +77,13 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 		return nil
 	case "share":
 		ms, _ := strconv.Atoi(os.Getenv(envRounds))
+		// Start together: a process that starts early would have the key
+		// to itself for a while (slow starts under -race on a loaded host
+		// decided the shares more than the backend did).
+		fmt.Println("READY")
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			return fmt.Errorf("waiting for the start: %w", err)
+		}
 		sctx, cancel := context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
 		defer cancel()
 		n := 0
@@ -237,27 +245,47 @@ func FairShare(t *testing.T, newBackend func(t *testing.T) dlock.Backend, procs 
 	k := key(t, "k")
 	type proc struct {
 		cmd *exec.Cmd
-		out *strings.Builder
+		in  io.WriteCloser
+		out *bufio.Reader
 	}
 	var ps []proc
 	for range procs {
 		cmd := s.spawn(t, t.Name(), "share", k, t.TempDir(), int(d.Milliseconds()))
-		var out strings.Builder
-		cmd.Stdout = &out
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		ps = append(ps, proc{cmd, &out})
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		ps = append(ps, proc{cmd, in, bufio.NewReader(out)})
+	}
+	// Every process is up before any starts counting.
+	for _, p := range ps {
+		if line, err := p.out.ReadString('\n'); line != "READY\n" {
+			t.Fatalf("helper %d did not get ready: %q %v", p.cmd.Process.Pid, line, err)
+		}
+	}
+	for _, p := range ps {
+		if _, err := io.WriteString(p.in, "GO\n"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	counts := make([]int, 0, procs)
 	total := 0
 	for _, p := range ps {
+		line, _ := p.out.ReadString('\n')
+		var n int
+		if _, err := fmt.Sscanf(line, "COUNT %d", &n); err != nil {
+			t.Fatalf("helper %d output %q: %v", p.cmd.Process.Pid, line, err)
+		}
 		if err := p.cmd.Wait(); err != nil {
 			t.Fatalf("helper %d: %v", p.cmd.Process.Pid, err)
-		}
-		var n int
-		if _, err := fmt.Sscanf(p.out.String(), "COUNT %d", &n); err != nil {
-			t.Fatalf("helper output %q: %v", p.out.String(), err)
 		}
 		counts = append(counts, n)
 		total += n

@@ -79,6 +79,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"WaitEndsWithContext", s.waitContext},
 		{"LocalReleaseWakesLocalWaiter", s.localWake},
 		{"WaiterGetsLockReleasedElsewhere", s.waitAcross},
+		{"LongWaitDoesNotWasteTheGrant", s.longWait},
 		{"AbandonedLeaseExpires", s.abandoned},
 		{"KilledHolderProcessFreesLockWithinTTL", s.killedHolder},
 		{"RenewalKeepsLockPastTTL", s.renewalKeeps},
@@ -435,9 +436,10 @@ func (s *suite) fencing(t *testing.T) {
 	const n = 1000
 	l, _ := s.locker(t)
 	for i := range n {
-		switch {
-		case i%250 == 0: // a new client, as after a restart of the process
+		if i%250 == 0 && i > 0 { // a new client, as after a restart of the process
 			l, _ = s.locker(t)
+		}
+		switch {
 		case i == n/2 || i == n-1: // expiry instead of release
 			b := s.newBackend(t)
 			r, err := b.Acquire(ctxT(t, 10*time.Second), dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl})
@@ -588,6 +590,38 @@ func (s *suite) waitAcross(t *testing.T) {
 	}
 	if w.Token() <= lk.Token() {
 		t.Errorf("fencing: %d after %d", w.Token(), lk.Token())
+	}
+}
+
+// longWait: a waiter that waits longer than a whole lease (the holder keeps
+// renewing) gets the key when it is released and keeps it with a full lease:
+// the wait must not count against the new lease, or the grant would be
+// thrown away as too late and the key churned.
+func (s *suite) longWait(t *testing.T) {
+	a, _ := s.locker(t)
+	b, fb := s.locker(t)
+	k := key(t, "k")
+	lk := mustAcquire(t, a, k)
+	const hold = 3 * ttl
+	time.AfterFunc(hold, func() { lk.Release(context.Background()) })
+	start := time.Now()
+	w, err := b.Acquire(ctxT(t, hold+10*time.Second), k, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: a waiter gets the key once released, however long it waited; %v", err)
+	}
+	defer w.Release(context.Background())
+	if waited := time.Since(start); waited < hold-100*time.Millisecond {
+		t.Fatalf("got the key after %s, before its holder released it (holder Err %v)", waited, lk.Err())
+	}
+	if n := fb.releases.Load(); n != 0 {
+		t.Errorf("rule: a grant after a long wait is kept; the waiter released %d grant(s) while waiting (timed from the wait's start, they looked expired)", n)
+	}
+	if left := time.Until(w.Deadline()); left < ttl/2 {
+		t.Errorf("rule: the lease is timed from the grant, not from the start of the wait; %s left of %s right after the grant", left, ttl)
+	}
+	time.Sleep(ttl)
+	if err := w.Err(); err != nil {
+		t.Errorf("the lock taken after a long wait was lost: %v", err)
 	}
 }
 

@@ -54,6 +54,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	if !b.bells() {
 		return dlock.Result{}, dlock.ErrUnsupported
 	}
+	began := time.Now()
 	res, err := b.Acquire(ctx, req)
 	if err != nil || res.Acquired {
 		return res, err
@@ -78,8 +79,11 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	}
 	inLine := b.bell.sessionOf(req.Key, req.Token)
 	for {
+		sending := time.Now()
 		res, err := b.acquireLease(ctx, req, inLine)
 		if err != nil || res.Acquired {
+			// The lease starts with this statement, not with the wait.
+			res.SentAfter = sending.Sub(began)
 			return res, err // after an error the Locker's Release drops the doorbell too
 		}
 		if !sleep(ctx, bo.Next(res.Remaining)) {
@@ -94,15 +98,6 @@ func (b *Backend) ring(ctx context.Context, key string, token dlock.Token) {
 	if b.bell != nil {
 		_ = b.bell.Release(ctx, key, token)
 	}
-}
-
-// holder describes the current holder of key, best effort.
-func (b *Backend) holder(ctx context.Context, key string) dlock.Result {
-	hs, err := b.query(ctx, b.q.holder, key)
-	if err != nil || len(hs) == 0 {
-		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
-	}
-	return dlock.Result{Holder: hs[0].LockInfo, Remaining: max(hs[0].remaining, 0)}
 }
 
 // sleep waits for d or ctx, and reports whether d passed.

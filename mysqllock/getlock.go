@@ -27,6 +27,13 @@ import (
 // 64-character name limit. Fencing tokens come from a per-key counter row
 // bumped on every grant.
 //
+// When the server ends the session by itself (the connection is cut, KILL,
+// a proxy restart), the lock is free at once and a waiter may take it
+// before the holder is told: the holder learns of it at its next check, up
+// to TTL/3 later (the fault harness measured this under connection cuts). A
+// lease (New) does not have this gap. Guard the resource with the fencing
+// token, or choose a short TTL to narrow the window.
+//
 // Not for Galera (GET_LOCK is not replicated: NewGetLock's first use fails
 // with ErrGalera), Group Replication or proxies that multiplex sessions.
 type GetLock struct {
@@ -129,7 +136,7 @@ func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		if !g.reserve(ss, req.Key, req.Token) {
 			return g.notAcquired(ctx, req.Key), nil
 		}
-		res, err := g.take(ctx, ss, req, 0)
+		res, err := g.take(ctx, ss, req, 0, time.Now())
 		if try == 0 && ss.broken.Load() && !res.Acquired {
 			continue
 		}
@@ -143,6 +150,7 @@ const maxWait = 30 * time.Second
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
 // its own, killed with KILL QUERY when ctx ends.
 func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	began := time.Now()
 	ss, err := g.s.open(ctx, req.TTL)
 	if err != nil {
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
@@ -152,7 +160,7 @@ func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d))
 	}
-	return g.take(ctx, ss, req, max(wait, 0))
+	return g.take(ctx, ss, req, max(wait, 0), began)
 }
 
 // take runs GET_LOCK on ss (reserved for req.Key) and records the grant.
@@ -161,13 +169,17 @@ func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // closes the connection when a statement's context ends, which would drop
 // every lock of the session. They run under detached(ctx) instead, and a
 // blocking wait is interrupted with KILL QUERY when ctx ends.
-func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait time.Duration) (dlock.Result, error) {
+//
+// The grant's SentAfter (relative to began) is when the statement recording
+// it was sent on the session: the session's wait_timeout counts from its
+// last statement, so a long wait does not shorten the lease.
+func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
 	name := g.name(req.Key)
 	var got sql.NullInt64
 	var err error
 	if wait == 0 {
 		sctx, cancel := detached(ctx)
-		err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got)
+		err = ss.queryRow(sctx, "SELECT GET_LOCK(?, 0)", []any{name}, &got)
 		cancel()
 	} else {
 		stop := context.AfterFunc(ctx, func() { g.kill(ss.id) })
@@ -193,16 +205,17 @@ func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait
 	}
 	sctx, cancel := detached(ctx)
 	defer cancel()
-	fence, err := g.s.grant(sctx, ss.conn, ss, req, name)
+	granting := time.Now()
+	fence, err := g.s.grant(sctx, ss, ss, req, name)
 	if err != nil {
 		if !sessionLost(err) {
-			_, err2 := ss.conn.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
+			_, err2 := ss.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
 			err = errors.Join(err, err2)
 		}
 		g.forget(ss, req.Key, err)
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	}
-	return dlock.Result{Acquired: true, Fence: fence}, nil
+	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granting.Sub(began)}, nil
 }
 
 // notAcquired describes the key's last holder (doorbells have no record).
@@ -268,7 +281,7 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 			dest[j] = &ids[j]
 		}
 		sctx, cancel := detached(ctx)
-		err := ss.conn.QueryRowContext(sctx, q, args...).Scan(dest...)
+		err := ss.queryRow(sctx, q, args, dest...)
 		cancel()
 		for j, i := range idx {
 			switch {
@@ -310,7 +323,7 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 	}
 	var got sql.NullInt64
 	sctx, cancel := detached(ctx)
-	err := ss.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", g.name(key)).Scan(&got)
+	err := ss.queryRow(sctx, "SELECT RELEASE_LOCK(?)", []any{g.name(key)}, &got)
 	cancel()
 	g.forget(ss, key, err)
 	switch {

@@ -175,13 +175,16 @@ func (b *Backend) Migrate(ctx context.Context) error {
 }
 
 type queries struct {
-	acquire, acquireBell, holder, release, forceRelease, list string
+	acquire, acquireBell, holder, release, releaseNoBell, forceRelease, list string
 }
 
-// The acquisition statement assigns columns in this order because MySQL
-// evaluates ON DUPLICATE KEY UPDATE assignments left to right with later ones
-// seeing earlier results: every assignment tests expires_at, which is
-// assigned last. LAST_INSERT_ID(x) makes the reply carry the new fence when
+// The acquisition statement decides once whether the row is free, in the
+// first assignment, into the session variable @dlock_free that the others
+// read: MySQL evaluates ON DUPLICATE KEY UPDATE assignments left to right,
+// and a condition evaluated per assignment could change in between
+// (IS_USED_LOCK does, when another session takes the doorbell meanwhile),
+// leaving a torn row: a new token on an old fence. The fault harness found
+// that tear. expires_at is still assigned last. LAST_INSERT_ID(x) makes the reply carry the new fence when
 // the row is taken and 0 when it is not, so that the outcome does not depend
 // on affected-row counts (which clientFoundRows changes).
 //
@@ -195,12 +198,12 @@ func newQueries(t string) queries {
 		return `INSERT INTO ` + t + ` (name, token, owner, fence, acquired_at, expires_at, metadata)
 VALUES (?, ?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)
 ON DUPLICATE KEY UPDATE
-  token = IF(` + free + `, ?, token),
-  owner = IF(` + free + `, ?, owner),
-  metadata = IF(` + free + `, ?, metadata),
-  acquired_at = IF(` + free + `, UTC_TIMESTAMP(6), acquired_at),
-  fence = IF(` + free + `, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
-  expires_at = IF(` + free + `, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
+  token = IF(@dlock_free := (` + free + `), ?, token),
+  owner = IF(@dlock_free, ?, owner),
+  metadata = IF(@dlock_free, ?, metadata),
+  acquired_at = IF(@dlock_free, UTC_TIMESTAMP(6), acquired_at),
+  fence = IF(@dlock_free, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
+  expires_at = IF(@dlock_free, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
 	}
 	const free = "expires_at <= UTC_TIMESTAMP(6)"
 	freeBell := fmt.Sprintf("(%s AND (IFNULL(IS_USED_LOCK(?), ?) = ? OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND))",
@@ -211,15 +214,27 @@ ON DUPLICATE KEY UPDATE
 		holder: `SELECT name, token, owner, fence, metadata,
   TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
 FROM ` + t + ` WHERE name = ?`,
-		release: `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6)
+		release: `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6), token = ` + noToken + `
 WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
-		forceRelease: `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6)
-WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)`,
+		releaseNoBell: fmt.Sprintf(`UPDATE `+t+` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND, token = `+noToken+`
+WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`, staleBell.Microseconds()),
+		// A forced release keeps the key for no one in line: the holder's
+		// doorbell is freed by a KILL, which the server completes later.
+		forceRelease: fmt.Sprintf(`UPDATE `+t+` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND, token = `+noToken+`
+WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)`, staleBell.Microseconds()),
 		list: `SELECT name, token, owner, fence, metadata,
   TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
 FROM ` + t + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY name`,
 	}
 }
+
+// noToken replaces the owner token of a released lease. UTC_TIMESTAMP is the
+// time a statement started, so an extension that started before a release
+// and waited for its row lock would otherwise find the row still "live" by
+// its own clock, and revive a released (or force-released) lease for the
+// old holder. With the token gone it matches nothing. No random token is
+// all zeros (2^-128).
+const noToken = "X'00000000000000000000000000000000'"
 
 // MySQL error numbers handled here.
 const (
@@ -253,11 +268,8 @@ func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine in
 		req.Token[:], req.Owner, req.Metadata, ttl}
 	if b.bells() {
 		q = b.q.acquireBell
-		bell := []any{b.bell.name(req.Key), inLine, inLine}
-		args = args[:5:5]
-		for _, v := range [][]any{{req.Token[:]}, {req.Owner}, {req.Metadata}, nil, nil, {ttl}} {
-			args = append(append(args, bell...), v...)
-		}
+		args = append(args[:5:5], b.bell.name(req.Key), inLine, inLine,
+			req.Token[:], req.Owner, req.Metadata, ttl)
 	}
 	var res sql.Result
 	var err error
@@ -279,9 +291,24 @@ func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine in
 	if fence > 0 {
 		return dlock.Result{Acquired: true, Fence: uint64(fence)}, nil
 	}
-	// Not taken: report the holder (a failure here is not an outage of the
-	// acquisition, whose outcome is known).
-	return b.holder(ctx, req.Key), nil
+	// Insert id 0: either the row was not taken, or a trigger on the table
+	// wrote another table, and MariaDB then reports 0 for a statement that
+	// did take the row (audit triggers, pt-online-schema-change). The row
+	// decides: our token (128 random bits) in an unexpired lease is proof of
+	// a grant.
+	hs, err := b.query(ctx, b.q.holder, req.Key)
+	if err != nil {
+		// The outcome is unknown; the Locker releases our token.
+		return dlock.Result{}, b.wrap("acquire", err)
+	}
+	if len(hs) == 0 {
+		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}, nil
+	}
+	h := hs[0]
+	if h.Token == req.Token && h.remaining > 0 {
+		return dlock.Result{Acquired: true, Fence: h.Fence}, nil
+	}
+	return dlock.Result{Holder: h.LockInfo, Remaining: max(h.remaining, 0)}, nil
 }
 
 // Extend implements dlock.Backend with one UPDATE and one SELECT per distinct
@@ -331,8 +358,16 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 
 // Release implements dlock.Backend. The lease is freed before the doorbell
 // rings, so that the woken waiter finds it free.
+//
+// A lease released without its doorbell (another session held the bell when
+// it was taken: a stalled former holder) wakes nobody, so it is released as
+// long past: the acquisition statement then keeps it for no one in line.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	err := b.free(ctx, "release", b.q.release, key, token[:])
+	q := b.q.release
+	if b.bells() && b.bell.sessionOf(key, token) == 0 {
+		q = b.q.releaseNoBell
+	}
+	err := b.free(ctx, "release", q, key, token[:])
 	b.ring(ctx, key, token)
 	return err
 }

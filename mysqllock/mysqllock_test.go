@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -308,4 +309,150 @@ func TestFairShareRowLock(t *testing.T) {
 
 func TestFairShareLease(t *testing.T) {
 	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") }, 8, 3*time.Second)
+}
+
+// TestAuditTriggerOnTable checks that a trigger on the lease table that
+// writes another table (an audit trigger, pt-online-schema-change's copy
+// triggers) does not break acquisition. MariaDB then reports insert id 0 for
+// a statement that did take the row; the backend must still see its grant
+// (found by the fault harness: every acquisition failed before the fix).
+func TestAuditTriggerOnTable(t *testing.T) {
+	ctx := context.Background()
+	const table = "dlock_test_trig"
+	db := open(t, "")
+	for _, s := range []string{
+		"DROP TABLE IF EXISTS " + table + ", " + table + "_audit",
+		"CREATE TABLE " + table + "_audit (name VARBINARY(255), fence BIGINT UNSIGNED)",
+	} {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := mysqllock.New(db, &mysqllock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{
+		"CREATE TRIGGER " + table + "_ai AFTER INSERT ON " + table + " FOR EACH ROW INSERT INTO " + table + "_audit VALUES (NEW.name, NEW.fence)",
+		"CREATE TRIGGER " + table + "_au AFTER UPDATE ON " + table + " FOR EACH ROW INSERT INTO " + table + "_audit VALUES (NEW.name, NEW.fence)",
+	} {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := dlock.New(b, nil)
+	defer l.Close(ctx)
+	other := dlock.New(newLease(t, "", &mysqllock.Options{Table: table}), nil)
+	defer other.Close(ctx)
+	var last uint64
+	for i := range 3 {
+		lk, err := l.TryAcquire(ctx, "k", dlock.WithTTL(5*time.Second))
+		if err != nil {
+			t.Fatalf("TryAcquire #%d of a free key with an audit trigger on the table: %v", i, err)
+		}
+		if lk.Token() <= last {
+			t.Errorf("fence %d after %d", lk.Token(), last)
+		}
+		last = lk.Token()
+		if _, err := other.TryAcquire(ctx, "k", dlock.WithTTL(5*time.Second)); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("another client's TryAcquire while held: %v, want ErrNotAcquired", err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+table+"_audit").Scan(&n); err != nil || n == 0 {
+		t.Errorf("the audit trigger did not run (%d rows, %v)", n, err)
+	}
+}
+
+// TestGetLockManyLocksOneSession holds more locks than one renewal batch on
+// the shared session, so that renewal batches and acquisitions use the
+// session at the same time. Statements on one connection must be
+// serialized: interleaved, the driver breaks the connection and every lock
+// of the session is lost (found by the benchmark's many-locks run).
+func TestGetLockManyLocksOneSession(t *testing.T) {
+	ctx := context.Background()
+	l := dlock.New(newGetLock(t, ""), nil)
+	defer l.Close(ctx)
+	const n = 2200 // the Locker renews at most 1000 leases per Extend call
+	prefix := "many/" + dlock.NewToken().String()[:8] + "/"
+	locks := make([]*dlock.Lock, 0, n)
+	for i := range n {
+		lk, err := l.TryAcquire(ctx, prefix+strconv.Itoa(i), dlock.WithTTL(dlock.MinTTL))
+		if err != nil {
+			t.Fatalf("TryAcquire #%d: %v", i, err)
+		}
+		locks = append(locks, lk)
+	}
+	time.Sleep(2 * dlock.MinTTL) // several renewal periods, with concurrent batches
+	for i, lk := range locks {
+		if err := lk.Err(); err != nil {
+			t.Fatalf("lock #%d lost while renewals ran: %v", i, err)
+		}
+	}
+	for _, lk := range locks {
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestExtendRacingReleaseDoesNotRevive runs a renewal that started before a
+// release but waited for the row lock the release held. UTC_TIMESTAMP is
+// the statement's start, so by the renewal's clock the released row still
+// looks live: it must not be revived for its old token (found by the fault
+// harness: a released, or force-released, lease came back to life).
+func TestExtendRacingReleaseDoesNotRevive(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, "")
+	db := open(t, "")
+	key := "race/" + dlock.NewToken().String()
+	tok := dlock.NewToken()
+	if r, err := b.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: 10 * time.Second}); err != nil || !r.Acquired {
+		t.Fatalf("Acquire: %+v %v", r, err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var n []byte
+	if err := tx.QueryRowContext(ctx, "SELECT name FROM "+testTable+" WHERE name = ? FOR UPDATE", key).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		errs []error
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		errs, err := b.Extend(ctx, []dlock.Lease{{Key: key, Token: tok, TTL: 10 * time.Second}})
+		done <- result{errs, err}
+	}()
+	time.Sleep(200 * time.Millisecond) // the renewal has started and waits for the row
+	if _, err := tx.ExecContext(ctx, mysqllock.ReleaseQuery(b), key, tok[:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if !errors.Is(r.errs[0], dlock.ErrNotHeld) {
+		t.Errorf("a renewal that waited behind the release reported %v, want ErrNotHeld", r.errs[0])
+	}
+	tok2 := dlock.NewToken()
+	if r, err := b.Acquire(ctx, dlock.Request{Key: key, Token: tok2, TTL: time.Second}); err != nil || !r.Acquired {
+		t.Errorf("the released key was revived for its old holder: %+v %v", r, err)
+	} else {
+		_ = b.Release(ctx, key, tok2)
+	}
 }

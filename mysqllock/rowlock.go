@@ -25,7 +25,10 @@ import (
 // own. Fencing tokens come from the per-key counter row, bumped on every grant
 // in a separate autocommit statement so that it is durable at once. Works on
 // Galera with its usual caveat: a conflicting write on another node aborts
-// the holder's transaction (reported as a loss at the next renewal).
+// the holder's transaction (reported as a loss at the next renewal). As
+// with GetLock, a session the server ends by itself frees the row at once,
+// and the holder is told only at its next check (up to TTL/3 later): guard
+// the resource with the fencing token.
 type RowLock struct {
 	db    *sql.DB
 	s     *sessions
@@ -63,7 +66,9 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 		return nil, err
 	}
 	base := strings.TrimSuffix(table, "`")
-	return &RowLock{db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
+	s := newSessions(db, base+"_session`")
+	s.galeraOK = true
+	return &RowLock{db: db, s: s, rows: base + "_rows`",
 		held: make(map[string]*rowHold), known: make(map[string]struct{})}, nil
 }
 
@@ -82,20 +87,24 @@ func (r *RowLock) Close() error {
 
 // Acquire implements dlock.Backend with FOR UPDATE NOWAIT.
 func (r *RowLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	return r.take(ctx, req, 0)
+	return r.take(ctx, req, 0, time.Now())
 }
 
 // AcquireWait implements dlock.Waiter: a blocking FOR UPDATE bounded by
 // innodb_lock_wait_timeout, killed with KILL QUERY when ctx ends.
 func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	began := time.Now()
 	wait := maxWait
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d))
 	}
-	return r.take(ctx, req, max(wait, time.Second))
+	return r.take(ctx, req, max(wait, time.Second), began)
 }
 
-func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duration) (dlock.Result, error) {
+// A grant's SentAfter (relative to began) is when the locking read returned:
+// the session's wait_timeout counts from its last statement's reply, which
+// came before that (by one network trip, which the Locker's margin covers).
+func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
 	r.mu.Lock()
 	_, mine := r.held[req.Key]
 	r.mu.Unlock()
@@ -151,6 +160,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
+	granted := time.Now()
 	fence, err := r.s.grant(sctx, r.db, ss, req, "")
 	if err != nil {
 		_ = tx.Rollback()
@@ -160,7 +170,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	r.mu.Lock()
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
 	r.mu.Unlock()
-	return dlock.Result{Acquired: true, Fence: fence}, nil
+	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granted.Sub(began)}, nil
 }
 
 // ensureRow creates key's row if it does not exist yet. The plain read does
@@ -173,9 +183,9 @@ func (r *RowLock) ensureRow(ctx context.Context, ss *session, key string) error 
 		return nil
 	}
 	var one int
-	err := ss.conn.QueryRowContext(ctx, `SELECT 1 FROM `+r.rows+` WHERE name = ?`, key).Scan(&one)
+	err := ss.queryRow(ctx, `SELECT 1 FROM `+r.rows+` WHERE name = ?`, []any{key}, &one)
 	if errors.Is(err, sql.ErrNoRows) {
-		_, err = ss.conn.ExecContext(ctx, `INSERT IGNORE INTO `+r.rows+` (name) VALUES (?)`, key)
+		_, err = ss.ExecContext(ctx, `INSERT IGNORE INTO `+r.rows+` (name) VALUES (?)`, key)
 	}
 	if err == nil {
 		r.mu.Lock()
@@ -215,6 +225,9 @@ func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
 	}
 	r.mu.Unlock()
 	var err error
+	// Serialized with a renewal check on the same transaction: two
+	// statements in flight on one connection break it.
+	h.ss.mu.Lock()
 	if commit {
 		// Mark the record as released in the same transaction, for List.
 		sctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
@@ -228,6 +241,7 @@ func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
 	} else {
 		_ = h.tx.Rollback()
 	}
+	h.ss.mu.Unlock()
 	if sessionLost(err) {
 		h.ss.broken.Store(true)
 	}
@@ -248,11 +262,13 @@ func (r *RowLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 			continue
 		}
 		var open int
+		h.ss.mu.Lock()
 		err := h.tx.QueryRowContext(sctx, "SELECT @@in_transaction").Scan(&open)
 		var me *mysql.MySQLError
 		if errors.As(err, &me) && me.Number == 1193 { // MySQL: no such variable
 			err = h.tx.QueryRowContext(sctx, "SELECT 1").Scan(&open)
 		}
+		h.ss.mu.Unlock()
 		switch {
 		case sessionLost(err):
 			h.ss.broken.Store(true)

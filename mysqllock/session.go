@@ -31,6 +31,26 @@ type session struct {
 	keys        map[string]dlock.Token // getlock: keys held or being taken on this session
 	waitTimeout int                    // seconds, as set on the session
 	broken      atomic.Bool            // the connection is gone or dubious
+	// mu serializes statements on conn: database/sql lets two goroutines
+	// use one *sql.Conn at once, and the driver then breaks the connection
+	// (a renewal check racing an acquisition would drop every lock of the
+	// session). Blocking waits run on sessions of their own, without it.
+	mu sync.Mutex
+}
+
+// ExecContext runs a statement on the session, serialized with its others.
+func (ss *session) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.conn.ExecContext(ctx, query, args...)
+}
+
+// queryRow runs a one-row query on the session, serialized with its others,
+// and scans the row into dest.
+func (ss *session) queryRow(ctx context.Context, query string, args []any, dest ...any) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.conn.QueryRowContext(ctx, query, args...).Scan(dest...)
 }
 
 // sessions pins connections of a *sql.DB for the session strategies. A
@@ -44,7 +64,10 @@ type sessions struct {
 	idle  []*session // healthy sessions holding nothing, kept for reuse
 	// keepTimeout leaves wait_timeout as the server has it (doorbells).
 	keepTimeout bool
-	galera      struct {
+	// galeraOK skips the Galera check (rowlock: row locks work there, with
+	// Galera's write-conflict aborts).
+	galeraOK bool
+	galera   struct {
 		once sync.Once
 		err  error
 	}
@@ -56,6 +79,9 @@ func newSessions(db *sql.DB, table string) *sessions {
 
 // checkGalera refuses to run on Galera, once per backend.
 func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
+	if s.galeraOK {
+		return nil
+	}
 	s.galera.once.Do(func() {
 		var on sql.NullString
 		err := c.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on)
@@ -110,7 +136,7 @@ func (s *sessions) cover(ctx context.Context, ss *session, ttl time.Duration) er
 	if s.keepTimeout || secs <= ss.waitTimeout {
 		return nil
 	}
-	if _, err := ss.conn.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", secs)); err != nil {
+	if _, err := ss.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", secs)); err != nil {
 		return err
 	}
 	ss.waitTimeout = secs
@@ -167,9 +193,10 @@ func (s *sessions) discard(ss *session) {
 	if !ss.broken.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, err = ss.conn.ExecContext(ctx, "DO RELEASE_ALL_LOCKS()")
+		_, err = ss.ExecContext(ctx, "DO RELEASE_ALL_LOCKS()")
 		if err == nil {
-			_, err = ss.conn.ExecContext(ctx, "SET SESSION wait_timeout = @@GLOBAL.wait_timeout")
+			// rowlock also sets innodb_lock_wait_timeout for its waits.
+			_, err = ss.ExecContext(ctx, "SET SESSION wait_timeout = @@GLOBAL.wait_timeout, innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout")
 		}
 	}
 	if err != nil { // do not hand a dubious session back to the pool

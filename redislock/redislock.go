@@ -536,9 +536,13 @@ func forward(wg *sync.WaitGroup, ps *redis.PubSub, wake chan<- struct{}) {
 func waitLoop(ctx context.Context, req dlock.Request, acquire func(context.Context, dlock.Request) (dlock.Result, error), wake <-chan struct{}) (dlock.Result, error) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
+	began := time.Now()
 	for {
+		sending := time.Now()
 		res, err := acquire(ctx, req)
 		if err != nil || res.Acquired {
+			// The lease starts with this attempt, not with the wait.
+			res.SentAfter = sending.Sub(began)
 			return res, err
 		}
 		wait := res.Remaining

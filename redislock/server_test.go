@@ -1,20 +1,18 @@
 package redislock_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/testproc"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -28,65 +26,21 @@ type server struct {
 	dir  string
 	conf string // Sentinel's configuration file; empty for a server
 	args []string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{} // closed when the process has exited
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	proc testproc.Proc
 }
 
 // redisServer returns the path of redis-server. Without it the test fails
 // under CI=true and is skipped otherwise.
 func redisServer(t testing.TB) string {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redis-server is required (CI=true): %v", err)
-		}
-		t.Skipf("SKIPPING: redis-server is not installed (apt-get install redis-server, or run scripts/test.sh): %v", err)
-	}
-	return bin
+	return testproc.Binary(t, "redis-server", "apt-get install redis-server, or run scripts/test.sh")
 }
 
 // freePort returns a loopback port that is free now, and whose cluster bus
 // port (+10000) is free too. The range stays below Linux's ephemeral ports.
 func freePort(t testing.TB) int {
 	t.Helper()
-	for range 100 {
-		p := 7000 + rand.IntN(15000)
-		if free(p) && free(p+10000) {
-			return p
-		}
-	}
-	t.Fatal("no free port found")
-	return 0
-}
-
-func free(port int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-	if err != nil {
-		return false
-	}
-	l.Close()
-	return true
+	return testproc.FreePorts(t, 1, 7000, 22000, func(p int) bool { return testproc.IsFree(p + 10000) })[0]
 }
 
 // startServer starts a redis-server with extra arguments and waits until it
@@ -117,32 +71,14 @@ func (s *server) start() error {
 		args = append(args, "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "")
 	}
 	args = append(args, s.args...)
-	cmd := exec.Command(s.bin, args...)
-	cmd.SysProcAttr = procAttr()
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	if err := s.proc.Start(s.bin, args...); err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	s.mu.Lock()
-	s.cmd, s.out, s.done = cmd, out, done
-	s.mu.Unlock()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-done:
-			return fmt.Errorf("redis-server on port %d exited: %s", s.port, out)
-		default:
-		}
-		if ping(s.addr()) == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := s.proc.WaitReady(15*time.Second, 20*time.Millisecond, func() bool { return ping(s.addr()) == nil }); err != nil {
+		s.kill()
+		return fmt.Errorf("redis-server on port %d: %w", s.port, err)
 	}
-	s.kill()
-	return fmt.Errorf("redis-server on port %d did not answer within 15s: %s", s.port, out)
+	return nil
 }
 
 // ping sends one PING over a raw connection.
@@ -170,17 +106,8 @@ func ping(addr string) error {
 // kill stops the process with SIGKILL (no save, no goodbye to clients) and
 // waits for it to exit.
 func (s *server) kill() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Kill()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		s.t.Errorf("redis-server on port %d did not exit after SIGKILL", s.port)
+	if err := s.proc.Kill(); err != nil {
+		s.t.Errorf("redis-server on port %d: %v", s.port, err)
 	}
 }
 

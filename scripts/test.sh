@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check and test of every module: gofmt, go vet, staticcheck and
-# go test -race. It starts the servers the tests need on loopback (installing
-# them from Debian if absent). With CI=true a server that cannot be started
+# go test -race, including the fault harness's short run (torture). It starts
+# the servers the tests need on loopback (MariaDB, PostgreSQL), installing
+# them from Debian if absent, and installs redis-server, etcd and ZooKeeper,
+# whose tests start their own servers. With CI=true a server that cannot be started
 # is a failure, never a skip.
 #
 #   bash scripts/test.sh            # everything
@@ -54,6 +56,52 @@ fi
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
   if [ "${CI:-}" = true ]; then die "redis-server and redis-cli are required"; fi
   log "WARNING: no redis-server; the Redis tests will be skipped"
+fi
+
+# PostgreSQL: the pglock tests use the server on 127.0.0.1:5432 (trust auth,
+# database test), started here if it is not running.
+pg_ok() { pg_isready -q -h 127.0.0.1 -p 5432 -t 2 >/dev/null 2>&1; }
+start_postgres() {
+  if pg_ok; then return 0; fi
+  if ! command -v pg_ctlcluster >/dev/null 2>&1 || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
+    log "installing postgresql from Debian"
+    as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null || return 1
+  fi
+  local v
+  v=$(ls /etc/postgresql | sort -V | tail -1)
+  log "starting PostgreSQL $v on 127.0.0.1:5432"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$v" main start || true
+  for _ in $(seq 60); do pg_ok && break; sleep 1; done
+  # A fresh cluster allows only peer logins: trust loopback, as the tests
+  # expect, and create their database.
+  if pg_ok && ! psql -h 127.0.0.1 -U postgres -d test -c 'SELECT 1' >/dev/null 2>&1; then
+    local hba="/etc/postgresql/$v/main/pg_hba.conf"
+    if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+      as_root sed -i '1i host all all 127.0.0.1/32 trust' "$hba"
+      as_root pg_ctlcluster --skip-systemctl-redirect "$v" main reload || true
+    fi
+    as_root su postgres -c "createdb test" 2>/dev/null || true
+  fi
+  pg_ok
+}
+if ! start_postgres; then
+  if [ "${CI:-}" = true ]; then die "PostgreSQL is required and could not be started"; fi
+  log "WARNING: no PostgreSQL; the PostgreSQL tests will be skipped"
+fi
+
+# etcd and ZooKeeper: their tests start their own servers on loopback ports
+# and need the binaries.
+if ! command -v etcd >/dev/null 2>&1 || [ ! -x /usr/share/zookeeper/bin/zkServer.sh ]; then
+  log "installing etcd-server and zookeeper from Debian"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server zookeeper >/dev/null || true
+fi
+if ! command -v etcd >/dev/null 2>&1; then
+  if [ "${CI:-}" = true ]; then die "etcd is required (apt-get install etcd-server)"; fi
+  log "WARNING: no etcd; the etcd tests will be skipped"
+fi
+if [ ! -x /usr/share/zookeeper/bin/zkServer.sh ]; then
+  if [ "${CI:-}" = true ]; then die "ZooKeeper is required (apt-get install zookeeper)"; fi
+  log "WARNING: no ZooKeeper; the ZooKeeper tests will be skipped"
 fi
 
 command -v staticcheck >/dev/null 2>&1 || [ -x "$(go env GOPATH)/bin/staticcheck" ] ||

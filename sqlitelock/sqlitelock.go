@@ -6,6 +6,17 @@
 // statement, timed by SQLite's reading of the host clock. Rows are never
 // deleted, so fencing tokens never go back. Do not put the file on a network
 // file system: SQLite's locking is not reliable there.
+//
+// Two limits of one file on one host (found with the fault harness):
+//   - Leases are timed by the host's wall clock, while holders time theirs
+//     by the monotonic clock. A step of the system clock (an NTP correction)
+//     moves every lease at once: a forward step can free held keys before
+//     their holders are told. Keep the clock slewed, not stepped, or guard
+//     the resource with the fencing token.
+//   - A process stopped (SIGSTOP, swapped out) in the middle of a write holds
+//     SQLite's write lock, and every other process's acquisitions and
+//     renewals wait for it up to the busy timeout: their leases can be lost
+//     meanwhile (they are told, as for any failed renewal).
 package sqlitelock
 
 import (
@@ -55,7 +66,8 @@ FROM dlock_locks WHERE expires_us > ` + now + ` AND substr(name, 1, length(?1)) 
 // Backend is the lease strategy on SQLite. It is safe for concurrent use by
 // goroutines and by processes sharing the file.
 type Backend struct {
-	db *sql.DB
+	db    *sql.DB
+	owned bool // opened by Open: Close closes it
 }
 
 var (
@@ -83,15 +95,21 @@ func Open(path string) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlitelock: open %s: %w", path, err)
 	}
-	return &Backend{db: db}, nil
+	return &Backend{db: db, owned: true}, nil
 }
 
 // New returns a Backend over a database the caller opened with the
-// modernc.org/sqlite driver (set a busy timeout). The caller owns db.
+// modernc.org/sqlite driver (set a busy timeout). The caller owns db: Close
+// leaves it open.
 func New(db *sql.DB) *Backend { return &Backend{db: db} }
 
 // Close closes the database if Open opened it.
-func (b *Backend) Close() error { return b.db.Close() }
+func (b *Backend) Close() error {
+	if !b.owned {
+		return nil
+	}
+	return b.db.Close()
+}
 
 // Migrate creates the lock table if it does not exist.
 func (b *Backend) Migrate(ctx context.Context) error {

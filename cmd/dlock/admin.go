@@ -66,16 +66,22 @@ type jsonLock struct {
 	OwnerToken string    `json:"owner_token"`
 	Token      uint64    `json:"token"`
 	AcquiredAt time.Time `json:"acquired_at"`
-	ExpiresAt  time.Time `json:"expires_at"`
-	ExpiresIn  float64   `json:"expires_in_seconds"`
-	Metadata   string    `json:"metadata"`
+	// ExpiresAt and ExpiresIn are null for session locks, which have no
+	// lease (getlock, rowlock, advisory).
+	ExpiresAt *time.Time `json:"expires_at"`
+	ExpiresIn *float64   `json:"expires_in_seconds"`
+	Metadata  string     `json:"metadata"`
 }
 
 func (a *app) printJSON(locks []dlock.LockInfo) error {
 	out := make([]jsonLock, len(locks))
 	for i, l := range locks {
-		out[i] = jsonLock{l.Key, l.Owner, l.Token.String(), l.Fence, l.AcquiredAt.UTC(), l.ExpiresAt.UTC(),
-			time.Until(l.ExpiresAt).Seconds(), l.Metadata}
+		out[i] = jsonLock{Key: l.Key, Owner: l.Owner, OwnerToken: l.Token.String(), Token: l.Fence,
+			AcquiredAt: l.AcquiredAt.UTC(), Metadata: l.Metadata}
+		if !l.ExpiresAt.IsZero() {
+			at, in := l.ExpiresAt.UTC(), time.Until(l.ExpiresAt).Seconds()
+			out[i].ExpiresAt, out[i].ExpiresIn = &at, &in
+		}
 	}
 	enc := json.NewEncoder(a.stdout)
 	enc.SetIndent("", "  ")

@@ -98,10 +98,16 @@ store, so that a cron job installed on N machines runs on one at a time.
 
 Stores (--db or $DLOCK_DB):
   mysql://user:pass@host:3306/db[?table=dlock_locks&strategy=lease|getlock|rowlock]
+  postgres://user:pass@host:5432/db[?table=dlock_locks&strategy=lease|advisory&sslmode=…]
   redis://[user:pass@]host:6379/0[?prefix=dlock:]
+  etcd://host:2379[,host2:2379…][?prefix=/dlock/]
+  zk://host:2181[,host2:2181…][?root=/dlock&session=30s]   (--ttl at most the session)
   sqlite:///path/to/locks.db
   (none)  the embedded default: a SQLite file in $XDG_STATE_HOME/dlock/locks.db
           (else ~/.local/state/dlock/locks.db), for processes of one host`,
+		Example: `  dlock run --wait 0 nightly-report -- /usr/local/bin/report
+  dlock --db mysql://cron:secret@db:3306/ops migrate
+  dlock --db mysql://cron:secret@db:3306/ops list --json`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRun: func(*cobra.Command, []string) {
@@ -120,9 +126,10 @@ Stores (--db or $DLOCK_DB):
 
 func (a *app) versionCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "version",
-		Short: "Print dlock's version",
-		Args:  cobra.NoArgs,
+		Use:     "version",
+		Short:   "Print dlock's version",
+		Example: "  dlock version",
+		Args:    cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			v := version
 			if v == "" {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/testproc"
 	_ "github.com/go-sql-driver/mysql"
 )
 
@@ -67,7 +69,14 @@ func stores(t *testing.T) map[string]env {
 	if addr := startRedis(t); addr != "" {
 		out["redis"] = env{"DLOCK_DB=redis://" + addr + "/0"}
 	}
+	if addr := startEtcd(t); addr != "" {
+		out["etcd"] = env{"DLOCK_DB=etcd://" + addr}
+	}
 	out["mysql"] = e
+	if pg := postgresStore(t); pg != nil {
+		out["postgres"] = pg
+		out["postgres-advisory"] = env{pg[0] + "&strategy=advisory"}
+	}
 	out["mysql-getlock"] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=getlock"}
 	out["mysql-rowlock"] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=rowlock"}
 	return out
@@ -338,26 +347,91 @@ func startRedis(t *testing.T) string {
 		t.Logf("SKIPPING the Redis store: %v", err)
 		return ""
 	}
+	port := freeLoopbackPort(t)
+	p := startProc(t, bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no")
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	err = p.WaitReady(5*time.Second, 50*time.Millisecond, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	if err != nil {
+		t.Fatalf("redis-server on %s did not start: %v", addr, err)
+	}
+	return addr
+}
+
+// startProc starts bin with args, killed when the test ends.
+func startProc(t *testing.T, bin string, args ...string) *testproc.Proc {
+	t.Helper()
+	p := &testproc.Proc{}
+	if err := p.Start(bin, args...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Kill(); err != nil {
+			t.Errorf("%s: %v", bin, err)
+		}
+	})
+	return p
+}
+
+// postgresStore migrates and returns the PostgreSQL store on 127.0.0.1:5432,
+// or nil (failing under CI=true) when there is none.
+func postgresStore(t *testing.T) env {
+	e := env{"DLOCK_DB=postgres://postgres@127.0.0.1:5432/test?sslmode=disable&table=dlock_cli_test"}
+	if r := run(t, e, "migrate"); r.code != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("PostgreSQL on 127.0.0.1:5432 is required (CI=true): migrate: %d %s", r.code, r.stderr)
+		}
+		t.Logf("SKIPPING the PostgreSQL store: %s", r.stderr)
+		return nil
+	}
+	return e
+}
+
+// freeLoopbackPort returns a loopback port that is free now.
+func freeLoopbackPort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	for range 100 {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return addr
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startEtcd starts a one-member etcd on loopback ports for the test and
+// returns its client address, or "" (failing under CI=true) without etcd.
+// A 500 ms election timeout makes 1 s leases possible.
+func startEtcd(t *testing.T) string {
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("etcd is required (CI=true): %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		t.Logf("SKIPPING the etcd store: %v", err)
+		return ""
 	}
-	t.Fatalf("redis-server on %s did not start", addr)
-	return ""
+	client, peer := freeLoopbackPort(t), freeLoopbackPort(t)
+	cu := fmt.Sprintf("http://127.0.0.1:%d", client)
+	pu := fmt.Sprintf("http://127.0.0.1:%d", peer)
+	p := startProc(t, bin, "--name", "e2e", "--data-dir", t.TempDir(),
+		"--listen-client-urls", cu, "--advertise-client-urls", cu,
+		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu, "--initial-cluster", "e2e="+pu,
+		"--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "error")
+	addr := fmt.Sprintf("127.0.0.1:%d", client)
+	err = p.WaitReady(10*time.Second, 50*time.Millisecond, func() bool {
+		resp, err := http.Get(cu + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	if err != nil {
+		t.Fatalf("etcd on %s did not become healthy: %v", addr, err)
+	}
+	return addr
 }

@@ -63,7 +63,7 @@ obtained; 76 when the lock was lost; 64 on bad usage; 70 when the store failed.`
 	f.DurationVar(&r.ttl, "ttl", dlock.DefaultTTL, "lease; renewed every ttl/3 while COMMAND runs")
 	f.DurationVar(&r.wait, "wait", 0, "how long to wait for the lock; 0 gives up at once (default: wait as long as it takes)")
 	f.DurationVar(&r.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
-	f.StringVar(&r.owner, "owner", "", "owner identity shown by `dlock list` (default: host and pid)")
+	f.StringVar(&r.owner, "owner", "", "owner identity shown by `dlock list` and exported as DLOCK_OWNER (default: none; the metadata names host and pid)")
 	f.IntVar(&r.conflictCode, "conflict-exit-code", exitConflict, "exit status when the lock was not obtained")
 	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no conflict message")
 	return cmd
@@ -148,7 +148,7 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal)
 		"DLOCK_OWNER="+lk.Owner())
 	// Its own process group, so that signals reach the whole job; and killed
 	// if dlock dies, so that it never runs without the lock.
-	child.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	child.SysProcAttr = childAttr()
 	if err := child.Start(); err != nil {
 		return failure(err)
 	}

@@ -13,9 +13,11 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/dlock-dev/dlock/pglock"
 	"github.com/dlock-dev/dlock/redislock"
 	"github.com/dlock-dev/dlock/sqlitelock"
 	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -82,8 +84,14 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 		return openMySQL(u)
 	case "redis", "rediss":
 		return openRedis(raw, u)
+	case "postgres", "postgresql":
+		return openPostgres(ctx, u)
+	case "etcd":
+		return openEtcd(u)
+	case "zk", "zookeeper":
+		return openZooKeeper(u)
 	default:
-		return nil, usageError("unknown store %q in %s (want mysql://, redis:// or sqlite://)", u.Scheme, u.Redacted())
+		return nil, usageError("unknown store %q in %s (want mysql://, postgres://, redis://, etcd://, zk:// or sqlite://)", u.Scheme, u.Redacted())
 	}
 }
 
@@ -193,6 +201,59 @@ func openRedis(raw string, u *url.URL) (*store, error) {
 		c.Close()
 		return nil, usageError("%w", err)
 	}
-	return &store{name: u.Redacted(), backend: b, migrate: func(context.Context) error { return nil },
+	return &store{name: u.Redacted(), backend: b, migrate: noMigrate,
 		schema: "-- Redis needs no schema.", close: c.Close}, nil
+}
+
+// noMigrate is the migration of stores without a schema.
+func noMigrate(context.Context) error { return nil }
+
+// openPostgres opens postgres://user:pass@host:5432/db[?strategy=lease|advisory&table=…]
+// (other parameters go to pgx: sslmode, connect_timeout, …).
+func openPostgres(ctx context.Context, u *url.URL) (*store, error) {
+	q := u.Query()
+	opts := &pglock.Options{Table: q.Get("table")}
+	strategy := q.Get("strategy")
+	q.Del("table")
+	q.Del("strategy")
+	switch strategy {
+	case "", "lease", "advisory":
+	default:
+		return nil, usageError("unknown strategy %q (want lease or advisory)", strategy)
+	}
+	if !q.Has("connect_timeout") {
+		q.Set("connect_timeout", "5")
+	}
+	u2 := *u
+	u2.RawQuery = q.Encode()
+	cfg, err := pgxpool.ParseConfig(u2.String())
+	if err != nil {
+		return nil, usageError("%s: %v", u.Redacted(), redactErr(err))
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, usageError("%s: %v", u.Redacted(), redactErr(err))
+	}
+	lease, err := pglock.New(pool, opts)
+	if err != nil {
+		pool.Close()
+		return nil, usageError("%w", err)
+	}
+	var backend interface {
+		dlock.Backend
+		Close() error
+	} = lease
+	if strategy == "advisory" {
+		if backend, err = pglock.NewAdvisory(pool, opts); err != nil {
+			pool.Close()
+			return nil, usageError("%w", err)
+		}
+	}
+	schema, _ := pglock.Schema(opts.Table)
+	closeAll := func() error {
+		err := errors.Join(backend.Close(), lease.Close())
+		pool.Close()
+		return err
+	}
+	return &store{name: u.Redacted(), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package redislock_test
+package testproc
 
 import "syscall"
 

@@ -1,0 +1,913 @@
+// Command dlock-bench measures dlock's strategies against their physical
+// floors and against peer libraries, side by side in one run, and prints a
+// Markdown report (and JSON with -json).
+//
+//	go run ./bench/cmd/dlock-bench -duration 3s -json bench.json
+//
+// It needs MariaDB/MySQL (-mysql, default the local test server) and starts
+// its own redis-server on a free loopback port unless -redis is given. It
+// also measures PostgreSQL (-pg, default the local test server) and etcd
+// (-etcd; by default it starts etcd on free loopback ports when the binary
+// is installed); either is left out, with a note, when it cannot be
+// reached ("-pg off", "-etcd off" leave them out on purpose).
+// Peer libraries live only in this module, so dlock's users never download
+// them.
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	bsm "github.com/bsm/redislock"
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/etcdlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/dlock-dev/dlock/pglock"
+	"github.com/dlock-dev/dlock/redislock"
+	"github.com/dlock-dev/dlock/sqlitelock"
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+type config struct {
+	mysqlDSN, redisAddr string
+	pgDSN, etcdAddr     string
+	duration            time.Duration
+	iterations          int
+	manyLocks           int
+	jsonOut             string
+}
+
+// Row is one measurement.
+type Row struct {
+	Section  string  `json:"section"`
+	Name     string  `json:"name"`
+	P50us    float64 `json:"p50_us,omitempty"`
+	P99us    float64 `json:"p99_us,omitempty"`
+	OpsPerS  float64 `json:"ops_per_s,omitempty"`
+	Handoffs float64 `json:"handoffs_per_s,omitempty"`
+	MinShare float64 `json:"min_share,omitempty"`
+	Floor    string  `json:"floor,omitempty"` // the row this one is compared with
+	Ratio    float64 `json:"ratio,omitempty"` // p50 / floor's p50, or handoffs / floor's
+	Note     string  `json:"note,omitempty"`
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.mysqlDSN, "mysql", "root@tcp(127.0.0.1:3306)/test?interpolateParams=true", "MySQL/MariaDB DSN")
+	flag.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start a redis-server)")
+	flag.StringVar(&c.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/test", `PostgreSQL DSN, or "off"`)
+	flag.StringVar(&c.etcdAddr, "etcd", "", `etcd client address (default: start an etcd), or "off"`)
+	flag.DurationVar(&c.duration, "duration", 3*time.Second, "length of each contended run")
+	flag.IntVar(&c.iterations, "n", 2000, "iterations of each uncontended measurement")
+	flag.IntVar(&c.manyLocks, "many", 10000, "locks held at once in the many-locks run")
+	flag.StringVar(&c.jsonOut, "json", "", "also write the rows as JSON to this file")
+	flag.Parse()
+	if err := run(c, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "dlock-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(c config, out io.Writer) error {
+	ctx := context.Background()
+	db, err := sql.Open("mysql", c.mysqlDSN)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("MySQL at %s: %w", c.mysqlDSN, err)
+	}
+	if c.redisAddr == "" {
+		addr, stop, err := startRedis()
+		if err != nil {
+			return err
+		}
+		defer stop()
+		c.redisAddr = addr
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: c.redisAddr})
+	defer rdb.Close()
+	dir, err := os.MkdirTemp("", "dlock-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	b := &bench{c: c, db: db, rdb: rdb, sqlitePath: filepath.Join(dir, "locks.db")}
+	if c.pgDSN != "off" {
+		if err := b.openPG(ctx); err != nil {
+			b.rows = append(b.rows, Row{Section: "floor", Name: "PostgreSQL", Note: "left out: " + err.Error()})
+		} else {
+			defer b.pg.Close()
+		}
+	}
+	if c.etcdAddr != "off" {
+		if c.etcdAddr == "" {
+			addr, stop, err := startEtcd(dir)
+			if err != nil {
+				b.rows = append(b.rows, Row{Section: "floor", Name: "etcd", Note: "left out: " + err.Error()})
+			} else {
+				defer stop()
+				b.c.etcdAddr = addr
+			}
+		}
+		if b.c.etcdAddr != "" && b.c.etcdAddr != "off" {
+			if err := b.openEtcd(ctx); err != nil {
+				b.rows = append(b.rows, Row{Section: "floor", Name: "etcd", Note: "left out: " + err.Error()})
+			} else {
+				defer b.etcd.Close()
+			}
+		}
+	}
+	if err := b.setup(ctx); err != nil {
+		return err
+	}
+	defer b.closeAll()
+	b.floors(ctx)
+	b.redisScripts(ctx)
+	b.uncontended(ctx)
+	b.contended(ctx)
+	b.many(ctx)
+	b.report(out)
+	if c.jsonOut != "" {
+		data, _ := json.MarshalIndent(b.rows, "", "  ")
+		return os.WriteFile(c.jsonOut, data, 0o644)
+	}
+	return nil
+}
+
+type bench struct {
+	c          config
+	db         *sql.DB
+	rdb        *redis.Client
+	sqlitePath string
+	pg         *pgxpool.Pool    // nil when PostgreSQL is left out
+	etcd       *clientv3.Client // nil when etcd is left out
+	rows       []Row
+	closers    []func()
+	// The pool (and its statement counter) most recently made by a MySQL
+	// strategy's constructor, for the many-locks run.
+	lastPool  *sql.DB
+	lastStmts *atomic.Int64
+}
+
+const table = "dlock_bench_locks"
+
+func (b *bench) setup(ctx context.Context) error {
+	lease, err := mysqllock.New(b.db, &mysqllock.Options{Table: table})
+	if err != nil {
+		return err
+	}
+	defer lease.Close()
+	if err := lease.Migrate(ctx); err != nil {
+		return err
+	}
+	s, err := sqlitelock.Open(b.sqlitePath)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := s.Migrate(ctx); err != nil {
+		return err
+	}
+	if b.pg != nil {
+		pl, err := pglock.New(b.pg, &pglock.Options{Table: table})
+		if err != nil {
+			return err
+		}
+		defer pl.Close()
+		if err := pl.Migrate(ctx); err != nil {
+			return fmt.Errorf("PostgreSQL: %w", err)
+		}
+	}
+	return nil
+}
+
+func (b *bench) closeAll() {
+	for _, f := range slices.Backward(b.closers) {
+		f()
+	}
+}
+
+// strategy is one of dlock's backends: its name, the floor row it is
+// compared with, and a constructor.
+type strategy struct {
+	name  string
+	floor string
+	make  func() dlock.Backend
+}
+
+// strategies are dlock's backends by name; each call makes a new client (a
+// "process": its own pool or connection).
+func (b *bench) strategies() []strategy {
+	mysqlPool := func() *sql.DB {
+		cfg, err := mysql.ParseDSN(b.c.mysqlDSN)
+		if err != nil {
+			panic(err) // the DSN was opened once already
+		}
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			panic(err)
+		}
+		b.lastStmts = new(atomic.Int64)
+		db := sql.OpenDB(countingConnector{conn, b.lastStmts})
+		b.lastPool = db
+		b.closers = append(b.closers, func() { db.Close() })
+		return db
+	}
+	closing := func(be interface {
+		dlock.Backend
+		Close() error
+	}, err error) dlock.Backend {
+		if err != nil {
+			panic(err) // options are constants
+		}
+		b.closers = append(b.closers, func() { be.Close() })
+		return be
+	}
+	out := []strategy{
+		{"dlock mysql lease (doorbells)", "raw lease + doorbell: upsert, GET_LOCK, release, RELEASE_LOCK", func() dlock.Backend {
+			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: table}))
+		}},
+		{"dlock mysql lease (NoDoorbell)", "raw lease upsert + release", func() dlock.Backend {
+			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: table, NoDoorbell: true}))
+		}},
+		{"dlock mysql getlock", "raw GET_LOCK + fence upsert + RELEASE_LOCK", func() dlock.Backend {
+			return closing(mysqllock.NewGetLock(mysqlPool(), &mysqllock.Options{Table: table}))
+		}},
+		{"dlock mysql rowlock", "raw BEGIN + FOR UPDATE NOWAIT + fence upsert + COMMIT", func() dlock.Backend {
+			return closing(mysqllock.NewRowLock(mysqlPool(), &mysqllock.Options{Table: table}))
+		}},
+		{"dlock sqlite lease", "", func() dlock.Backend {
+			return closing(sqlitelock.Open(b.sqlitePath))
+		}},
+		{"dlock redis", redisScriptsFloor, func() dlock.Backend {
+			rdb := redis.NewClient(&redis.Options{Addr: b.c.redisAddr})
+			b.closers = append(b.closers, func() { rdb.Close() })
+			be, err := redislock.New(rdb, nil)
+			if err != nil {
+				panic(err)
+			}
+			return be
+		}},
+	}
+	if b.pg != nil {
+		pgPool := func() *pgxpool.Pool {
+			p, err := pgxpool.New(context.Background(), b.c.pgDSN)
+			if err != nil {
+				panic(err) // the DSN was opened once already
+			}
+			b.closers = append(b.closers, p.Close)
+			return p
+		}
+		out = append(out, strategy{"dlock pg lease", "", func() dlock.Backend {
+			return closing(pglock.New(pgPool(), &pglock.Options{Table: table}))
+		}}, strategy{"dlock pg advisory", "", func() dlock.Backend {
+			return closing(pglock.NewAdvisory(pgPool(), &pglock.Options{Table: table}))
+		}})
+	}
+	if b.etcd != nil {
+		out = append(out, strategy{"dlock etcd", "etcd one put", func() dlock.Backend {
+			c, err := b.newEtcdClient()
+			if err != nil {
+				panic(err) // the address was dialled once already
+			}
+			b.closers = append(b.closers, func() { c.Close() })
+			be, err := etcdlock.New(c, nil)
+			if err != nil {
+				panic(err)
+			}
+			return be
+		}})
+	}
+	return out
+}
+
+// openPG connects to PostgreSQL at c.pgDSN.
+func (b *bench) openPG(ctx context.Context) error {
+	p, err := pgxpool.New(ctx, b.c.pgDSN)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := p.Ping(pctx); err != nil {
+		p.Close()
+		return fmt.Errorf("PostgreSQL at %s: %w", b.c.pgDSN, err)
+	}
+	b.pg = p
+	return nil
+}
+
+// newEtcdClient returns a client of the etcd at c.etcdAddr, silent.
+func (b *bench) newEtcdClient() (*clientv3.Client, error) {
+	return clientv3.New(clientv3.Config{Endpoints: []string{b.c.etcdAddr}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+}
+
+// openEtcd connects to etcd at c.etcdAddr.
+func (b *bench) openEtcd(ctx context.Context) error {
+	c, err := b.newEtcdClient()
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := c.Status(sctx, b.c.etcdAddr); err != nil {
+		c.Close()
+		return fmt.Errorf("etcd at %s: %w", b.c.etcdAddr, err)
+	}
+	b.etcd = c
+	return nil
+}
+
+// latency runs op n times and records p50, p99 and ops/s.
+func (b *bench) latency(section, name, floor string, n int, op func(i int) error) {
+	d := make([]time.Duration, 0, n)
+	start := time.Now()
+	for i := range n {
+		t := time.Now()
+		if err := op(i); err != nil {
+			b.rows = append(b.rows, Row{Section: section, Name: name, Note: "error: " + err.Error()})
+			return
+		}
+		d = append(d, time.Since(t))
+	}
+	total := time.Since(start)
+	slices.Sort(d)
+	b.rows = append(b.rows, Row{Section: section, Name: name, Floor: floor,
+		P50us: us(d[len(d)/2]), P99us: us(d[len(d)*99/100]), OpsPerS: float64(n) / total.Seconds()})
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func (b *bench) floors(ctx context.Context) {
+	const s = "floor"
+	n := b.c.iterations
+	b.latency(s, "MySQL SELECT 1", "", n, func(int) error {
+		_, err := b.db.ExecContext(ctx, "SELECT 1")
+		return err
+	})
+	b.latency(s, "MySQL autocommit PK UPDATE", "", n, func(int) error {
+		_, err := b.db.ExecContext(ctx, "UPDATE "+table+" SET fence = fence WHERE name = 'bench-floor'")
+		return err
+	})
+	if b.pg != nil {
+		b.latency(s, "PostgreSQL SELECT 1", "", n, func(int) error {
+			_, err := b.pg.Exec(ctx, "SELECT 1")
+			return err
+		})
+	}
+	if b.etcd != nil {
+		b.latency(s, "etcd one put", "", n, func(int) error {
+			_, err := b.etcd.Put(ctx, "bench-floor", "x")
+			return err
+		})
+	}
+	tok := dlock.NewToken()
+	b.latency(s, "raw lease upsert + release", "", n, func(int) error {
+		if _, err := b.db.ExecContext(ctx, `INSERT INTO `+table+` (name, token, fence, acquired_at, expires_at)
+VALUES ('bench-raw', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)
+ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = VALUES(expires_at)`, tok[:]); err != nil {
+			return err
+		}
+		_, err := b.db.ExecContext(ctx, `UPDATE `+table+` SET expires_at = UTC_TIMESTAMP(6) WHERE name = 'bench-raw' AND token = ?`, tok[:])
+		return err
+	})
+	// Each strategy's floor is the SQL it issues for an uncontended
+	// acquire+release, without dlock around it.
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		b.rows = append(b.rows, Row{Section: s, Name: "pinned connection", Note: "error: " + err.Error()})
+	} else {
+		defer conn.Close()
+		upsertFence := `INSERT INTO ` + table + `_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+VALUES ('bench-raw', ?, '', 1, CONNECTION_ID(), 'bench-raw', UTC_TIMESTAMP(6), '')
+ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALUES(conn_id), acquired_at = VALUES(acquired_at)`
+		b.latency(s, "raw lease + doorbell: upsert, GET_LOCK, release, RELEASE_LOCK", "", n, func(int) error {
+			if _, err := b.db.ExecContext(ctx, `INSERT INTO `+table+` (name, token, fence, acquired_at, expires_at)
+VALUES ('bench-raw', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)
+ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = VALUES(expires_at)`, tok[:]); err != nil {
+				return err
+			}
+			if _, err := conn.ExecContext(ctx, "DO GET_LOCK('bench-raw-bell', 0)"); err != nil {
+				return err
+			}
+			if _, err := b.db.ExecContext(ctx, `UPDATE `+table+` SET expires_at = UTC_TIMESTAMP(6) WHERE name = 'bench-raw' AND token = ?`, tok[:]); err != nil {
+				return err
+			}
+			_, err := conn.ExecContext(ctx, "DO RELEASE_LOCK('bench-raw-bell')")
+			return err
+		})
+		b.latency(s, "raw GET_LOCK + RELEASE_LOCK (no fencing)", "", n, func(int) error {
+			if _, err := conn.ExecContext(ctx, "DO GET_LOCK('bench-raw', 0)"); err != nil {
+				return err
+			}
+			_, err := conn.ExecContext(ctx, "DO RELEASE_LOCK('bench-raw')")
+			return err
+		})
+		b.latency(s, "raw GET_LOCK + fence upsert + RELEASE_LOCK", "", n, func(int) error {
+			if _, err := conn.ExecContext(ctx, "DO GET_LOCK('bench-raw', 0)"); err != nil {
+				return err
+			}
+			if _, err := conn.ExecContext(ctx, upsertFence, tok[:]); err != nil {
+				return err
+			}
+			_, err := conn.ExecContext(ctx, "DO RELEASE_LOCK('bench-raw')")
+			return err
+		})
+		_, _ = conn.ExecContext(ctx, "INSERT IGNORE INTO "+table+"_rows (name) VALUES ('bench-raw')")
+		b.latency(s, "raw BEGIN + FOR UPDATE NOWAIT + fence upsert + COMMIT", "", n, func(int) error {
+			tx, err := conn.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "SELECT name FROM "+table+"_rows WHERE name = 'bench-raw' FOR UPDATE NOWAIT"); err != nil {
+				tx.Rollback()
+				return err
+			}
+			if _, err := b.db.ExecContext(ctx, upsertFence, tok[:]); err != nil {
+				tx.Rollback()
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, "UPDATE "+table+"_session SET conn_id = 0 WHERE name = 'bench-raw' AND token = ?", tok[:]); err != nil {
+				tx.Rollback()
+				return err
+			}
+			return tx.Commit()
+		})
+	}
+	b.latency(s, "Redis PING", "", n, func(int) error { return b.rdb.Ping(ctx).Err() })
+	release := redis.NewScript(`if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0`)
+	b.latency(s, "raw SET NX PX + Lua release", "", n, func(int) error {
+		if err := b.rdb.SetNX(ctx, "bench-raw", "tok", 30*time.Second).Err(); err != nil {
+			return err
+		}
+		return release.Run(ctx, b.rdb, []string{"bench-raw"}, "tok").Err()
+	})
+}
+
+// redisScriptsFloor is the Redis backend's own commands without the Locker:
+// its acquisition and release scripts (fencing counter, pub/sub wake-up).
+const redisScriptsFloor = "raw dlock Redis scripts (acquire.lua + release.lua)"
+
+func (b *bench) redisScripts(ctx context.Context) {
+	be, err := redislock.New(b.rdb, nil)
+	if err != nil {
+		b.rows = append(b.rows, Row{Section: "floor", Name: redisScriptsFloor, Note: "error: " + err.Error()})
+		return
+	}
+	b.latency("floor", redisScriptsFloor, "", b.c.iterations, func(int) error {
+		tok := dlock.NewToken()
+		r, err := be.Acquire(ctx, dlock.Request{Key: "bench-raw-scripts", Token: tok, TTL: 30 * time.Second})
+		if err != nil {
+			return err
+		}
+		if !r.Acquired {
+			return errors.New("not acquired")
+		}
+		return be.Release(ctx, "bench-raw-scripts", tok)
+	})
+}
+
+func (b *bench) uncontended(ctx context.Context) {
+	const s = "uncontended acquire+release"
+	n := b.c.iterations
+	// Each backend alone, without the Locker: the Locker's own cost is the
+	// difference.
+	for _, st := range b.strategies() {
+		be := st.make()
+		key := "bench/backend/" + st.name
+		b.latency("backend alone (no Locker)", st.name+" backend", "", n, func(int) error {
+			tok := dlock.NewToken()
+			r, err := be.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: dlock.DefaultTTL})
+			if err != nil {
+				return err
+			}
+			if !r.Acquired {
+				return errors.New("not acquired")
+			}
+			return be.Release(ctx, key, tok)
+		})
+	}
+	for _, st := range b.strategies() {
+		l := dlock.New(st.make(), nil)
+		key := "bench/uncontended/" + st.name
+		b.latency(s, st.name, st.floor, n, func(int) error {
+			lk, err := l.TryAcquire(ctx, key)
+			if err != nil {
+				return err
+			}
+			return lk.Release(ctx)
+		})
+		l.Close(ctx)
+	}
+	bl := bsm.New(b.rdb)
+	b.latency(s, "bsm/redislock", "raw SET NX PX + Lua release", n, func(int) error {
+		lk, err := bl.Obtain(ctx, "bench-bsm", 30*time.Second, nil)
+		if err != nil {
+			return err
+		}
+		return lk.Release(ctx)
+	})
+	rs := redsync.New(goredis.NewPool(b.rdb))
+	m := rs.NewMutex("bench-redsync", redsync.WithExpiry(30*time.Second), redsync.WithTries(1))
+	b.latency(s, "go-redsync/redsync", "raw SET NX PX + Lua release", n, func(int) error {
+		if err := m.LockContext(ctx); err != nil {
+			return err
+		}
+		_, err := m.UnlockContext(ctx)
+		return err
+	})
+}
+
+const workers = 8
+
+func (b *bench) contended(ctx context.Context) {
+	const s = "8 contenders, one key"
+	for _, st := range b.strategies() {
+		lockers := make([]*dlock.Locker, workers)
+		for i := range lockers {
+			lockers[i] = dlock.New(st.make(), nil)
+		}
+		stats, err := locktest.Contend(ctx, lockers, "bench/contended/"+st.name, locktest.Contention{Duration: b.c.duration})
+		floor := naive
+		switch {
+		case strings.Contains(st.name, "getlock"), strings.Contains(st.name, "rowlock"):
+			floor = rawGetLock
+		case strings.Contains(st.name, "redis"):
+			floor = bsmRetry
+		}
+		b.addContended(s, st.name, floor, stats, err)
+		for _, l := range lockers {
+			l.Close(ctx)
+		}
+	}
+	{
+		lockers := make([]*dlock.Locker, workers)
+		for i := range lockers {
+			lockers[i] = dlock.New(b.strategies()[1].make(), nil)
+		}
+		stats, err := locktest.Contend(ctx, lockers, "bench/contended/naive", locktest.Contention{Duration: b.c.duration, Poll: 100 * time.Millisecond})
+		b.addContended(s, naive, "", stats, err)
+		for _, l := range lockers {
+			l.Close(ctx)
+		}
+	}
+	stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
+		lk, err := bsm.New(b.rdb).Obtain(ctx, "bench-bsm-contended", 30*time.Second,
+			&bsm.Options{RetryStrategy: bsm.LinearBackoff(10 * time.Millisecond)})
+		if err != nil {
+			return nil, err
+		}
+		return func() error { return lk.Release(ctx) }, nil
+	})
+	b.addContended(s, bsmRetry, "", stats, err)
+	rs := redsync.New(goredis.NewPool(b.rdb))
+	stats, err = b.peerContend(ctx, func(i int) (func() error, error) {
+		m := rs.NewMutex("bench-redsync-contended")
+		if err := m.LockContext(ctx); err != nil {
+			return nil, err
+		}
+		return func() error { _, err := m.UnlockContext(ctx); return err }, nil
+	})
+	b.addContended(s, "go-redsync/redsync, defaults", bsmRetry, stats, err)
+	// The floor of the session strategies: raw GET_LOCK blocking in the
+	// server, each worker on a connection of its own.
+	conns := make([]*sql.Conn, workers)
+	for i := range conns {
+		c, err := b.db.Conn(ctx)
+		if err != nil {
+			b.rows = append(b.rows, Row{Section: s, Name: rawGetLock, Note: "error: " + err.Error()})
+			return
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	stats, err = b.peerContend(ctx, func(i int) (func() error, error) {
+		var got sql.NullInt64
+		if err := conns[i].QueryRowContext(ctx, "SELECT GET_LOCK('bench-raw-contended', 10)").Scan(&got); err != nil {
+			return nil, err
+		}
+		if got.Int64 != 1 {
+			return nil, fmt.Errorf("GET_LOCK returned %v", got)
+		}
+		return func() error {
+			_, err := conns[i].ExecContext(ctx, "DO RELEASE_LOCK('bench-raw-contended')")
+			return err
+		}, nil
+	})
+	b.addContended(s, rawGetLock, "", stats, err)
+	// The same with the fencing write every grant needs (a durable commit).
+	tok := dlock.NewToken()
+	stats, err = b.peerContend(ctx, func(i int) (func() error, error) {
+		var got sql.NullInt64
+		if err := conns[i].QueryRowContext(ctx, "SELECT GET_LOCK('bench-raw-contended-f', 10)").Scan(&got); err != nil {
+			return nil, err
+		}
+		if got.Int64 != 1 {
+			return nil, fmt.Errorf("GET_LOCK returned %v", got)
+		}
+		if _, err := conns[i].ExecContext(ctx, `INSERT INTO `+table+`_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+VALUES ('bench-raw-contended-f', ?, '', 1, CONNECTION_ID(), 'bench-raw-contended-f', UTC_TIMESTAMP(6), '')
+ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALUES(conn_id), acquired_at = VALUES(acquired_at)`, tok[:]); err != nil {
+			return nil, err
+		}
+		return func() error {
+			_, err := conns[i].ExecContext(ctx, "DO RELEASE_LOCK('bench-raw-contended-f')")
+			return err
+		}, nil
+	})
+	b.addContended(s, rawGetLockFenced, "", stats, err)
+}
+
+// Names of the contended floors.
+const (
+	naive      = "naive recipe: lease row, 100 ms poll"
+	rawGetLock = "raw GET_LOCK blocking (no fencing)"
+	// rawGetLockFenced adds the durable fence write of every grant.
+	rawGetLockFenced = "raw GET_LOCK blocking + fence upsert"
+	bsmRetry         = "bsm/redislock, 10 ms linear retry"
+)
+
+// peerContend runs the contention loop for a peer library: acquire returns
+// the release function.
+func (b *bench) peerContend(ctx context.Context, acquire func(worker int) (func() error, error)) (locktest.ContentionStats, error) {
+	st := locktest.ContentionStats{Shares: make([]int, workers)}
+	type ev struct {
+		w    int
+		wait time.Duration
+	}
+	evs := make(chan ev, 1024)
+	errc := make(chan error, workers)
+	deadline := time.Now().Add(b.c.duration)
+	for w := range workers {
+		go func() {
+			for time.Now().Before(deadline) {
+				t := time.Now()
+				release, err := acquire(w)
+				if err != nil {
+					if time.Now().Before(deadline) {
+						errc <- err
+						return
+					}
+					break
+				}
+				evs <- ev{w, time.Since(t)}
+				if err := release(); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	last, done := -1, 0
+	var firstErr error
+	for done < workers {
+		select {
+		case e := <-evs:
+			st.Acquisitions++
+			st.Shares[e.w]++
+			st.Waits = append(st.Waits, e.wait)
+			if last != -1 && last != e.w {
+				st.Handoffs++
+			}
+			last = e.w
+		case err := <-errc:
+			done++
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	for len(evs) > 0 {
+		e := <-evs
+		st.Acquisitions++
+		st.Shares[e.w]++
+		if last != -1 && last != e.w {
+			st.Handoffs++
+		}
+		last = e.w
+	}
+	st.Duration = b.c.duration
+	fair := float64(st.Acquisitions) / workers
+	st.MinShare = 1
+	for _, n := range st.Shares {
+		if fair > 0 {
+			st.MinShare = min(st.MinShare, float64(n)/fair)
+		}
+	}
+	return st, firstErr
+}
+
+func (b *bench) addContended(section, name, floor string, st locktest.ContentionStats, err error) {
+	r := Row{Section: section, Name: name, P50us: us(st.WaitPercentile(50)), P99us: us(st.WaitPercentile(99)),
+		OpsPerS: st.AcquisitionsPerSec(), Handoffs: st.HandoffsPerSec(), MinShare: st.MinShare,
+		Floor: floor}
+	if err != nil {
+		r.Note = "error: " + err.Error()
+	}
+	b.rows = append(b.rows, r)
+}
+
+// many holds b.c.manyLocks keys at once through one Locker and measures
+// connections, heap, goroutines and statements per renewal period.
+func (b *bench) many(ctx context.Context) {
+	const s = "many locks held at once"
+	for _, st := range b.strategies() {
+		if strings.Contains(st.name, "rowlock") || strings.Contains(st.name, "sqlite") || strings.Contains(st.name, "etcd") {
+			continue // rowlock: one connection per lock by design; sqlite: one file; etcd: a lease per lock, ~3 ms each
+		}
+		b.manyOne(ctx, s, st.name, st.make)
+	}
+}
+
+func (b *bench) manyOne(ctx context.Context, section, name string, make func() dlock.Backend) {
+	const ttl = 6 * time.Second
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	g0 := runtime.NumGoroutine()
+	b.lastPool, b.lastStmts = nil, nil
+	l := dlock.New(make(), nil)
+	defer l.Close(ctx)
+	pool, stmts := b.lastPool, b.lastStmts
+	var locks []*dlock.Lock
+	for i := range b.c.manyLocks {
+		lk, err := l.TryAcquire(ctx, "bench/many/"+name+"/"+strconv.Itoa(i), dlock.WithTTL(ttl))
+		if err != nil {
+			b.rows = append(b.rows, Row{Section: section, Name: name, Note: fmt.Sprintf("error after %d locks: %v", i, err)})
+			return
+		}
+		locks = append(locks, lk)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+	g1 := runtime.NumGoroutine()
+	var s0 int64
+	if stmts != nil {
+		s0 = stmts.Load()
+	}
+	time.Sleep(ttl) // three renewal periods
+	lost, why := 0, ""
+	for _, lk := range locks {
+		if err := lk.Err(); err != nil {
+			if lost == 0 {
+				why = " (" + err.Error() + ")"
+			}
+			lost++
+		}
+	}
+	note := fmt.Sprintf("%d locks: %.0f B heap per lock, %d goroutines added", len(locks),
+		float64(m1.HeapAlloc-m0.HeapAlloc)/float64(len(locks)), g1-g0)
+	if pool != nil {
+		note += fmt.Sprintf(", %d connections open, %.0f statements per renewal period",
+			pool.Stats().OpenConnections, float64(stmts.Load()-s0)/3)
+	}
+	note += fmt.Sprintf(", %d lost%s", lost, why)
+	b.rows = append(b.rows, Row{Section: section, Name: name, Note: note})
+}
+
+func (b *bench) report(w io.Writer) {
+	byName := map[string]Row{}
+	for _, r := range b.rows {
+		byName[r.Name] = r
+	}
+	section := ""
+	for i, r := range b.rows {
+		if r.Section != section {
+			section = r.Section
+			fmt.Fprintf(w, "\n### %s\n\n", section)
+			switch {
+			case strings.HasPrefix(section, "8 contenders"):
+				fmt.Fprintln(w, "| | acquisitions/s | true handoffs/s | × floor | floor | wait p50 | wait p99 | min share |")
+				fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+			case strings.HasPrefix(section, "many"):
+				fmt.Fprintln(w, "| | |")
+				fmt.Fprintln(w, "|---|---|")
+			default:
+				fmt.Fprintln(w, "| | p50 | p99 | ops/s | × floor |")
+				fmt.Fprintln(w, "|---|---|---|---|---|")
+			}
+		}
+		ratio := ""
+		if f, ok := byName[r.Floor]; ok && r.Floor != r.Name {
+			switch {
+			case strings.HasPrefix(section, "8 contenders") && f.Handoffs > 0:
+				b.rows[i].Ratio = r.Handoffs / f.Handoffs
+				ratio = fmt.Sprintf("%.2f×", b.rows[i].Ratio)
+			case f.P50us > 0:
+				b.rows[i].Ratio = r.P50us / f.P50us
+				ratio = fmt.Sprintf("%.2f (%s)", b.rows[i].Ratio, r.Floor)
+			}
+		}
+		switch {
+		case r.Note != "" && strings.HasPrefix(r.Note, "error"):
+			fmt.Fprintf(w, "| %s | %s |\n", r.Name, r.Note)
+		case strings.HasPrefix(section, "8 contenders"):
+			fmt.Fprintf(w, "| %s | %.0f | %.0f | %s | %s | %s | %s | %.2f |\n", r.Name, r.OpsPerS, r.Handoffs, ratio,
+				r.Floor, dur(r.P50us), dur(r.P99us), r.MinShare)
+		case strings.HasPrefix(section, "many"):
+			fmt.Fprintf(w, "| %s | %s |\n", r.Name, r.Note)
+		default:
+			fmt.Fprintf(w, "| %s | %s | %s | %.0f | %s |\n", r.Name, dur(r.P50us), dur(r.P99us), r.OpsPerS, ratio)
+		}
+	}
+}
+
+func dur(us float64) string {
+	return time.Duration(us * 1e3).Round(time.Microsecond).String()
+}
+
+// startRedis starts a redis-server on a free loopback port.
+// startRedis starts redis-server on a free loopback port and returns its
+// address and a function that stops it.
+func startRedis() (string, func(), error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", nil, fmt.Errorf("no -redis and %w", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no")
+	return startAndWait(cmd, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+}
+
+// startEtcd starts a one-member etcd on free loopback ports with its data
+// in dir, and returns its client address and a function that stops it.
+func startEtcd(dir string) (string, func(), error) {
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		return "", nil, fmt.Errorf("no -etcd and %w", err)
+	}
+	client, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	peer, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	cu := fmt.Sprintf("http://127.0.0.1:%d", client)
+	pu := fmt.Sprintf("http://127.0.0.1:%d", peer)
+	cmd := exec.Command(bin, "--name", "bench", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", cu, "--advertise-client-urls", cu,
+		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu, "--initial-cluster", "bench="+pu,
+		"--log-level", "error")
+	return startAndWait(cmd, fmt.Sprintf("127.0.0.1:%d", client))
+}
+
+// freePort returns a loopback port that is free now.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startAndWait starts cmd (killed if this process dies) and waits up to 10 s
+// for addr to accept connections.
+func startAndWait(cmd *exec.Cmd, addr string) (string, func(), error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { cmd.Process.Kill(); cmd.Wait() }
+	for range 200 {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return addr, stop, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	return "", nil, fmt.Errorf("%s did not start listening on %s", filepath.Base(cmd.Path), addr)
+}

@@ -1,0 +1,57 @@
+package dlock
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// fastClock runs at twice real time.
+type fastClock struct{ base time.Time }
+
+func (c fastClock) Now() time.Time { return c.base.Add(2 * time.Since(c.base)) }
+
+func (c fastClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d/2, f) }
+
+// waitingBackend shows the key held once, then grants it from a store-side
+// wait that lasts wait, reporting that the granting request was sent just
+// before the wait ended.
+type waitingBackend struct{ wait time.Duration }
+
+func (b waitingBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	return Result{Holder: LockInfo{Key: req.Key}, Remaining: time.Second}, nil
+}
+
+func (b waitingBackend) AcquireWait(ctx context.Context, req Request) (Result, error) {
+	select {
+	case <-time.After(b.wait):
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+	return Result{Acquired: true, Fence: 1, SentAfter: b.wait - 5*time.Millisecond}, nil
+}
+
+func (b waitingBackend) Extend(ctx context.Context, leases []Lease) ([]error, error) {
+	return make([]error, len(leases)), nil
+}
+
+func (b waitingBackend) Release(ctx context.Context, key string, token Token) error { return nil }
+
+// TestSentAfterOnAnotherClock: a grant after a store-side wait as long as
+// the lease is timed from its sending. SentAfter is real time; with a
+// Locker clock of another rate, converting the whole wait would misplace
+// the sending by the wait times the rate error (here 1 s: the grant would
+// look expired on arrival and be thrown away, again and again).
+func TestSentAfterOnAnotherClock(t *testing.T) {
+	l := New(waitingBackend{wait: time.Second}, &Options{TTL: time.Second, Clock: fastClock{time.Now()}})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	defer l.Close(context.Background())
+	lk, err := l.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("a grant after a wait as long as the lease, on a clock at twice real time: %v", err)
+	}
+	if err := lk.Err(); err != nil {
+		t.Errorf("lost on arrival: %v", err)
+	}
+}

@@ -1,0 +1,670 @@
+// Package etcdlock is a dlock.Backend on etcd v3 (go.etcd.io/etcd/client/v3).
+//
+// Each acquisition (and each waiting acquisition) is an entry key under the
+// lock's directory, attached to an etcd lease of its own:
+//
+//	<prefix><escaped key>/<lease id in hex>  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…}
+//
+// The entry with the smallest create revision holds the lock; the others
+// wait in create-revision order, which makes waiting FIFO. This is the
+// recipe of etcd's own concurrency package, with the lease renewed by the
+// dlock.Locker (one KeepAliveOnce per lease in Extend) instead of a session
+// goroutine, so that the Locker's monotonic-clock deadline and loss
+// notification work as on every other backend.
+//
+//	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"localhost:2379"}})
+//	b, err := etcdlock.New(cli, nil)
+//	locker := dlock.New(b, nil)
+//
+// # Leases and time
+//
+// Expiry is decided by the etcd leader's clock alone; the Backend never sends
+// a time. etcd leases have whole-second TTLs: a dlock TTL d becomes a lease
+// of ceil(d) seconds, and etcd raises a lease below its minimum (1.5 election
+// timeouts rounded up to a second: 2 s with etcd's default 1 s election
+// timeout, so dlock.MinTTL gets 2 s there). The leader revokes expired leases
+// every 500 ms, and a new leader restarts every lease's TTL (plus an election
+// timeout) when it takes over. The lease in etcd therefore lasts at least as
+// long as the Locker assumes, never less: the Locker, which counts from the
+// moment it sent the request and gives up a margin early, always reports a
+// loss before etcd frees the key. The other side of it: a crashed holder's
+// lock is free again only max(ceil(TTL), minimum lease) to that plus 0.5 s
+// after its last renewal, and later still if the leader changed meanwhile.
+// LockInfo.AcquiredAt is the client's clock at the acquisition (etcd keeps
+// no time); ExpiresAt is known to the second only.
+//
+// # Fencing
+//
+// The fencing token is the holder entry's create revision: etcd's revision
+// counter, which strictly increases over the life of the cluster's data (it
+// survives restarts, leader changes and compaction). Tokens are therefore
+// not 1, 2, 3 for one key but jump by the writes made to other keys; they
+// strictly increase per key, which is what fencing needs. Not covered: a
+// cluster restored from a backup goes back to the backup's revision and
+// would hand out tokens again (etcdutl snapshot restore --bump-revision, in
+// etcd 3.5 and later, prevents it), and a cluster created anew without its
+// data starts again at 1.
+//
+// # Waiting
+//
+// A waiting acquisition (dlock.Waiter) creates its entry and watches only
+// the entry created just before it, so a release wakes exactly one waiter
+// (no thundering herd) and the lock is handed over in arrival order; a
+// waiter whose context ends deletes its entry at once. One AcquireWait call
+// waits at most a third of the TTL (the Locker counts the lease from the
+// call's start); it then leaves its entry queued for the Locker's next call,
+// which renews it and keeps the place in the queue. A waiter that crashes
+// holds up the queue, when its turn comes, until its entry's lease expires,
+// as a crashed holder does. An acquisition that cannot wait (TryAcquire)
+// creates its entry only if the directory is empty, in one transaction, so
+// it never queues and never barges: it fails while anyone holds or waits.
+//
+// # Failures
+//
+// Every request the Backend makes can be repeated safely, and it is repeated
+// (for up to a few seconds) when etcd reports a transient error (a member
+// gone, no leader, a leader change) or gives no answer within
+// Options.RequestTimeout (a leader that died with the request in flight).
+// With several endpoints in the client, killing one member of a three-member
+// cluster, the leader included, therefore costs a short pause (an election),
+// not an error or a lost lock, provided the TTL leaves room for it (a few
+// seconds). A holder cut off from the quorum cannot renew: the Locker
+// reports the loss (Lock.Done closes) before the lease expires in the
+// cluster, after which another client takes the lock with a larger fencing
+// token. Data loss in etcd (a cluster recreated without its data) loses
+// every lock.
+//
+// # Connections
+//
+// The Backend uses the caller's *clientv3.Client (one gRPC connection that
+// multiplexes everything) and never closes it. Each waiting acquisition
+// holds one watch on it. Renewal costs one KeepAliveOnce per lease (after
+// one read per 64 leases): etcd has no call renewing many leases at once.
+package etcdlock
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultPrefix is the key prefix used when Options.Prefix is empty.
+const DefaultPrefix = "dlock/"
+
+// Client is what a Backend needs of an etcd client: keys, leases and
+// watches. *clientv3.Client satisfies it, as do the wrappers of the
+// clientv3/namespace package (combined in a struct). The caller owns the
+// client: the Backend never closes it.
+type Client interface {
+	clientv3.KV
+	clientv3.Lease
+	clientv3.Watcher
+}
+
+// Options configure a Backend. The zero value (or nil) means all defaults.
+type Options struct {
+	// Prefix starts every etcd key the Backend writes. Everything under it
+	// belongs to the Backend: a foreign key inside a lock's directory would
+	// be taken for a holder or a waiter. The default is DefaultPrefix.
+	Prefix string
+
+	// RequestTimeout bounds each request to etcd. A request without an
+	// answer by then is abandoned and sent again (every request the
+	// Backend makes can be repeated safely). This gets past a leader that
+	// died with the request in flight, which etcd itself answers only
+	// after its request timeout (5 s plus two election timeouts): keep it
+	// well below a third of the shortest TTL in use, so that a renewal can
+	// be repeated before the lease's deadline. The default is
+	// DefaultRequestTimeout.
+	RequestTimeout time.Duration
+}
+
+// DefaultRequestTimeout is the RequestTimeout used when Options leaves it
+// zero.
+const DefaultRequestTimeout = time.Second
+
+// Backend is a dlock.Backend on one etcd cluster. It is safe for concurrent
+// use.
+type Backend struct {
+	c       Client
+	prefix  string
+	timeout time.Duration // of one request
+
+	mu     sync.Mutex
+	parked map[string][]*entry // waiting entries between two AcquireWait calls, by dlock key
+}
+
+var (
+	_ dlock.Backend       = (*Backend)(nil)
+	_ dlock.Lister        = (*Backend)(nil)
+	_ dlock.ForceReleaser = (*Backend)(nil)
+	_ dlock.Waiter        = (*Backend)(nil)
+)
+
+// New returns a Backend over c. It does no I/O. The error matches
+// dlock.ErrInvalidOption for a nil client or a negative RequestTimeout.
+func New(c Client, opts *Options) (*Backend, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if c == nil {
+		return nil, fmt.Errorf("%w: etcdlock: nil client", dlock.ErrInvalidOption)
+	}
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	timeout := opts.RequestTimeout
+	if timeout < 0 {
+		return nil, fmt.Errorf("%w: etcdlock: negative request timeout %s", dlock.ErrInvalidOption, timeout)
+	}
+	if timeout == 0 {
+		timeout = DefaultRequestTimeout
+	}
+	return &Backend{c: c, prefix: prefix, timeout: timeout, parked: make(map[string][]*entry)}, nil
+}
+
+// Escaping '/' keeps a key's directory from containing another key's; escaping
+// '%' keeps the mapping one-to-one.
+var (
+	keyEscaper   = strings.NewReplacer("%", "%25", "/", "%2F")
+	keyUnescaper = strings.NewReplacer("%2F", "/", "%25", "%")
+)
+
+// dir is the directory of key's entries, ending in '/'.
+func (b *Backend) dir(key string) string { return b.prefix + keyEscaper.Replace(key) + "/" }
+
+// name is the entry of key for lease id.
+func (b *Backend) name(key string, id clientv3.LeaseID) string {
+	return b.dir(key) + fmt.Sprintf("%016x", uint64(id))
+}
+
+// keyOf returns the dlock key of an entry's etcd key, and false for keys that
+// are not entries.
+func (b *Backend) keyOf(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, b.prefix)
+	if !ok {
+		return "", false
+	}
+	esc, id, ok := strings.Cut(rest, "/")
+	if !ok || esc == "" || len(id) != 16 {
+		return "", false
+	}
+	if _, err := strconv.ParseUint(id, 16, 64); err != nil {
+		return "", false
+	}
+	return keyUnescaper.Replace(esc), true
+}
+
+// record is the value of an entry.
+type record struct {
+	Token    string `json:"token"`
+	Owner    string `json:"owner,omitempty"`
+	Metadata string `json:"metadata,omitempty"`
+	// Acquired is when the entry was written, by the client's clock, in
+	// microseconds since the epoch (etcd keeps no time). For an entry that
+	// waited it is when the last AcquireWait call took it over, at most a
+	// third of the TTL before it got the lock.
+	Acquired int64 `json:"acquired_us"`
+}
+
+func encode(req dlock.Request) string {
+	v, _ := json.Marshal(record{Token: req.Token.String(), Owner: req.Owner, Metadata: req.Metadata, Acquired: time.Now().UnixMicro()})
+	return string(v)
+}
+
+func decode(v []byte) record {
+	var r record
+	_ = json.Unmarshal(v, &r) // a foreign value reads as a record without token
+	return r
+}
+
+// info describes the holder entry kv of key.
+func info(key string, kv *mvccpb.KeyValue) dlock.LockInfo {
+	r := decode(kv.Value)
+	h := dlock.LockInfo{Key: key, Owner: r.Owner, Fence: uint64(kv.CreateRevision), Metadata: r.Metadata}
+	if tok, err := hex.DecodeString(r.Token); err == nil && len(tok) == len(h.Token) {
+		copy(h.Token[:], tok)
+	}
+	if r.Acquired > 0 {
+		h.AcquiredAt = time.UnixMicro(r.Acquired)
+	}
+	return h
+}
+
+// ttlSeconds is the lease TTL for d: whole seconds, rounded up.
+func ttlSeconds(d time.Duration) int64 {
+	return max(1, int64(math.Ceil(d.Seconds())))
+}
+
+// Operations are repeated after transient errors for about this long.
+const (
+	maxAttempts  = 8
+	firstBackoff = 50 * time.Millisecond
+	maxBackoff   = time.Second
+)
+
+// cleanupTimeout bounds the revocations the Backend makes on its own (of a
+// waiter's entry when its wait ends, of a parked entry nobody took).
+const cleanupTimeout = 5 * time.Second
+
+// transient reports whether err says the request may not have reached a
+// working cluster: the member is down or has no leader, or a leader change
+// interrupted it. The Backend repeats only idempotent requests.
+func transient(err error) bool {
+	var u *unanswered
+	if errors.As(err, &u) {
+		return true
+	}
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		return ee.Code() == codes.Unavailable
+	}
+	s, ok := status.FromError(err)
+	return ok && (s.Code() == codes.Unavailable || s.Code() == codes.Internal)
+}
+
+// head returns the first-created entry of key's directory (the holder), or
+// nil if the directory is empty, retrying transient failures.
+func (b *Backend) head(ctx context.Context, key string) (*mvccpb.KeyValue, error) {
+	var resp *clientv3.GetResponse
+	err := b.retry(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = b.c.Get(ctx, b.dir(key), clientv3.WithFirstCreate()...)
+		return err
+	})
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	return resp.Kvs[0], nil
+}
+
+// retry runs op until it succeeds, fails with a non-transient error, ctx
+// ends, or maxAttempts attempts were made. Each attempt has b.timeout: one
+// that gets no answer in time is abandoned and repeated, so op must be
+// idempotent.
+func (b *Backend) retry(ctx context.Context, op func(ctx context.Context) error) error {
+	wait := firstBackoff
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, b.timeout)
+		err := op(actx)
+		cancel()
+		if err != nil && ctx.Err() == nil && actx.Err() != nil {
+			err = &unanswered{b.timeout, err}
+		}
+		if !transient(err) || attempt == maxAttempts {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		wait = min(2*wait, maxBackoff)
+	}
+}
+
+// unanswered is the error of a request abandoned after the Backend's
+// RequestTimeout.
+type unanswered struct {
+	timeout time.Duration
+	err     error
+}
+
+func (u *unanswered) Error() string {
+	return fmt.Sprintf("no answer within %s: %v", u.timeout, u.err)
+}
+
+func (u *unanswered) Unwrap() error { return u.err }
+
+// grant creates a lease for ttl. A repeated Grant after a transient error may
+// leave an unused lease behind; it expires on its own.
+func (b *Backend) grant(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, error) {
+	var id clientv3.LeaseID
+	err := b.retry(ctx, func(ctx context.Context) error {
+		resp, err := b.c.Grant(ctx, ttlSeconds(ttl))
+		if err == nil {
+			id = resp.ID
+		}
+		return err
+	})
+	return id, err
+}
+
+// revoke revokes lease id, deleting its entry. It reports false if the lease
+// did not exist (any more). A lease found missing after an attempt whose
+// outcome was unknown counts as revoked by that attempt.
+func (b *Backend) revoke(ctx context.Context, id clientv3.LeaseID) (bool, error) {
+	unknown := false
+	err := b.retry(ctx, func(ctx context.Context) error {
+		_, err := b.c.Revoke(ctx, id)
+		unknown = unknown || transient(err)
+		return err
+	})
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return unknown, nil
+	}
+	return err == nil, err
+}
+
+// revokeLater revokes id with a context of its own: the caller's may have
+// ended, which is why the entry must go.
+func (b *Backend) revokeLater(ctx context.Context, id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, _ = b.revoke(ctx, id) // if this fails too, the lease expires with its TTL
+}
+
+// keepAlive renews lease id once. KeepAliveOnce repeats failures to reach a
+// member itself, but returns the server's own transient errors (a request
+// timed out during an election): those are repeated here.
+func (b *Backend) keepAlive(ctx context.Context, id clientv3.LeaseID) error {
+	return b.retry(ctx, func(ctx context.Context) error {
+		_, err := b.c.KeepAliveOnce(ctx, id)
+		return err
+	})
+}
+
+// remaining asks for the remaining time of lease id, to the second; 0 if
+// unknown or less than a second.
+func (b *Backend) remaining(ctx context.Context, id clientv3.LeaseID) time.Duration {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	resp, err := b.c.TimeToLive(ctx, id)
+	if err != nil || resp.TTL <= 0 {
+		return 0
+	}
+	return time.Duration(resp.TTL) * time.Second
+}
+
+// first returns the op reading the oldest entry of key: the holder.
+func (b *Backend) first(key string) clientv3.Op {
+	return clientv3.OpGet(b.dir(key), clientv3.WithFirstCreate()...)
+}
+
+// Acquire implements dlock.Backend. It reads the key's directory and, if it
+// is empty (no holder, no waiter), grants a lease and writes the entry in a
+// transaction that checks again that the directory is empty. A held key
+// thus costs reads only (the holder's entry and its remaining lease), not
+// writes: waiters call Acquire before they queue.
+func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	head, err := b.head(ctx, req.Key)
+	if err != nil {
+		return dlock.Result{}, fmt.Errorf("etcdlock: acquire %q: %w", req.Key, err)
+	}
+	if head != nil {
+		return b.held(ctx, req.Key, head), nil
+	}
+	id, err := b.grant(ctx, req.TTL)
+	if err != nil {
+		return dlock.Result{}, fmt.Errorf("etcdlock: acquire %q: grant: %w", req.Key, err)
+	}
+	name, dir := b.name(req.Key, id), b.dir(req.Key)
+	var resp *clientv3.TxnResponse
+	err = b.retry(ctx, func(ctx context.Context) error {
+		// Repeating it is safe: if an earlier attempt wrote the entry, this
+		// one reads it back as the holder.
+		var err error
+		resp, err = b.c.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).
+			Then(clientv3.OpPut(name, encode(req), clientv3.WithLease(id))).
+			Else(b.first(req.Key)).
+			Commit()
+		return err
+	})
+	if err != nil {
+		return dlock.Result{}, fmt.Errorf("etcdlock: acquire %q: %w", req.Key, err)
+	}
+	if resp.Succeeded {
+		return dlock.Result{Acquired: true, Fence: uint64(resp.Header.Revision)}, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 {
+		return dlock.Result{}, fmt.Errorf("etcdlock: acquire %q: directory neither empty nor holding an entry", req.Key)
+	}
+	if string(kvs[0].Key) == name {
+		return dlock.Result{Acquired: true, Fence: uint64(kvs[0].CreateRevision)}, nil
+	}
+	// Taken since the first read.
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = b.revoke(ctx, id) }) // unused: it would expire anyway
+	res := b.held(ctx, req.Key, kvs[0])
+	wg.Wait()
+	return res, nil
+}
+
+// held is the Result of an acquisition of key that found holder, with the
+// holder's remaining lease.
+func (b *Backend) held(ctx context.Context, key string, holder *mvccpb.KeyValue) dlock.Result {
+	res := dlock.Result{Holder: info(key, holder)}
+	if holder.Lease != 0 {
+		res.Remaining = b.remaining(ctx, clientv3.LeaseID(holder.Lease))
+		if res.Remaining > 0 {
+			res.Holder.ExpiresAt = time.Now().Add(res.Remaining)
+		}
+	}
+	return res
+}
+
+// Extend implements dlock.Backend. It reads the holder entry of every key in
+// one transaction per 64 leases, then renews the lease of each entry that
+// carries its token with KeepAliveOnce, concurrently. A lease that etcd no
+// longer has (expired, revoked, or released by another client) is
+// dlock.ErrNotHeld; etcd never revives an expired lease.
+func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	const perTxn = 64 // below etcd's default --max-txn-ops of 128
+	holders := make([]*mvccpb.KeyValue, len(leases))
+	for lo := 0; lo < len(leases); lo += perTxn {
+		hi := min(lo+perTxn, len(leases))
+		ops := make([]clientv3.Op, 0, hi-lo)
+		for _, l := range leases[lo:hi] {
+			ops = append(ops, b.first(l.Key))
+		}
+		var resp *clientv3.TxnResponse
+		err := b.retry(ctx, func(ctx context.Context) error {
+			var err error
+			resp, err = b.c.Txn(ctx).Then(ops...).Commit()
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("etcdlock: extend: %w", err)
+		}
+		for i, r := range resp.Responses {
+			if kvs := r.GetResponseRange().GetKvs(); len(kvs) > 0 {
+				holders[lo+i] = kvs[0]
+			}
+		}
+	}
+	errs := make([]error, len(leases))
+	sem := make(chan struct{}, 32)
+	var wg sync.WaitGroup
+	for i, l := range leases {
+		h := holders[i]
+		if h == nil || h.Lease == 0 || decode(h.Value).Token != l.Token.String() {
+			errs[i] = dlock.ErrNotHeld
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			err := b.keepAlive(ctx, clientv3.LeaseID(h.Lease))
+			switch {
+			case errors.Is(err, rpctypes.ErrLeaseNotFound):
+				errs[i] = dlock.ErrNotHeld
+			case err != nil:
+				errs[i] = fmt.Errorf("etcdlock: extend %q: %w", l.Key, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errs, nil
+}
+
+// Release implements dlock.Backend: it revokes the holder entry's lease if
+// the entry carries token, which deletes the entry and wakes the next
+// waiter. If token is not the holder's but a waiting entry carries it (an
+// acquisition whose outcome was unknown), that entry is removed too, and the
+// result is still dlock.ErrNotHeld. A lease past its TTL that the leader has
+// not revoked yet (up to 500 ms) still counts as held.
+func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
+	h, err := b.head(ctx, key)
+	if err != nil {
+		return fmt.Errorf("etcdlock: release %q: %w", key, err)
+	}
+	if h == nil {
+		return dlock.ErrNotHeld
+	}
+	tok := token.String()
+	if decode(h.Value).Token == tok {
+		ok, err := b.remove(ctx, h)
+		if err != nil {
+			return fmt.Errorf("etcdlock: release %q: %w", key, err)
+		}
+		if !ok {
+			return dlock.ErrNotHeld
+		}
+		return nil
+	}
+	if err := b.removeWaiter(ctx, key, tok); err != nil {
+		return fmt.Errorf("etcdlock: release %q: %w", key, err)
+	}
+	return dlock.ErrNotHeld
+}
+
+// removeWaiter removes the waiting entries of key that carry token.
+func (b *Backend) removeWaiter(ctx context.Context, key, token string) error {
+	var resp *clientv3.GetResponse
+	err := b.retry(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = b.c.Get(ctx, b.dir(key), clientv3.WithPrefix())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		if decode(kv.Value).Token == token {
+			if _, err := b.remove(ctx, kv); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// remove deletes the entry kv: by revoking its lease (which deletes it with
+// the lease), or, for a key without lease, by deleting it if it has not
+// changed. It reports false if the entry was already gone.
+func (b *Backend) remove(ctx context.Context, kv *mvccpb.KeyValue) (bool, error) {
+	if kv.Lease != 0 {
+		return b.revoke(ctx, clientv3.LeaseID(kv.Lease))
+	}
+	var resp *clientv3.TxnResponse
+	err := b.retry(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = b.c.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
+			Then(clientv3.OpDelete(string(kv.Key))).
+			Commit()
+		return err
+	})
+	return err == nil && resp.Succeeded, err
+}
+
+// ForceRelease implements dlock.ForceReleaser: it revokes the holder entry's
+// lease, which hands the key to the next waiter. The old holder learns of
+// the loss at its next renewal.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	h, err := b.head(ctx, key)
+	if err != nil {
+		return fmt.Errorf("etcdlock: force release %q: %w", key, err)
+	}
+	if h == nil {
+		return dlock.ErrNotHeld
+	}
+	ok, err := b.remove(ctx, h)
+	if err != nil {
+		return fmt.Errorf("etcdlock: force release %q: %w", key, err)
+	}
+	if !ok {
+		return dlock.ErrNotHeld
+	}
+	return nil
+}
+
+// List implements dlock.Lister. It reads every entry under the prefix (in
+// pages of 1,000), keeps the oldest of each key, and asks for the remaining
+// time of their leases (to the second: ExpiresAt is zero in a lease's last
+// second). It costs one request per holder, for operators rather than hot
+// paths.
+func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	from := b.prefix + keyEscaper.Replace(prefix)
+	end := clientv3.GetPrefixRangeEnd(from)
+	holders := map[string]*mvccpb.KeyValue{}
+	for range 1_000_000 { // bounded: each page moves past 1,000 keys
+		var resp *clientv3.GetResponse
+		err := b.retry(ctx, func(ctx context.Context) error {
+			var err error
+			resp, err = b.c.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(1000))
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("etcdlock: list: %w", err)
+		}
+		for _, kv := range resp.Kvs {
+			k, ok := b.keyOf(string(kv.Key))
+			if !ok || !strings.HasPrefix(k, prefix) {
+				continue
+			}
+			if h := holders[k]; h == nil || kv.CreateRevision < h.CreateRevision {
+				holders[k] = kv
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	out := make([]dlock.LockInfo, 0, len(holders))
+	for k, kv := range holders {
+		out = append(out, info(k, kv))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range out {
+		id := clientv3.LeaseID(holders[out[i].Key].Lease)
+		if id == 0 {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if d := b.remaining(ctx, id); d > 0 {
+				out[i].ExpiresAt = time.Now().Add(d)
+			}
+		})
+	}
+	wg.Wait()
+	return out, nil
+}

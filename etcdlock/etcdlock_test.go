@@ -1,0 +1,292 @@
+package etcdlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/etcdlock"
+	"github.com/dlock-dev/dlock/locktest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// envEndpoints names the etcd endpoints of a test, set by the test for the
+// helper processes the suite starts (or by the user, to use a running
+// server: DLOCK_ETCD_ENDPOINTS=localhost:2379).
+const envEndpoints = "DLOCK_ETCD_ENDPOINTS"
+
+// endpoints returns the endpoints in the environment, or starts a
+// single-member etcd and records its endpoint there for helper processes.
+func endpoints(t testing.TB) []string {
+	t.Helper()
+	if v := os.Getenv(envEndpoints); v != "" {
+		return strings.Split(v, ",")
+	}
+	eps := startCluster(t, 1).endpoints()
+	if tt, ok := t.(interface{ Setenv(k, v string) }); ok {
+		tt.Setenv(envEndpoints, strings.Join(eps, ","))
+	}
+	return eps
+}
+
+// newBackend returns a Backend over a new client of eps (as a new process
+// would have), with a prefix of its own test run.
+func newBackend(t testing.TB, eps []string) *etcdlock.Backend {
+	t.Helper()
+	b, err := etcdlock.New(newClient(t, eps...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func newLocker(t testing.TB, b dlock.Backend) *dlock.Locker {
+	l := dlock.New(b, nil)
+	t.Cleanup(func() { l.Close(context.Background()) })
+	return l
+}
+
+func uniqueKey(name string) string { return fmt.Sprintf("%s/%s", name, dlock.NewToken().String()[:8]) }
+
+func TestConformance(t *testing.T) {
+	eps := endpoints(t)
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, eps) })
+}
+
+func TestNewNilClient(t *testing.T) {
+	if _, err := etcdlock.New(nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("New(nil): %v, want ErrInvalidOption", err)
+	}
+}
+
+// entries returns the etcd keys under prefix.
+func entries(t *testing.T, c *clientv3.Client, prefix string) []string {
+	t.Helper()
+	resp, err := c.Get(ctxT(t, 5*time.Second), prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, kv := range resp.Kvs {
+		keys = append(keys, string(kv.Key))
+	}
+	return keys
+}
+
+// TestWaitersAreServedInArrivalOrder queues three waiters, one at a time,
+// behind a holder, keeps them waiting over several of AcquireWait's bounds
+// (a third of the TTL each), and checks that they get the key in arrival
+// order, each with a larger fencing token, and that the queue is empty after.
+func TestWaitersAreServedInArrivalOrder(t *testing.T) {
+	eps := endpoints(t)
+	c := newClient(t, eps...)
+	k := uniqueKey("fifo")
+	holder := newLocker(t, newBackend(t, eps))
+	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 3
+	var mu sync.Mutex
+	var order []int
+	var fences []uint64
+	var wg sync.WaitGroup
+	for i := range waiters {
+		l := newLocker(t, newBackend(t, eps))
+		wg.Go(func() {
+			w, err := l.Acquire(ctxT(t, 30*time.Second), k, dlock.WithTTL(time.Second))
+			if err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			fences = append(fences, w.Token())
+			mu.Unlock()
+			time.Sleep(50 * time.Millisecond)
+			if err := w.Release(context.Background()); err != nil {
+				t.Errorf("waiter %d release: %v", i, err)
+			}
+		})
+		// Wait until this waiter's entry is queued before starting the next.
+		waitFor(t, func() bool {
+			return len(entries(t, c, etcdlock.DefaultPrefix+strings.ReplaceAll(k, "/", "%2F")+"/")) == i+2
+		})
+	}
+	time.Sleep(1500 * time.Millisecond) // several bounds: the entries are parked and taken over
+	if err := lk.Err(); err != nil {
+		t.Fatalf("holder lost the lock while others waited: %v", err)
+	}
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("waiters got the key in order %v, want arrival order", order)
+		}
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Errorf("fencing tokens %v do not increase", fences)
+		}
+	}
+	if left := entries(t, c, etcdlock.DefaultPrefix+strings.ReplaceAll(k, "/", "%2F")+"/"); len(left) != 0 {
+		t.Errorf("entries left after everyone released: %v", left)
+	}
+}
+
+// TestCancelledWaitLeavesTheQueue checks that a waiter whose context ends
+// deletes its entry at once, so that the next holder is not held up by it.
+func TestCancelledWaitLeavesTheQueue(t *testing.T) {
+	eps := endpoints(t)
+	c := newClient(t, eps...)
+	k := uniqueKey("cancel")
+	dir := etcdlock.DefaultPrefix + strings.ReplaceAll(k, "/", "%2F") + "/"
+	a := newLocker(t, newBackend(t, eps))
+	b := newLocker(t, newBackend(t, eps))
+	lk, err := a.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(ctx, k, dlock.WithTTL(30*time.Second))
+		done <- err
+	}()
+	waitFor(t, func() bool { return len(entries(t, c, dir)) == 2 })
+	cancel()
+	if err := <-done; !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled Acquire: %v, want ErrNotAcquired and context.Canceled", err)
+	}
+	if got := entries(t, c, dir); len(got) != 1 {
+		t.Errorf("after the waiter gave up the directory holds %v, want only the holder", got)
+	}
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The key is free at once, not after the waiter's 30 s lease.
+	l2, err := b.TryAcquire(ctxT(t, 5*time.Second), k)
+	if err != nil {
+		t.Fatalf("after the holder released: %v", err)
+	}
+	l2.Release(context.Background())
+}
+
+// TestLeaseIsWholeSecondsRoundedUp checks the lease etcd is given for a TTL
+// that is not a whole number of seconds.
+func TestLeaseIsWholeSecondsRoundedUp(t *testing.T) {
+	eps := endpoints(t)
+	c := newClient(t, eps...)
+	b := newBackend(t, eps)
+	k := uniqueKey("ttl")
+	tok := dlock.NewToken()
+	ctx := ctxT(t, 5*time.Second)
+	if r, err := b.Acquire(ctx, dlock.Request{Key: k, Token: tok, TTL: 1500 * time.Millisecond}); err != nil || !r.Acquired {
+		t.Fatalf("Acquire: %+v %v", r, err)
+	}
+	defer b.Release(ctx, k, tok)
+	resp, err := c.Get(ctx, etcdlock.DefaultPrefix+strings.ReplaceAll(k, "/", "%2F")+"/", clientv3.WithPrefix())
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("entries: %v %v", resp, err)
+	}
+	ttl, err := c.TimeToLive(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl.GrantedTTL != 2 {
+		t.Errorf("a 1.5 s TTL was granted a %d s lease, want 2 s", ttl.GrantedTTL)
+	}
+}
+
+// TestPrefix checks that backends with different prefixes do not see each
+// other's locks.
+func TestPrefix(t *testing.T) {
+	eps := endpoints(t)
+	c := newClient(t, eps...)
+	a, err := etcdlock.New(c, &etcdlock.Options{Prefix: "app-a/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := etcdlock.New(c, &etcdlock.Options{Prefix: "app-b/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := uniqueKey("prefix")
+	la, lb := newLocker(t, a), newLocker(t, b)
+	x, err := la.TryAcquire(ctxT(t, 5*time.Second), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Release(context.Background())
+	y, err := lb.TryAcquire(ctxT(t, 5*time.Second), k)
+	if err != nil {
+		t.Fatalf("a lock under another prefix excluded this one: %v", err)
+	}
+	defer y.Release(context.Background())
+	if got := entries(t, c, "app-a/"); len(got) != 1 {
+		t.Errorf("app-a/ holds %v, want one entry", got)
+	}
+}
+
+// waitFor polls cond (a condition on etcd that no watch reports, for test
+// set-up only) every 20 ms for up to 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for range 500 {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("condition not met within 10 s")
+}
+
+// TestFencingSurvivesRestart restarts etcd (from its data directory) between
+// two acquisitions of a key: the second fencing token is still larger, and a
+// lock taken before the restart and renewed across it stays held.
+func TestFencingSurvivesRestart(t *testing.T) {
+	c := startCluster(t, 1)
+	eps := c.endpoints()
+	l := newLocker(t, newBackend(t, eps))
+	k, held := uniqueKey("restart"), uniqueKey("restart-held")
+	first, err := l.TryAcquire(ctxT(t, 5*time.Second), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lk, err := l.TryAcquire(ctxT(t, 5*time.Second), held, dlock.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.members[0].restart(t)
+	next, err := l.TryAcquire(ctxT(t, 15*time.Second), k)
+	if err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+	defer next.Release(context.Background())
+	if next.Token() <= first.Token() {
+		t.Errorf("rule: fencing increases across store restarts; %d after %d", next.Token(), first.Token())
+	}
+	if err := lk.Err(); err != nil {
+		t.Errorf("a lock held across the restart was lost: %v", err)
+	}
+	if _, err := newLocker(t, newBackend(t, eps)).TryAcquire(ctxT(t, 5*time.Second), held); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Errorf("a lock held across the restart was free to others: %v", err)
+	}
+	if err := lk.Release(context.Background()); err != nil {
+		t.Errorf("release after the restart: %v", err)
+	}
+}

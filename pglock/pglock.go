@@ -1,0 +1,253 @@
+// Package pglock is a dlock.Backend on PostgreSQL (14 or later) through a
+// github.com/jackc/pgx/v5 *pgxpool.Pool that the caller owns and the backend
+// never closes. It offers two strategies.
+//
+// # Lease (New, the default)
+//
+// One row per key in a table (DefaultTable), holding the owner token, a
+// fencing counter and the lease's expiry computed by the server
+// (clock_timestamp(), so client clocks and session TimeZones do not matter).
+// Acquisition is one INSERT … ON CONFLICT … DO UPDATE … WHERE (free) RETURNING
+// statement that bumps the fencing counter; renewal is one UPDATE for all the
+// leases of a Locker (unnest of arrays) that checks each owner token; release
+// is an owner-checked UPDATE that also sends a NOTIFY. Rows are never deleted,
+// so fencing tokens never go back.
+//
+// Waiters (dlock.Waiter) LISTEN on one connection per Backend, shared by all
+// its waiting acquisitions, and are woken by the release's NOTIFY; without a
+// NOTIFY (a lease that expired) they wake when the holder's lease runs out.
+// Waiters queue in a second table, and for a short grace period
+// (DefaultGrace) after a lease ends only the waiter that has waited longest
+// may take it: a client that releases a key cannot barge straight back in
+// ahead of the clients it woke, so contended keys are shared fairly. A waiter
+// that died is skipped after the grace period.
+//
+// The lease strategy works through any pool or proxy (PgBouncer in any mode:
+// every operation is one autocommit statement, though LISTEN needs session
+// pooling: in transaction pooling waiters fall back to sleeping until the
+// lease ends). A crashed holder's lock frees itself when its TTL runs out;
+// each acquisition and release is a durable commit.
+//
+// # Advisory (NewAdvisory)
+//
+// Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) on
+// connections pinned from the pool (*pgxpool.Conn held while locks are held).
+// See Advisory for its guarantees: a crashed holder's locks are freed the
+// moment the server sees its connection close, waiting happens in the server
+// (first come, first served), but it needs a real session: it is unsafe
+// behind a pooler in transaction or statement mode (PgBouncer's default for
+// many deployments), which pglock detects where it can.
+//
+//	pool, _ := pgxpool.New(ctx, "postgres://app@db/app")
+//	b, err := pglock.New(pool, nil)
+//	err = b.Migrate(ctx) // once: creates the tables
+//	locker := dlock.New(b, nil)
+//	defer b.Close()
+//
+// The key is stored as bytea, byte for byte; owner and metadata are text, so
+// they must not contain NUL bytes (PostgreSQL's text cannot hold them).
+package pglock
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultTable is the table used when Options.Table is empty. The waiter
+// queue and the advisory strategy's table are named after it with the
+// suffixes "_waiters" and "_session".
+const DefaultTable = "dlock_locks"
+
+// DefaultGrace is the lease strategy's grace period when Options.Grace is 0.
+const DefaultGrace = 500 * time.Millisecond
+
+// Options configure a Backend or an Advisory. The zero value (or nil) means
+// all defaults.
+type Options struct {
+	// Table is the lock table, optionally qualified by schema
+	// ("locks.dlock_locks"). The table part is 1..50 of [A-Za-z0-9_] not
+	// starting with a digit (so that the derived tables' names fit
+	// PostgreSQL's 63-byte limit); the schema part 1..63 of the same. Names
+	// are quoted, so case matters. The default is DefaultTable.
+	Table string
+
+	// Grace is how long after a lease ends (released or expired) only the
+	// longest-waiting live waiter may take it. It must cover a NOTIFY and a
+	// round trip; longer means fairer handoffs under load, but also that a
+	// waiter which died leaves the key unusable for that long after each
+	// release (until its queue entry lapses, within seconds). Negative turns
+	// the queue off: a free lease goes to whoever asks first. The default is
+	// DefaultGrace. The advisory strategy ignores it.
+	Grace time.Duration
+}
+
+var (
+	identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// tables holds the quoted names of the tables of one configuration.
+type tables struct {
+	base    string // as given (or DefaultTable), unquoted
+	lease   string
+	waiters string
+	session string
+	channel string // NOTIFY channel
+}
+
+// parseTable validates name ("" for DefaultTable) and quotes the tables
+// derived from it. It does no I/O.
+func parseTable(name string) (tables, error) {
+	if name == "" {
+		name = DefaultTable
+	}
+	bad := func(why string) (tables, error) {
+		return tables{}, fmt.Errorf("%w: pglock: table %q: %s", dlock.ErrInvalidOption, name, why)
+	}
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return bad("more than two parts")
+	}
+	for i, p := range parts {
+		limit := 63
+		if i == len(parts)-1 {
+			limit = 50
+		}
+		if !identRE.MatchString(p) || len(p) > limit {
+			return bad("each part must be [A-Za-z_][A-Za-z0-9_]*, the table at most 50 bytes and the schema 63")
+		}
+	}
+	prefix := ""
+	if len(parts) == 2 {
+		prefix = `"` + parts[0] + `".`
+	}
+	t := parts[len(parts)-1]
+	tb := tables{
+		base:    name,
+		lease:   prefix + `"` + t + `"`,
+		waiters: prefix + `"` + t + `_waiters"`,
+		session: prefix + `"` + t + `_session"`,
+		channel: name,
+	}
+	if len(tb.channel) > 63 {
+		sum := sha256.Sum256([]byte(name))
+		tb.channel = "dlock_" + hex.EncodeToString(sum[:16])
+	}
+	return tb, nil
+}
+
+//go:embed schema.sql
+var schemaSQL string
+
+// Schema returns the DDL that Migrate runs for table ("" for DefaultTable):
+// schema.sql with the table names substituted. The error matches
+// dlock.ErrInvalidOption for a bad name.
+func Schema(table string) (string, error) {
+	tb, err := parseTable(table)
+	if err != nil {
+		return "", err
+	}
+	return tb.schema(), nil
+}
+
+// schema substitutes the table names into schema.sql, where every table is
+// spelled "dlock_locks…" (quoted).
+func (tb tables) schema() string {
+	return strings.ReplaceAll(schemaSQL, `"`+DefaultTable, strings.TrimSuffix(tb.lease, `"`))
+}
+
+// migrate creates the tables, serialised by an advisory transaction lock
+// because concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog's
+// unique indexes.
+func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables) error {
+	ddl := tb.schema()
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		id := int64(hashKey("migrate\x00" + tb.base))
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", id); err != nil {
+			return err
+		}
+		// No arguments: the simple protocol, which runs several statements.
+		_, err := tx.Exec(ctx, ddl)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pglock: migrate %s: %w", tb.lease, err)
+	}
+	return nil
+}
+
+// PostgreSQL error codes handled here.
+const (
+	codeUndefinedTable = "42P01"
+	codeQueryCanceled  = "57014"
+)
+
+// wrapErr adds context and maps a missing table to dlock.ErrNoSchema.
+func wrapErr(tb tables, op string, err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == codeUndefinedTable {
+		return fmt.Errorf("pglock: %s: table %s does not exist: %w (%w)", op, tb.lease, dlock.ErrNoSchema, err)
+	}
+	return fmt.Errorf("pglock: %s: %w", op, err)
+}
+
+// us is d in whole microseconds, the unit of the SQL below.
+func us(d time.Duration) int64 { return d.Microseconds() }
+
+// hashKey is the first 8 bytes of SHA-256("dlock:" + s), big-endian.
+func hashKey(s string) uint64 {
+	sum := sha256.Sum256([]byte("dlock:" + s))
+	var h uint64
+	for _, b := range sum[:8] {
+		h = h<<8 | uint64(b)
+	}
+	return h
+}
+
+// holderRow is what the statements return about a key's holder.
+type holderRow struct {
+	name            []byte
+	token           []byte
+	owner, metadata *string
+	fence           *int64
+	acquiredAt      *time.Time
+	remainingUs     *int64 // nil for session locks
+}
+
+// info converts a holder row; now is the local time the row was read.
+func (h holderRow) info(key string, now time.Time) (dlock.LockInfo, time.Duration) {
+	li := dlock.LockInfo{Key: key}
+	if h.name != nil {
+		li.Key = string(h.name)
+	}
+	copy(li.Token[:], h.token)
+	if h.owner != nil {
+		li.Owner = *h.owner
+	}
+	if h.metadata != nil {
+		li.Metadata = *h.metadata
+	}
+	if h.fence != nil {
+		li.Fence = uint64(*h.fence)
+	}
+	if h.acquiredAt != nil {
+		li.AcquiredAt = *h.acquiredAt
+	}
+	var rem time.Duration
+	if h.remainingUs != nil {
+		rem = time.Duration(*h.remainingUs) * time.Microsecond
+		li.ExpiresAt = now.Add(rem)
+	}
+	return li, max(rem, 0)
+}

@@ -1,0 +1,442 @@
+package torture
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/dlock-dev/dlock/sqlitelock"
+	"github.com/go-sql-driver/mysql"
+)
+
+// An Adapter is everything the harness knows of one strategy/backend. Adding
+// a backend means adding one value to Adapters.
+type Adapter struct {
+	// Name identifies the strategy in flags and reports.
+	Name string
+
+	// Networked reports that the store is a server reached over TCP at the
+	// address Upstream returns; the harness then puts one fault proxy per
+	// worker in front of it and hands Open the proxy's address. Embedded
+	// stores get no network faults.
+	Networked bool
+
+	// Upstream returns the store server's TCP address (host:port), from
+	// the DSN in env that the strategy uses. Required when Networked.
+	Upstream func(env *Env) (string, error)
+
+	// SessionHeld reports that a lock lives in a server session and ends
+	// when the session does (getlock, rowlock, pg-advisory), not at its
+	// TTL: takeover after a pause or partition then waits for the session
+	// to end, and the kill/stop takeover target (TTL + 250 ms) does not
+	// apply.
+	SessionHeld bool
+
+	// PauseStallsStore reports that a paused worker can stall every other
+	// worker's store access: an embedded store whose file lock the paused
+	// process may hold mid-transaction (SQLite). Liveness then leaves out
+	// free periods that overlap any worker's pause, not only the waiter's.
+	PauseStallsStore bool
+
+	// Known lists violation kinds that are known limitations of the
+	// strategy under a fault kind: they are reported (as known) but do not
+	// fail the run.
+	Known map[string][]string
+
+	// Prepare runs in the harness before the workers start. It creates a
+	// fresh lock table with the instrumentation History reads, and returns
+	// what workers need to open the store (opaque to the harness).
+	Prepare func(ctx context.Context, env *Env) (store string, err error)
+
+	// Open runs in a worker and returns its backend. close, if non-nil,
+	// is called when the worker is done with it.
+	Open func(ctx context.Context, a OpenArgs) (b dlock.Backend, close func() error, err error)
+
+	// History returns the store's own record of every change to a lease, in
+	// the order the store applied them. Optional: without it the
+	// server-side checks are skipped (reported as not run) and lead times
+	// are estimated from the next acquisition.
+	History func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error)
+
+	// Restart kills the store's server with SIGKILL, starts it again and
+	// returns once it serves, with the Mono() times of the kill and of
+	// readiness. Optional: nil for embedded stores.
+	Restart func(ctx context.Context, env *Env) (killed, ready int64, err error)
+}
+
+// Env is what the harness hands adapters.
+type Env struct {
+	Tag      string  // run tag, part of every table name
+	Dir      string  // the run's output directory
+	MySQLDSN string  // the MariaDB server (resource, and the mysql strategies)
+	DB       *sql.DB // a direct pool on MySQLDSN
+	PGDSN    string  // the PostgreSQL server of the pg strategies (pgx syntax)
+	TTL      time.Duration
+}
+
+// OpenArgs is what a worker hands Adapter.Open.
+type OpenArgs struct {
+	DSN   string // Env.MySQLDSN
+	PGDSN string // Env.PGDSN
+	Store string // from Prepare
+	Addr  string // the worker's proxy for a networked store (replaces the DSN's address)
+}
+
+// LeaseEvent is one change of a lease as the store applied it: a grant (new
+// fence), an extension (same fence, later expiry) or a release (expiry 0).
+type LeaseEvent struct {
+	Seq     int64  // store's apply order (per key at least)
+	Key     string // lock key
+	Fence   uint64
+	Token   [16]byte
+	AtUs    int64 // store clock (Unix µs): the "now" of the statement that made the change
+	ExpUs   int64 // the lease's expiry after the change
+	Release bool  // the change ended the lease
+	// Open: the store records grants only (a session lock ends with its
+	// session, which leaves no row behind); the lease's end is unknown.
+	Open bool
+}
+
+// markReleases flags the changes that ended a lease: the expiry set to the
+// epoch, or moved back for the same fence (a release that sets the expiry
+// to the statement's now, which is then the release instant).
+func markReleases(evs []LeaseEvent) {
+	type kfence struct {
+		k string
+		f uint64
+	}
+	last := map[kfence]int64{}
+	for i := range evs {
+		e := &evs[i]
+		id := kfence{e.Key, e.Fence}
+		prev, seen := last[id]
+		switch {
+		case e.ExpUs <= 0 || e.Token == [16]byte{}:
+			e.Release = true
+		case seen && e.ExpUs < prev:
+			e.Release, e.AtUs = true, e.ExpUs
+		}
+		last[id] = e.ExpUs
+	}
+}
+
+// Adapters lists every strategy the harness can exercise.
+var Adapters = []*Adapter{mysqlLease, mysqlGetLock, mysqlRowLock, sqliteLease, pgLease, pgAdvisory}
+
+// adapterByName returns the adapter called name.
+func adapterByName(name string) *Adapter {
+	for _, a := range Adapters {
+		if a.Name == name {
+			return a
+		}
+	}
+	return nil
+}
+
+// mysqlLease is mysqllock's lease strategy on the MariaDB at Env.MySQLDSN.
+//
+// Its lock table gets transaction-precise system versioning: MariaDB keeps
+// every version of every row, stamped with the id of the transaction that
+// wrote it, and mysql.transaction_registry gives each transaction's commit
+// order and time. That is the server's own record of every grant, extension
+// and release, in the order it applied them, without touching the backend's
+// statements. (Triggers would be simpler, but a trigger that writes to
+// another table makes the server report insert id 0 for the acquisition,
+// and mysqllock then never acquires anything: see README.md, findings.)
+var mysqlLease = &Adapter{
+	Name:      "mysql-lease",
+	Networked: true,
+	Upstream:  mysqlUpstream,
+	Prepare: func(ctx context.Context, env *Env) (string, error) {
+		return prepareMySQL(ctx, env, "")
+	},
+	Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
+		return openMySQL(a, func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) { return mysqllock.New(db, o) })
+	},
+	History: func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error) {
+		const us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', %s)"
+		rows, err := env.DB.QueryContext(ctx, versionsQuery(store,
+			fmt.Sprintf(us, "t.acquired_at")+", "+fmt.Sprintf(us, "t.expires_at")+", "+
+				"CAST(UNIX_TIMESTAMP(r.commit_timestamp) * 1000000 AS SIGNED)"))
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var out []LeaseEvent
+		prev := map[string]uint64{}
+		lastEv := map[string]LeaseEvent{}
+		for rows.Next() {
+			var e LeaseEvent
+			var name, token []byte
+			var acquiredUs, commitUs int64
+			if err := rows.Scan(&e.Seq, &name, &e.Fence, &token, &acquiredUs, &e.ExpUs, &commitUs); err != nil {
+				return nil, err
+			}
+			e.Key = string(name)
+			copy(e.Token[:], token)
+			if p, ok := lastEv[e.Key]; ok && p.Fence == e.Fence && p.Token == e.Token && p.ExpUs == e.ExpUs {
+				continue // a version that changed nothing we track
+			}
+			lastEv[e.Key] = e
+			// The instant the statement used as "now": the grant's
+			// acquired_at, an extension's expiry minus the TTL (markReleases
+			// fixes releases that set the expiry to now; one that sets the
+			// epoch leaves no trace of it, so its commit time stands in).
+			f, seen := prev[e.Key]
+			switch {
+			case e.ExpUs <= 0:
+				e.AtUs = commitUs
+			case e.Token == [16]byte{}:
+				// A release (mysqllock clears the token) sets the expiry
+				// to its "now", or up to 100 ms before it (a release that
+				// reserves nothing for a waiter): a lower bound.
+				e.AtUs = e.ExpUs
+			case !seen || f != e.Fence:
+				e.AtUs = acquiredUs
+			default:
+				e.AtUs = e.ExpUs - env.TTL.Microseconds()
+			}
+			prev[e.Key] = e.Fence
+			out = append(out, e)
+		}
+		markReleases(out)
+		return out, rows.Err()
+	},
+	Restart: restartMariaDB,
+}
+
+// mysqlGetLock and mysqlRowLock are mysqllock's session strategies. Their
+// session table (fence, token, holder's connection per key) is versioned the
+// same way; it records grants only.
+var (
+	mysqlGetLock = sessionAdapter("mysql-getlock", func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) {
+		return mysqllock.NewGetLock(db, o)
+	})
+	mysqlRowLock = sessionAdapter("mysql-rowlock", func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) {
+		return mysqllock.NewRowLock(db, o)
+	})
+)
+
+func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend, error)) *Adapter {
+	return &Adapter{
+		Name:        name,
+		Networked:   true,
+		Upstream:    mysqlUpstream,
+		SessionHeld: true,
+		// A cut connection ends the session, and with it the lock, at once;
+		// the holder learns of it only when it next uses the connection (its
+		// next renewal, within TTL/3), so another client can hold the lock
+		// before the holder is told.
+		Known: map[string][]string{FaultCut: {vLateNotice, vNoNotice}},
+		Prepare: func(ctx context.Context, env *Env) (string, error) {
+			return prepareMySQL(ctx, env, "_session")
+		},
+		Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
+			return openMySQL(a, newB)
+		},
+		History: func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error) {
+			rows, err := env.DB.QueryContext(ctx, versionsQuery(store+"_session",
+				"TIMESTAMPDIFF(MICROSECOND, '1970-01-01', t.acquired_at)"))
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			var out []LeaseEvent
+			last := map[string]uint64{}
+			for rows.Next() {
+				e := LeaseEvent{Open: true}
+				var name, token []byte
+				if err := rows.Scan(&e.Seq, &name, &e.Fence, &token, &e.AtUs); err != nil {
+					return nil, err
+				}
+				e.Key = string(name)
+				copy(e.Token[:], token)
+				if f, ok := last[e.Key]; ok && f == e.Fence {
+					continue // same grant, another column changed
+				}
+				last[e.Key] = e.Fence
+				out = append(out, e)
+			}
+			return out, rows.Err()
+		},
+		Restart: restartMariaDB,
+	}
+}
+
+// versionsQuery selects every version of the system-versioned table (alias
+// t) in commit order: the commit id, name, fence and token, then cols
+// (which may use r, the version's mysql.transaction_registry row).
+func versionsQuery(table, cols string) string {
+	return "SELECT r.commit_id, t.name, t.fence, t.token, " + cols +
+		" FROM " + table + " FOR SYSTEM_TIME ALL AS t" +
+		" JOIN mysql.transaction_registry AS r ON r.transaction_id = t.row_start" +
+		" ORDER BY r.commit_id"
+}
+
+// prepareMySQL creates fresh lock tables for env's tag and versions the one
+// named by suffix (the lease table, or "_session").
+func prepareMySQL(ctx context.Context, env *Env, suffix string) (string, error) {
+	locks := mysqlTable(env.Tag)
+	b, err := mysqllock.New(env.DB, &mysqllock.Options{Table: locks})
+	if err != nil {
+		return "", err
+	}
+	if c, ok := any(b).(interface{ Close() error }); ok {
+		defer c.Close()
+	}
+	if _, err := env.DB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows"); err != nil {
+		return "", fmt.Errorf("prepare: %w", err)
+	}
+	if err := b.Migrate(ctx); err != nil {
+		return "", err
+	}
+	if _, err := env.DB.ExecContext(ctx, "ALTER TABLE "+locks+suffix+
+		" ADD COLUMN row_start BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE,"+
+		" ADD COLUMN row_end BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE,"+
+		" ADD PERIOD FOR SYSTEM_TIME(row_start, row_end), ADD SYSTEM VERSIONING"); err != nil {
+		return "", fmt.Errorf("prepare: version %s%s: %w", locks, suffix, err)
+	}
+	return locks, nil
+}
+
+// openMySQL opens a pool on the worker's proxy and a backend on it.
+func openMySQL(a OpenArgs, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend, error)) (dlock.Backend, func() error, error) {
+	cfg, err := mysql.ParseDSN(a.DSN)
+	if err != nil {
+		return nil, nil, err
+	}
+	if a.Addr != "" {
+		cfg.Net, cfg.Addr = "tcp", a.Addr
+	}
+	cfg.InterpolateParams = true
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := newB(db, &mysqllock.Options{Table: a.Store})
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	closeAll := func() error {
+		if c, ok := b.(interface{ Close() error }); ok {
+			_ = c.Close()
+		}
+		return db.Close()
+	}
+	return b, closeAll, nil
+}
+
+func mysqlTable(tag string) string { return "torture_" + tag + "_locks" }
+
+// sqliteLease is sqlitelock on a fresh file in the run directory, with the
+// same history triggers (SQLite's 'now' is fixed for one statement, so the
+// trigger sees the instant the statement used).
+var sqliteLease = &Adapter{
+	Name: "sqlite-lease",
+	// A paused worker may hold the database file's write lock.
+	PauseStallsStore: true,
+	Prepare: func(ctx context.Context, env *Env) (string, error) {
+		path := filepath.Join(env.Dir, "sqlite-"+env.Tag+".db")
+		b, err := sqlitelock.Open(path)
+		if err != nil {
+			return "", err
+		}
+		defer b.Close()
+		if err := b.Migrate(ctx); err != nil {
+			return "", err
+		}
+		db, err := openSQLite(path)
+		if err != nil {
+			return "", err
+		}
+		defer db.Close()
+		const ins = "INSERT INTO torture_hist (name, fence, token, at_us, exp_us) VALUES " +
+			"(NEW.name, NEW.fence, NEW.token, CAST(unixepoch('now', 'subsec') * 1000000 AS INTEGER), NEW.expires_us)"
+		for _, s := range []string{
+			`CREATE TABLE IF NOT EXISTS torture_hist (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  name TEXT NOT NULL, fence INTEGER NOT NULL, token BLOB NOT NULL, at_us INTEGER NOT NULL, exp_us INTEGER NOT NULL)`,
+			"CREATE TRIGGER IF NOT EXISTS torture_ai AFTER INSERT ON dlock_locks BEGIN " + ins + "; END",
+			"CREATE TRIGGER IF NOT EXISTS torture_au AFTER UPDATE ON dlock_locks " +
+				"WHEN NEW.fence <> OLD.fence OR NEW.expires_us <> OLD.expires_us OR NEW.token <> OLD.token BEGIN " + ins + "; END",
+		} {
+			if _, err := db.ExecContext(ctx, s); err != nil {
+				return "", fmt.Errorf("sqlite-lease prepare: %w", err)
+			}
+		}
+		return path, nil
+	},
+	Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
+		b, err := sqlitelock.Open(a.Store)
+		if err != nil {
+			return nil, nil, err
+		}
+		return b, b.Close, nil
+	},
+	History: func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error) {
+		db, err := openSQLite(store)
+		if err != nil {
+			return nil, err
+		}
+		defer db.Close()
+		return scanHistory(ctx, db, "SELECT seq, name, fence, token, at_us, exp_us FROM torture_hist ORDER BY seq")
+	},
+}
+
+func openSQLite(path string) (*sql.DB, error) {
+	return sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)")
+}
+
+func scanHistory(ctx context.Context, db *sql.DB, q string) ([]LeaseEvent, error) {
+	rows, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []LeaseEvent
+	for rows.Next() {
+		var e LeaseEvent
+		var name, token []byte
+		if err := rows.Scan(&e.Seq, &name, &e.Fence, &token, &e.AtUs, &e.ExpUs); err != nil {
+			return nil, err
+		}
+		e.Key = string(name)
+		copy(e.Token[:], token)
+		out = append(out, e)
+	}
+	markReleases(out)
+	return out, rows.Err()
+}
+
+// mysqlUpstream returns the TCP address in env's MySQL DSN.
+func mysqlUpstream(env *Env) (string, error) {
+	cfg, err := mysql.ParseDSN(env.MySQLDSN)
+	if err != nil {
+		return "", err
+	}
+	if cfg.Net != "tcp" {
+		return "", fmt.Errorf("the MySQL DSN must use tcp to put a proxy in the path, not %q", cfg.Net)
+	}
+	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
+		return cfg.Addr + ":3306", nil
+	}
+	return cfg.Addr, nil
+}
+
+// adapterNames lists the adapters' names.
+func adapterNames() string {
+	var s []string
+	for _, a := range Adapters {
+		s = append(s, a.Name)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,761 @@
+package torture
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// The checker reads three records that share one clock domain or one order:
+//
+//   - the store's lease history (Adapter.History): every grant, extension and
+//     release in the store's apply order, with the store's own clock;
+//   - the resource log: every access the resource decided on, in commit order
+//     per key, with the server's clock;
+//   - the workers' event files, with the system-wide monotonic clock.
+//
+// Store and resource times are wall-clock instants of this host; they are
+// converted to the monotonic clock with the offset the harness sampled
+// through the run (a step of the wall clock makes those comparisons
+// inconclusive, and says so).
+
+// Violation kinds. The resource kinds are what the positive control must
+// produce; every other kind is a bug whatever the mode.
+const (
+	// Store (lease history).
+	vGrantWhileHeld  = "store: key granted while its lease was live"
+	vFenceNotUp      = "store: fencing token not increasing"
+	vRevived         = "store: expired lease extended"
+	vTokenSwap       = "store: owner token changed without a new fence"
+	vUnknownFence    = "client: holds a fence the store never granted"
+	vFenceTwice      = "client: one fence handed to two acquisitions"
+	vLateNotice      = "notification: holder told of the loss after the store's expiry"
+	vNoNotice        = "notification: holder kept the lock past the store's expiry untold"
+	vLiveness        = "liveness: free key not taken by a waiter in time"
+	vResourceBadLog  = "resource: log inconsistent"
+	vStaleAccepted   = "resource: stale token accepted after a newer holder's access"
+	vLostUpdate      = "resource: lost update (write based on a value since overwritten)"
+	vInterleaved     = "resource: holders' accepted accesses interleaved"
+	vFreshRejected   = "resource: token refused although no newer token existed"
+	maxListedViolate = 50
+)
+
+// resourceKinds are the violations a missing fence check produces.
+var resourceKinds = map[string]bool{vStaleAccepted: true, vLostUpdate: true, vInterleaved: true}
+
+// workerLog is one worker process's record.
+type workerLog struct {
+	ID     string
+	Pid    int
+	Events []Event
+	Killed int64 // Mono() of the harness's SIGKILL, or 0
+}
+
+type checkInput struct {
+	Name      string
+	Strategy  string
+	TTL       time.Duration
+	NoFencing bool
+	Control   bool
+	// SessionHeld: locks end with the holder's server session (no TTL
+	// takeover target).
+	SessionHeld bool
+	// PauseStallsStore: any worker's pause stalls the store (Adapter).
+	PauseStallsStore bool
+	Known            map[string][]string // fault kind → violation kinds known under it
+	Started          int64               // Mono()
+	Ended            int64
+	Workers          []*workerLog
+	HasHistory       bool
+	History          []LeaseEvent
+	ResLog           []logRow
+	Faults           []FaultRecord
+	Offset           int64 // wall minus mono, ns
+	OffsetSkew       int64 // spread of the offset samples, ns
+	Problems         []string
+}
+
+// hold is one acquisition as a worker saw it.
+type hold struct {
+	worker    string
+	key       string
+	fence     uint64
+	acqStart  int64
+	acqOK     int64
+	doneAt    int64 // Done closed
+	lost      bool  // ... because the lock was lost
+	relStart  int64
+	relEnd    int64
+	relErr    string
+	deathAt   int64 // the worker was killed during the hold
+	lease     *lease
+	hitBy     *FaultRecord // the holder fault aimed at this hold
+	pausedBy  *FaultRecord // a stop overlapping the hold
+	restarted *FaultRecord // a server restart overlapping the hold
+}
+
+// end is when the worker stopped believing it held the lock (0: never
+// recorded, i.e. the worker died holding it).
+func (h *hold) end() int64 {
+	e := int64(0)
+	for _, t := range []int64{h.doneAt, h.relStart, h.deathAt} {
+		if t > 0 && (e == 0 || t < e) {
+			e = t
+		}
+	}
+	return e
+}
+
+// lease is one lease as the store granted it.
+type lease struct {
+	key     string
+	fence   uint64
+	token   [16]byte
+	grantUs int64
+	expUs   int64 // the last expiry the store set (the planned end)
+	relUs   int64 // when released, or 0
+	open    bool  // the store does not record the end (session locks)
+	nextUs  int64 // the next grant of the key, or 0
+	hold    *hold
+}
+
+// endUs is when the store let the key go, or for an open lease the latest
+// it can have: the next grant (MaxInt64 if none).
+func (l *lease) endUs() int64 {
+	switch {
+	case l.open && l.nextUs > 0:
+		return l.nextUs
+	case l.open:
+		return 1<<63 - 1
+	case l.relUs > 0:
+		return l.relUs
+	}
+	return l.expUs
+}
+
+type checker struct {
+	in      checkInput
+	rep     *RunReport
+	holds   []*hold
+	byKF    map[string]*hold    // key/fence → hold
+	leases  map[string][]*lease // key → leases in grant order
+	byLF    map[string]*lease   // key/fence → lease
+	clockOK bool
+}
+
+func kf(k string, f uint64) string { return k + "/" + fmt.Sprint(f) }
+
+// mono converts a store/resource instant (Unix µs) to Mono() ns.
+func (c *checker) mono(us int64) int64 { return us*1000 - c.in.Offset }
+
+// violateUnder records a violation of a hold hit by fault f, as a known
+// limitation if the strategy declares it one.
+func (c *checker) violateUnder(f *FaultRecord, kind, format string, args ...any) {
+	if f != nil {
+		for _, k := range c.in.Known[f.Kind] {
+			if k == kind {
+				if c.rep.Known == nil {
+					c.rep.Known = map[string]int{}
+				}
+				c.rep.Known[kind+" (under "+f.Kind+")"]++
+				return
+			}
+		}
+	}
+	c.violate(kind, format, args...)
+}
+
+func (c *checker) violate(kind, format string, args ...any) {
+	if c.rep.Violations == nil {
+		c.rep.Violations = map[string]int{}
+	}
+	c.rep.Violations[kind]++
+	c.rep.ViolationCount++
+	if len(c.rep.ViolationList) < maxListedViolate {
+		c.rep.ViolationList = append(c.rep.ViolationList, kind+": "+fmt.Sprintf(format, args...))
+	}
+}
+
+func (c *checker) inconclusive(format string, args ...any) {
+	c.rep.Inconclusive = append(c.rep.Inconclusive, fmt.Sprintf(format, args...))
+}
+
+func (c *checker) fault(kind string) *FaultStats {
+	for _, f := range c.rep.Faults {
+		if f.Kind == kind {
+			return f
+		}
+	}
+	f := &FaultStats{Kind: kind}
+	c.rep.Faults = append(c.rep.Faults, f)
+	return f
+}
+
+// check analyses one run.
+func check(in checkInput) *RunReport {
+	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}}
+	c.rep = &RunReport{
+		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
+		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
+		Problems: in.Problems,
+	}
+	c.clockOK = in.OffsetSkew <= int64(2*time.Millisecond)
+	if !c.clockOK {
+		c.inconclusive("the wall clock stepped by %s during the run: store-time vs worker-time checks (notification, staleness) are not conclusive", time.Duration(in.OffsetSkew))
+	}
+	c.buildHolds()
+	c.buildLeases()
+	c.matchHoldsLeases()
+	c.attributeFaults()
+	c.checkResource()
+	c.checkNotification()
+	c.faultFigures()
+	c.liveness()
+	c.rep.verdict()
+	return c.rep
+}
+
+// buildHolds turns the workers' events into holds.
+func (c *checker) buildHolds() {
+	for _, w := range c.in.Workers {
+		open := map[string]*hold{}
+		for _, e := range w.Events {
+			switch e.Ev {
+			case "acq":
+				h := &hold{worker: w.ID, key: e.K, fence: e.F, acqStart: e.T0, acqOK: e.T}
+				c.rep.Acquisitions++
+				if prev := c.byKF[kf(e.K, e.F)]; prev != nil {
+					c.violate(vFenceTwice, "%s fence %d: %s and %s", e.K, e.F, prev.worker, w.ID)
+				} else {
+					c.byKF[kf(e.K, e.F)] = h
+				}
+				open[kf(e.K, e.F)] = h
+				c.holds = append(c.holds, h)
+			case "acqerr":
+				c.rep.AcquireErrors++
+			case "done":
+				if h := open[kf(e.K, e.F)]; h != nil {
+					h.doneAt, h.lost = e.T, e.OK
+				}
+			case "rel":
+				if h := open[kf(e.K, e.F)]; h != nil {
+					h.relStart, h.relEnd, h.relErr = e.T0, e.T, e.Err
+				}
+			case "op":
+				switch {
+				case e.Err != "":
+					c.rep.OpsFailed++
+				case e.OK:
+					c.rep.OpsAccepted++
+				default:
+					c.rep.OpsRejected++
+				}
+			}
+		}
+		if w.Killed > 0 {
+			for _, h := range open {
+				if h.acqOK <= w.Killed && (h.end() == 0 || h.end() > w.Killed) {
+					h.deathAt = w.Killed
+				}
+			}
+		}
+	}
+	sort.Slice(c.holds, func(i, j int) bool { return c.holds[i].acqOK < c.holds[j].acqOK })
+}
+
+// buildLeases replays the store's history per key and checks that the store
+// kept its own rules, judged by the store's own clock and order.
+func (c *checker) buildLeases() {
+	if !c.in.HasHistory {
+		c.inconclusive("no store history for %s: store-side exclusion not checked, lead times estimated", c.in.Strategy)
+		return
+	}
+	cur := map[string]*lease{}
+	for _, e := range c.in.History {
+		l := cur[e.Key]
+		if l == nil || e.Fence != l.fence {
+			if l != nil {
+				l.nextUs = e.AtUs
+				if e.Fence <= l.fence {
+					c.violate(vFenceNotUp, "%s: fence %d after %d (seq %d)", e.Key, e.Fence, l.fence, e.Seq)
+				}
+				if !l.open && l.relUs == 0 && l.expUs > e.AtUs {
+					c.violate(vGrantWhileHeld, "%s: fence %d granted at %d µs, fence %d live until %d µs (seq %d)",
+						e.Key, e.Fence, e.AtUs, l.fence, l.expUs, e.Seq)
+				}
+			}
+			l = &lease{key: e.Key, fence: e.Fence, token: e.Token, grantUs: e.AtUs, expUs: e.ExpUs, open: e.Open}
+			if e.Release {
+				l.relUs = e.AtUs
+			}
+			cur[e.Key] = l
+			c.leases[e.Key] = append(c.leases[e.Key], l)
+			c.byLF[kf(e.Key, e.Fence)] = l
+			continue
+		}
+		if e.Token != l.token && !(e.Release && e.Token == [16]byte{}) { // a release clears the token
+			c.violate(vTokenSwap, "%s fence %d (seq %d)", e.Key, e.Fence, e.Seq)
+		}
+		if l.relUs > 0 || l.expUs <= e.AtUs {
+			c.violate(vRevived, "%s fence %d changed at %d µs after its end (seq %d)", e.Key, e.Fence, e.AtUs, e.Seq)
+		}
+		if e.Release {
+			l.relUs = e.AtUs
+		} else {
+			l.expUs = e.ExpUs
+		}
+	}
+	for _, ls := range c.leases {
+		c.rep.Grants += len(ls)
+		c.rep.Handoffs += len(ls) - 1
+	}
+}
+
+// matchHoldsLeases ties each client acquisition to the store's grant.
+func (c *checker) matchHoldsLeases() {
+	if !c.in.HasHistory {
+		byKey := map[string]int{}
+		for _, h := range c.holds {
+			byKey[h.key]++
+		}
+		for _, n := range byKey {
+			c.rep.Handoffs += n - 1
+		}
+		return
+	}
+	for _, h := range c.holds {
+		l := c.byLF[kf(h.key, h.fence)]
+		if l == nil {
+			c.violate(vUnknownFence, "%s fence %d held by %s", h.key, h.fence, h.worker)
+			continue
+		}
+		h.lease, l.hold = l, h
+	}
+	for _, ls := range c.leases {
+		for i, l := range ls {
+			if l.hold == nil {
+				c.rep.UnconfirmedGrants++
+			}
+			if i > 0 && l.hold != nil && ls[i-1].hold != nil && l.hold.worker != ls[i-1].hold.worker {
+				c.rep.CrossHandoffs++
+			}
+		}
+	}
+}
+
+// attributeFaults marks the holds each fault hit.
+func (c *checker) attributeFaults() {
+	byWorker := map[string][]*hold{}
+	for _, h := range c.holds {
+		byWorker[h.worker] = append(byWorker[h.worker], h)
+	}
+	for i := range c.in.Faults {
+		f := &c.in.Faults[i]
+		switch f.Kind {
+		case FaultDBRestart:
+			for _, h := range c.holds {
+				if e := h.end(); h.acqOK <= f.End && (e == 0 || e >= f.Start) {
+					h.restarted = f
+				}
+			}
+		case FaultKill, FaultStop, FaultBlackhole, FaultCut, FaultLatency:
+			for _, h := range byWorker[f.Worker] {
+				e := h.end()
+				if f.Kind == FaultStop && h.acqStart <= f.End && (e == 0 || e >= f.Start) {
+					h.pausedBy = f
+				}
+				if h.acqOK <= f.Start && (e == 0 || e >= f.Start) {
+					h.hitBy = f
+				}
+			}
+		}
+	}
+}
+
+// checkResource replays the resource log per key in commit order.
+func (c *checker) checkResource() {
+	type state struct {
+		seen     uint64
+		value    int64
+		current  string          // worker/fence of the last accepted access
+		finished map[string]bool // holders superseded by a later one
+		fenceOf  map[uint64]string
+	}
+	st := map[string]*state{}
+	for _, r := range c.in.ResLog {
+		s := st[r.Key]
+		if s == nil {
+			s = &state{finished: map[string]bool{}, fenceOf: map[uint64]string{}}
+			st[r.Key] = s
+		}
+		if r.Seen != s.seen || r.CurVal != s.value {
+			c.violate(vResourceBadLog, "%s id %d: log says seen %d value %d, replay has %d and %d", r.Key, r.ID, r.Seen, r.CurVal, s.seen, s.value)
+			s.seen, s.value = r.Seen, r.CurVal
+		}
+		if w, ok := s.fenceOf[r.Fence]; ok && w != r.Worker {
+			c.violate(vFenceTwice, "%s fence %d used by %s and %s at the resource", r.Key, r.Fence, w, r.Worker)
+		}
+		s.fenceOf[r.Fence] = r.Worker
+		// Stale: the store had ended this lease when the resource saw it.
+		stale := false
+		if l := c.byLF[kf(r.Key, r.Fence)]; l != nil && c.clockOK && r.AtUs > l.endUs() {
+			stale = true
+		}
+		h := c.byKF[kf(r.Key, r.Fence)]
+		var fs *FaultStats
+		if stale && h != nil && h.hitBy != nil {
+			fs = c.fault(h.hitBy.Kind)
+		}
+		if !r.Accepted {
+			if r.Fence >= s.seen {
+				c.violate(vFreshRejected, "%s id %d fence %d, seen %d", r.Key, r.ID, r.Fence, s.seen)
+			}
+			if stale {
+				c.rep.StaleOps++
+				c.rep.StaleRejected++
+				if fs != nil {
+					fs.StaleOps++
+					fs.StaleRejected++
+				}
+			}
+			continue
+		}
+		holder := r.Worker + "/" + fmt.Sprint(r.Fence)
+		if r.Fence < s.seen {
+			c.violate(vStaleAccepted, "%s id %d: %s presented fence %d after fence %d was seen", r.Key, r.ID, r.Worker, r.Fence, s.seen)
+		} else if stale {
+			// The store had moved on, but no newer holder had reached the
+			// resource yet: the access is ordered before the newer holder's
+			// and fencing cannot refuse it.
+			c.rep.StaleOps++
+			c.rep.StaleBeforeNewer++
+			if fs != nil {
+				fs.StaleOps++
+				fs.StaleBeforeNewer++
+			}
+		}
+		if holder != s.current {
+			if s.finished[holder] {
+				c.violate(vInterleaved, "%s id %d: %s accessed again after %s", r.Key, r.ID, holder, s.current)
+			}
+			if s.current != "" {
+				s.finished[s.current] = true
+			}
+			s.current = holder
+		}
+		if r.Op == "w" && r.ReadVal != s.value {
+			c.violate(vLostUpdate, "%s id %d: %s wrote %d+1 over %d", r.Key, r.ID, holder, r.ReadVal, s.value)
+		}
+		s.seen = max(s.seen, r.Fence)
+		s.value = r.NewVal
+	}
+}
+
+// checkNotification checks that every holder that could run learnt of the
+// loss of its lease before the store let the lease go.
+func (c *checker) checkNotification() {
+	for _, h := range c.holds {
+		if h.deathAt > 0 && (h.end() == h.deathAt) {
+			continue // died holding it: nobody to tell
+		}
+		if !c.in.HasHistory || h.lease == nil {
+			if h.lost {
+				if next := c.nextHold(h); next != nil {
+					c.addLead(h, float64(next.acqOK-h.doneAt)/1e6, true)
+				} else {
+					c.rep.LeadUnknown++
+				}
+			}
+			continue
+		}
+		if !c.clockOK {
+			continue
+		}
+		l := h.lease
+		// The store's end of the lease: its expiry, or for a session lock
+		// the next grant (an upper bound, so a negative lead is still
+		// certain).
+		expiry, estimated := c.mono(l.expUs), false
+		if l.open {
+			if l.nextUs == 0 {
+				if h.lost {
+					c.rep.LeadUnknown++
+				}
+				continue
+			}
+			expiry, estimated = c.mono(l.nextUs), true
+		}
+		if h.lost {
+			c.addLead(h, float64(expiry-h.doneAt)/1e6, estimated)
+			continue
+		}
+		// Kept to the end: it must have stopped believing it held the lock
+		// (release or close) before the store's expiry, unless it released it
+		// at the store first.
+		if !l.open && l.relUs > 0 {
+			continue
+		}
+		if e := h.end(); e == 0 || e > expiry {
+			if h.pausedBy != nil {
+				continue
+			}
+			c.violateUnder(h.hitBy, vNoNotice, "%s fence %d (%s): store expiry at %s, holder until %s", h.key, h.fence, h.worker,
+				c.rel(expiry), c.rel(e))
+		}
+	}
+}
+
+// addLead records a loss-notification lead time (store expiry minus the
+// holder's notification).
+func (c *checker) addLead(h *hold, leadMs float64, estimated bool) {
+	kind := "none"
+	switch {
+	case h.pausedBy != nil:
+		// A stopped process cannot be told anything: its lead is negative by
+		// the length of the pause, and fencing must cover it.
+		fs := c.fault(FaultStop)
+		fs.PausedLate.add(-leadMs)
+		return
+	case h.hitBy != nil:
+		kind = h.hitBy.Kind
+	case h.restarted != nil:
+		kind = FaultDBRestart
+	}
+	c.fault(kind).Lead.add(leadMs)
+	c.rep.Lead.add(leadMs)
+	if estimated {
+		// Measured against an upper bound of the store's end: the true lead
+		// is smaller, so a negative estimate is a certain violation.
+		c.rep.LeadEstimated++
+	}
+	if leadMs < 0 {
+		c.violateUnder(h.hitBy, vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, kind, -leadMs)
+	}
+}
+
+// nextHold returns the first later acquisition of h's key.
+func (c *checker) nextHold(h *hold) *hold {
+	var best *hold
+	for _, o := range c.holds {
+		if o.key == h.key && o.fence > h.fence && (best == nil || o.fence < best.fence) {
+			best = o
+		}
+	}
+	return best
+}
+
+// faultFigures computes the per-fault figures.
+func (c *checker) faultFigures() {
+	target := float64(c.in.TTL.Milliseconds() + 250)
+	c.rep.TakeoverTargetMs = target
+	for i := range c.in.Faults {
+		f := &c.in.Faults[i]
+		fs := c.fault(f.Kind)
+		fs.Injected++
+		if f.Err != "" {
+			fs.Errors++
+			if f.Kind == FaultDBRestart || f.Kind == "spawn-error" {
+				c.rep.Problems = append(c.rep.Problems, fmt.Sprintf("%s failed: %s", f.Kind, f.Err))
+			}
+		}
+		if f.Kind == FaultDBRestart {
+			fs.Downtime.add(float64(f.End-f.Start) / 1e6)
+			first := int64(0)
+			for _, h := range c.holds {
+				if h.acqOK > f.Start && (first == 0 || h.acqOK < first) {
+					first = h.acqOK
+				}
+			}
+			if first > 0 {
+				fs.Recovery.add(float64(first-f.End) / 1e6)
+			} else {
+				fs.RecoveryUnseen++
+			}
+			continue
+		}
+		var h *hold
+		for _, o := range c.holds {
+			if o.hitBy == f {
+				h = o
+			}
+		}
+		if h == nil {
+			continue
+		}
+		fs.HitHolder++
+		next := c.nextHold(h)
+		if next == nil {
+			fs.TakeoverUnseen++
+			continue
+		}
+		if f.Kind == FaultStop && next.acqOK < f.End {
+			c.rep.PausesTakenOver++
+		}
+		// A takeover is timed only if the next holder was already waiting
+		// when the store let the lease go (or, when the store does not say,
+		// when the fault struck): with many keys the next acquisition of an
+		// idle key says nothing about the lock.
+		freed := f.Start
+		if l := h.lease; l != nil && !l.open && c.clockOK {
+			freed = max(freed, c.mono(l.endUs()))
+		}
+		if next.acqStart > freed {
+			fs.TakeoverNoWaiter++
+			continue
+		}
+		ms := float64(next.acqOK-f.Start) / 1e6
+		fs.Takeover.add(ms)
+		if (f.Kind == FaultKill || (f.Kind == FaultStop && !c.in.SessionHeld)) && ms > target {
+			fs.TargetMissed++
+		}
+	}
+}
+
+// liveness checks that a key the store has let go is taken again soon when
+// someone is waiting for it: from each lease's end at the store to the next
+// grant that a worker was told of (a backend may take and hand back a lease
+// on its own), if a worker that no fault touched was in Acquire for that key
+// across that instant. A waiter never sleeps past the holder's remaining
+// lease, so after an expiry the next grant should come within a round trip
+// (the figure FreeWait shows it; the takeover target is 250 ms); the hard
+// bound, set to flag stuck keys rather than slow machines, is TTL. After a
+// release a polling waiter may be in its longest backoff (1 s): TTL + 1 s.
+// Also records how long acquisitions wait in all (a fairness figure: polling
+// waiters barge).
+func (c *checker) liveness() {
+	boundRel, boundExp := c.in.TTL+time.Second, c.in.TTL
+	c.rep.LivenessBoundMs = boundRel.Milliseconds()
+	for _, h := range c.holds {
+		c.rep.AcquireWait.add(float64(h.acqOK-h.acqStart) / 1e6)
+	}
+	if !c.in.HasHistory || !c.clockOK {
+		c.inconclusive("liveness (free key with waiters) not checked: no store history or clock stepped")
+		return
+	}
+	faultedAt := func(worker string, a, b int64) bool {
+		for _, f := range c.in.Faults {
+			anyone := f.Kind == FaultDBRestart || (f.Kind == FaultStop && c.in.PauseStallsStore)
+			if (f.Worker == worker || anyone) && f.Start <= b && f.End+int64(c.in.TTL) >= a {
+				return true
+			}
+		}
+		return false
+	}
+	byKey := map[string][]*hold{}
+	for _, h := range c.holds {
+		byKey[h.key] = append(byKey[h.key], h)
+	}
+	for k, ls := range c.leases {
+		for i := 0; i+1 < len(ls); i++ {
+			if ls[i].hold == nil {
+				continue // handed back by the backend itself
+			}
+			var next *lease
+			for _, n := range ls[i+1:] {
+				if n.hold != nil {
+					next = n
+					break
+				}
+			}
+			if next == nil {
+				break
+			}
+			end, released := c.mono(ls[i].endUs()), ls[i].relUs > 0
+			if ls[i].open {
+				// The session lock ended at the latest when its holder's
+				// release returned; other ends (death, timeouts) are unknown.
+				h := ls[i].hold
+				if h.relEnd == 0 || h.relErr != "" || h.lost {
+					continue
+				}
+				end, released = h.relEnd, true
+			}
+			nextAt := c.mono(next.grantUs)
+			waiting := false
+			for _, h := range byKey[k] {
+				if h.acqStart < end && h.acqOK > end && !faultedAt(h.worker, end, nextAt) {
+					waiting = true
+					break
+				}
+			}
+			if !waiting {
+				continue
+			}
+			wait := time.Duration(nextAt - end)
+			c.rep.FreeWait.add(float64(wait) / 1e6)
+			bound := boundExp
+			if released {
+				bound = boundRel
+				c.rep.HandoffWait.add(float64(wait) / 1e6)
+			}
+			if wait > bound {
+				c.violate(vLiveness, "%s: free from %s (fence %d %s) to %s (fence %d) with a waiter", k, c.rel(end), ls[i].fence,
+					map[bool]string{true: "released", false: "expired"}[released], c.rel(nextAt), next.fence)
+			}
+		}
+	}
+}
+
+// rel formats a Mono() instant relative to the run's start.
+func (c *checker) rel(t int64) string {
+	if t == 0 {
+		return "never"
+	}
+	return "+" + time.Duration(t-c.in.Started).Round(time.Millisecond).String()
+}
+
+// Stats summarises durations in milliseconds.
+type Stats struct {
+	vals []float64
+	N    int     `json:"n"`
+	Min  float64 `json:"min_ms"`
+	P50  float64 `json:"p50_ms"`
+	P99  float64 `json:"p99_ms"`
+	Max  float64 `json:"max_ms"`
+}
+
+func (s *Stats) add(v float64) { s.vals = append(s.vals, v) }
+
+func (s *Stats) finish() {
+	s.N = len(s.vals)
+	if s.N == 0 {
+		return
+	}
+	sort.Float64s(s.vals)
+	q := func(p float64) float64 { return s.vals[min(len(s.vals)-1, int(p*float64(len(s.vals))))] }
+	s.Min, s.P50, s.P99, s.Max = s.vals[0], q(0.5), q(0.99), s.vals[len(s.vals)-1]
+}
+
+// String shows p50 / p99 / max (or min / p50 for leads).
+func (s *Stats) String() string {
+	if s.N == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f / %.0f / %.0f (n=%d)", s.P50, s.P99, s.Max, s.N)
+}
+
+func (s *Stats) minString() string {
+	if s.N == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f / %.0f (n=%d)", s.Min, s.P50, s.N)
+}
+
+// violationKinds returns the kinds present, sorted.
+func violationKinds(m map[string]int) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+func summarizeViolations(m map[string]int) string {
+	var parts []string
+	for _, k := range violationKinds(m) {
+		parts = append(parts, fmt.Sprintf("%d× %s", m[k], k))
+	}
+	return strings.Join(parts, "; ")
+}

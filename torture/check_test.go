@@ -1,0 +1,224 @@
+package torture
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The checker's own tests: synthetic records with a known flaw must be
+// flagged, and clean ones must pass.
+
+const ms = int64(time.Millisecond)
+
+// base returns an input with two workers, one key, and a clean history:
+// w1 holds k fence 1 from 100 to 600 ms (released), w2 fence 2 from 650 ms
+// (released at 900 ms). Store times equal worker times (offset 0).
+func base() checkInput {
+	us := func(t int64) int64 { return t / 1000 }
+	tok := func(b byte) [16]byte { return [16]byte{b} }
+	return checkInput{
+		Name: "synthetic", Strategy: "synthetic", TTL: time.Second,
+		Started: 0, Ended: 10_000 * ms, HasHistory: true,
+		Workers: []*workerLog{
+			{ID: "w1", Events: []Event{
+				{T0: 50 * ms, T: 100 * ms, Ev: "acq", K: "k", F: 1},
+				{T0: 110 * ms, T: 120 * ms, Ev: "op", Op: "r", K: "k", F: 1, OK: true},
+				{T0: 130 * ms, T: 140 * ms, Ev: "op", Op: "w", K: "k", F: 1, OK: true},
+				{T: 600 * ms, Ev: "done", K: "k", F: 1, Err: "dlock: not held"},
+				{T0: 600 * ms, T: 601 * ms, Ev: "rel", K: "k", F: 1},
+			}},
+			{ID: "w2", Events: []Event{
+				{T0: 200 * ms, T: 650 * ms, Ev: "acq", K: "k", F: 2},
+				{T0: 660 * ms, T: 670 * ms, Ev: "op", Op: "r", K: "k", F: 2, OK: true},
+				{T0: 680 * ms, T: 690 * ms, Ev: "op", Op: "w", K: "k", F: 2, OK: true},
+				{T: 900 * ms, Ev: "done", K: "k", F: 2, Err: "dlock: not held"},
+				{T0: 900 * ms, T: 901 * ms, Ev: "rel", K: "k", F: 2},
+			}},
+		},
+		History: []LeaseEvent{
+			{Seq: 1, Key: "k", Fence: 1, Token: tok(1), AtUs: us(90 * ms), ExpUs: us(1090 * ms)},
+			{Seq: 2, Key: "k", Fence: 1, Token: tok(1), AtUs: us(600 * ms), ExpUs: us(600 * ms), Release: true},
+			{Seq: 3, Key: "k", Fence: 2, Token: tok(2), AtUs: us(640 * ms), ExpUs: us(1640 * ms)},
+			{Seq: 4, Key: "k", Fence: 2, Token: tok(2), AtUs: us(900 * ms), ExpUs: us(900 * ms), Release: true},
+		},
+		ResLog: []logRow{
+			{ID: 1, Key: "k", Op: "r", Fence: 1, Worker: "w1", Accepted: true, Seen: 0, ReadVal: 0, CurVal: 0, NewVal: 0, AtUs: us(115 * ms)},
+			{ID: 2, Key: "k", Op: "w", Fence: 1, Worker: "w1", Accepted: true, Seen: 1, ReadVal: 0, CurVal: 0, NewVal: 1, AtUs: us(135 * ms)},
+			{ID: 3, Key: "k", Op: "r", Fence: 2, Worker: "w2", Accepted: true, Seen: 1, ReadVal: 1, CurVal: 1, NewVal: 1, AtUs: us(665 * ms)},
+			{ID: 4, Key: "k", Op: "w", Fence: 2, Worker: "w2", Accepted: true, Seen: 2, ReadVal: 1, CurVal: 1, NewVal: 2, AtUs: us(685 * ms)},
+		},
+	}
+}
+
+func TestCheckClean(t *testing.T) {
+	r := check(base())
+	if r.Verdict != "PASS" || r.ViolationCount != 0 {
+		t.Fatalf("clean record: %s %v %v", r.Verdict, r.ViolationList, r.Inconclusive)
+	}
+	if r.Acquisitions != 2 || r.Handoffs != 1 || r.CrossHandoffs != 1 {
+		t.Errorf("counts: %+v", r)
+	}
+}
+
+func wantViolation(t *testing.T, in checkInput, kind string) *RunReport {
+	t.Helper()
+	r := check(in)
+	if r.Violations[kind] == 0 {
+		t.Fatalf("want %q, got %s %v", kind, r.Verdict, r.ViolationList)
+	}
+	if !r.Failed {
+		t.Errorf("a violation must fail the run: %s", r.Verdict)
+	}
+	return r
+}
+
+func TestCheckGrantWhileHeld(t *testing.T) {
+	in := base()
+	in.History[1].Release, in.History[1].ExpUs = false, in.History[0].ExpUs // no release: live until 1090 ms
+	in.History[1].AtUs = in.History[1].ExpUs - 1e6                          // a no-op extension
+	wantViolation(t, in, vGrantWhileHeld)
+}
+
+func TestCheckFenceReused(t *testing.T) {
+	in := base()
+	in.History[2].Fence, in.History[3].Fence = 1, 1
+	in.Workers[1].Events[0].F = 1
+	wantViolation(t, in, vFenceTwice)
+}
+
+func TestCheckLostUpdateAndInterleaving(t *testing.T) {
+	in := base()
+	// w1 read 0, then w2 read and wrote 1, then w1 wrote 0+1 with its old
+	// token: what a resource without fencing accepts.
+	in.ResLog = []logRow{
+		{ID: 1, Key: "k", Op: "r", Fence: 1, Worker: "w1", Accepted: true, AtUs: 115_000},
+		{ID: 2, Key: "k", Op: "r", Fence: 2, Worker: "w2", Accepted: true, Seen: 1, AtUs: 665_000},
+		{ID: 3, Key: "k", Op: "w", Fence: 2, Worker: "w2", Accepted: true, Seen: 2, ReadVal: 0, CurVal: 0, NewVal: 1, AtUs: 685_000},
+		{ID: 4, Key: "k", Op: "w", Fence: 1, Worker: "w1", Accepted: true, Seen: 2, ReadVal: 0, CurVal: 1, NewVal: 1, AtUs: 686_000},
+	}
+	r := wantViolation(t, in, vLostUpdate)
+	for _, k := range []string{vStaleAccepted, vInterleaved} {
+		if r.Violations[k] == 0 {
+			t.Errorf("want %q too: %v", k, r.ViolationList)
+		}
+	}
+	// The same history as a positive control is a detection.
+	in.Control, in.NoFencing = true, true
+	in.Faults = []FaultRecord{{Kind: FaultStop, Worker: "w1", Start: 200 * ms, End: 700 * ms}}
+	if r := check(in); r.Verdict != "DETECTED" {
+		t.Errorf("control: %s %v", r.Verdict, r.ViolationList)
+	}
+}
+
+func TestCheckFencedStaleWriteIsFine(t *testing.T) {
+	in := base()
+	// w1's write after w2's read is refused: fencing did its job.
+	in.ResLog = []logRow{
+		{ID: 1, Key: "k", Op: "r", Fence: 1, Worker: "w1", Accepted: true, AtUs: 115_000},
+		{ID: 2, Key: "k", Op: "r", Fence: 2, Worker: "w2", Accepted: true, Seen: 1, AtUs: 665_000},
+		{ID: 3, Key: "k", Op: "w", Fence: 1, Worker: "w1", Accepted: false, Seen: 2, AtUs: 670_000},
+		{ID: 4, Key: "k", Op: "w", Fence: 2, Worker: "w2", Accepted: true, Seen: 2, ReadVal: 0, CurVal: 0, NewVal: 1, AtUs: 685_000},
+	}
+	r := check(in)
+	if r.Verdict != "PASS" {
+		t.Fatalf("%s %v", r.Verdict, r.ViolationList)
+	}
+	if r.StaleOps != 1 || r.StaleRejected != 1 {
+		t.Errorf("stale ops %d refused %d", r.StaleOps, r.StaleRejected)
+	}
+}
+
+func TestCheckLateNotification(t *testing.T) {
+	in := base()
+	// w1 lost its lease at 600 ms (no release at the store: it expired at
+	// 1090 ms) but was told only at 1200 ms.
+	in.History = append(in.History[:1:1], in.History[2:]...)
+	in.History[1].AtUs = 1100_000 // w2 granted after the expiry
+	ev := in.Workers[0].Events
+	ev[3] = Event{T: 1200 * ms, Ev: "done", K: "k", F: 1, OK: true, Err: "dlock: lock lost"}
+	ev[4] = Event{T0: 1200 * ms, T: 1201 * ms, Ev: "rel", K: "k", F: 1, Err: "dlock: not held"}
+	in.Workers[1].Events[0].T = 1110 * ms
+	in.ResLog = in.ResLog[:2]
+	r := wantViolation(t, in, vLateNotice)
+	if r.Lead.N != 1 || r.Lead.Min > -100 {
+		t.Errorf("lead %+v", r.Lead)
+	}
+	// Stopped during the hold: a stopped process cannot be told; that is
+	// fencing's case, not a violation.
+	in.Faults = []FaultRecord{{Kind: FaultStop, Worker: "w1", Start: 500 * ms, End: 1190 * ms}}
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("paused holder: %v", r.ViolationList)
+	}
+}
+
+func TestCheckSessionLeaseEstimate(t *testing.T) {
+	in := base()
+	for i := range in.History {
+		in.History[i].Open = true
+	}
+	in.History = []LeaseEvent{in.History[0], in.History[2]} // grants only
+	// w1 learns of the loss at 700 ms, after w2's grant at 640 ms.
+	ev := in.Workers[0].Events
+	ev[3] = Event{T: 700 * ms, Ev: "done", K: "k", F: 1, OK: true, Err: "dlock: lock lost"}
+	ev[4] = Event{T0: 700 * ms, T: 701 * ms, Ev: "rel", K: "k", F: 1, Err: "dlock: not held"}
+	wantViolation(t, in, vLateNotice)
+	// Declared known under the fault that hit it: reported, not failed.
+	in.Faults = []FaultRecord{{Kind: FaultCut, Worker: "w1", Start: 500 * ms, End: 900 * ms}}
+	in.Known = map[string][]string{FaultCut: {vLateNotice}}
+	r := check(in)
+	if r.ViolationCount != 0 || len(r.Known) != 1 {
+		t.Errorf("known limitation: %v known %v", r.ViolationList, r.Known)
+	}
+}
+
+func TestCheckLiveness(t *testing.T) {
+	in := base()
+	// w1 released at 600 ms but w2, waiting since 200 ms, got the key only
+	// at 2650 ms.
+	in.History[2].AtUs, in.History[2].ExpUs = 2640_000, 3640_000
+	in.History[3].AtUs, in.History[3].ExpUs = 2900_000, 2900_000
+	in.Workers[1].Events[0].T = 2650 * ms
+	r := wantViolation(t, in, vLiveness)
+	if r.ViolationCount != 1 || !strings.Contains(r.ViolationList[0], "released") {
+		t.Error(r.ViolationList)
+	}
+	// A third worker's pause across that time excuses the wait only where
+	// a pause stalls the whole store (SQLite's file lock).
+	in.Faults = []FaultRecord{{Kind: FaultStop, Worker: "w3", Start: 700 * ms, End: 2600 * ms}}
+	wantViolation(t, in, vLiveness)
+	in.PauseStallsStore = true
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("pause that stalls the store: %v", r.ViolationList)
+	}
+}
+
+func TestCheckClockStepIsInconclusive(t *testing.T) {
+	in := base()
+	in.OffsetSkew = int64(50 * time.Millisecond)
+	if r := check(in); r.Verdict != "INCONCLUSIVE" {
+		t.Errorf("%s", r.Verdict)
+	}
+}
+
+func TestMarkReleases(t *testing.T) {
+	tok := [16]byte{1}
+	evs := []LeaseEvent{
+		{Key: "k", Fence: 1, Token: tok, AtUs: 10, ExpUs: 1010},
+		{Key: "k", Fence: 1, Token: tok, AtUs: 300, ExpUs: 1300},
+		{Key: "k", Fence: 1, Token: tok, AtUs: 0, ExpUs: 400}, // expiry set to now: release at 400
+		{Key: "k", Fence: 2, Token: tok, AtUs: 500, ExpUs: 1500},
+		{Key: "k", Fence: 2, AtUs: 700, ExpUs: 0}, // the epoch
+		{Key: "k", Fence: 3, Token: tok, AtUs: 800, ExpUs: 1800},
+		{Key: "k", Fence: 3, AtUs: 900, ExpUs: 900}, // token cleared: a release
+	}
+	markReleases(evs)
+	for i, want := range []bool{false, false, true, false, true, false, true} {
+		if evs[i].Release != want {
+			t.Errorf("event %d: release %v", i, evs[i].Release)
+		}
+	}
+	if evs[2].AtUs != 400 || evs[6].AtUs != 900 {
+		t.Errorf("release instants %d, %d", evs[2].AtUs, evs[6].AtUs)
+	}
+}

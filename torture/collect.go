@@ -1,0 +1,82 @@
+package torture
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// collect reads the records of a finished run and checks them.
+func (r *runner) collect(started, ended int64) (*RunReport, error) {
+	in := checkInput{
+		Name: r.m.name, Strategy: r.m.adapter.Name, TTL: r.cfg.TTL,
+		NoFencing: r.m.noFencing, Control: r.m.control, SessionHeld: r.m.adapter.SessionHeld, PauseStallsStore: r.m.adapter.PauseStallsStore, Known: r.m.adapter.Known,
+		Started: started, Ended: ended,
+		Faults: r.faults,
+	}
+	in.Offset, in.OffsetSkew = r.clock.offset()
+	killedAt := map[string]int64{}
+	for _, f := range r.faults {
+		if f.Kind == FaultKill {
+			killedAt[f.Worker] = f.Start
+		}
+	}
+	for _, p := range r.all {
+		evs, bad, err := readEvents(p.events)
+		if err != nil {
+			in.Problems = append(in.Problems, fmt.Sprintf("%s: %v", p.id, err))
+		}
+		if bad > 0 {
+			in.Problems = append(in.Problems, fmt.Sprintf("%s: %d unreadable event lines", p.id, bad))
+		}
+		in.Workers = append(in.Workers, &workerLog{ID: p.id, Pid: p.pid(), Events: evs, Killed: killedAt[p.id]})
+		p.mu.Lock()
+		waitErr, killed, lateKill := p.waitErr, p.killed, p.lateKill
+		p.mu.Unlock()
+		switch {
+		case lateKill:
+			in.Problems = append(in.Problems, fmt.Sprintf("%s did not exit within 10 s of SIGTERM", p.id))
+		case waitErr != nil && !killed:
+			in.Problems = append(in.Problems, fmt.Sprintf("%s exited: %v (see %s.stderr)", p.id, waitErr, p.id))
+		}
+		if errText, _ := os.ReadFile(filepath.Join(r.dir, p.id+".stderr")); len(errText) > 0 {
+			for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
+				if bytes.Contains(errText, []byte(bad)) {
+					in.Problems = append(in.Problems, fmt.Sprintf("%s: %q in %s.stderr", p.id, bad, p.id))
+				}
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if h := r.m.adapter.History; h != nil {
+		hist, err := h(ctx, r.env, r.store)
+		if err != nil {
+			return nil, fmt.Errorf("read store history: %w", err)
+		}
+		in.HasHistory, in.History = true, hist
+	}
+	log, err := readResourceLog(ctx, r.env.DB, r.env.Tag)
+	if err != nil {
+		return nil, fmt.Errorf("read resource log: %w", err)
+	}
+	in.ResLog = log
+
+	if f, err := os.Create(filepath.Join(r.dir, "faults.jsonl")); err == nil {
+		enc := json.NewEncoder(f)
+		for _, fr := range r.faults {
+			fr.Start -= started
+			fr.End -= started
+			_ = enc.Encode(fr)
+		}
+		f.Close()
+	}
+	rep := check(in)
+	fmt.Fprintf(r.cfg.Log, "   %s: %s, %d acquisitions, %d handoffs, %d violations\n",
+		r.m.name, rep.Verdict, rep.Acquisitions, rep.Handoffs, rep.ViolationCount)
+	return rep, nil
+}

@@ -1,0 +1,83 @@
+package torture
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+)
+
+// Event is one line of a worker's record (JSON lines, one file per worker
+// process). Times are Mono() nanoseconds.
+type Event struct {
+	T  int64  `json:"t"`            // when the event ended (or happened)
+	T0 int64  `json:"t0,omitempty"` // when the call started
+	Ev string `json:"ev"`           // start, acq, acqerr, done, op, rel, exit
+	K  string `json:"k,omitempty"`  // key
+	F  uint64 `json:"f,omitempty"`  // fencing token
+	// op: "r" (read, which also presents the token to the resource) or "w".
+	Op string `json:"op,omitempty"`
+	// OK: the resource accepted the op. For done: the lock was lost (as
+	// opposed to released or closed).
+	OK   bool   `json:"ok,omitempty"`
+	Err  string `json:"err,omitempty"`
+	V    int64  `json:"v,omitempty"`    // value read
+	Plan int64  `json:"plan,omitempty"` // acq: planned hold, ns
+	Pid  int    `json:"pid,omitempty"`  // start
+	W    string `json:"w,omitempty"`    // start: worker id
+}
+
+// recorder appends events to a worker's file. Each event is one write(2), so
+// a SIGKILL never leaves half a line behind.
+type recorder struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func newRecorder(path string) (*recorder, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &recorder{f: f}, nil
+}
+
+func (r *recorder) rec(e Event) {
+	if e.T == 0 {
+		e.T = Mono()
+	}
+	b, _ := json.Marshal(e)
+	b = append(b, '\n')
+	r.mu.Lock()
+	_, _ = r.f.Write(b)
+	r.mu.Unlock()
+}
+
+func (r *recorder) close() error { return r.f.Close() }
+
+// readEvents reads a worker's file. A malformed line is reported (a
+// truncated last line is only possible if the machine itself crashed).
+func readEvents(path string) ([]Event, int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	var evs []Event
+	bad := 0
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e Event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			bad++
+			continue
+		}
+		evs = append(evs, e)
+	}
+	if err := sc.Err(); err != nil {
+		return evs, bad, fmt.Errorf("read %s: %w", path, err)
+	}
+	return evs, bad, nil
+}

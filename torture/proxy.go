@@ -1,0 +1,67 @@
+package torture
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+)
+
+// faultProxies is an embedded toxiproxy with one proxy per worker slot in
+// front of the store, so that a network fault can hit one holder alone.
+type faultProxies struct {
+	srv *toxiproxy.ApiServer
+	ps  []*toxiproxy.Proxy
+}
+
+func newFaultProxies(n int, upstream string) (*faultProxies, error) {
+	fp := &faultProxies{srv: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())}
+	for i := range n {
+		p := toxiproxy.NewProxy(fp.srv, fmt.Sprintf("slot%d", i), "127.0.0.1:0", upstream)
+		if err := p.Start(); err != nil {
+			fp.close()
+			return nil, fmt.Errorf("start proxy: %w", err)
+		}
+		fp.ps = append(fp.ps, p)
+	}
+	return fp, nil
+}
+
+// addr returns the address a slot's worker connects to.
+func (fp *faultProxies) addr(slot int) string { return fp.ps[slot].Listen }
+
+// addToxic adds a toxic to both directions of a slot's proxy.
+func (fp *faultProxies) addToxic(slot int, name, typ, attrs string) error {
+	for _, dir := range []string{"upstream", "downstream"} {
+		js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"attributes":%s}`, name+"_"+dir, typ, dir, attrs)
+		if _, err := fp.ps[slot].Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (fp *faultProxies) removeToxic(slot int, name string) {
+	for _, dir := range []string{"upstream", "downstream"} {
+		_ = fp.ps[slot].Toxics.RemoveToxic(context.Background(), name+"_"+dir)
+	}
+}
+
+// cut closes every connection of a slot and refuses new ones until mend.
+func (fp *faultProxies) cut(slot int) { fp.ps[slot].Stop() }
+
+// mend listens again on the slot's address (after cut).
+func (fp *faultProxies) mend(slot int) error {
+	if err := fp.ps[slot].Start(); err != nil && err != toxiproxy.ErrProxyAlreadyStarted {
+		return err
+	}
+	return nil
+}
+
+func (fp *faultProxies) close() {
+	for _, p := range fp.ps {
+		p.Stop()
+	}
+}

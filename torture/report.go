@@ -1,0 +1,222 @@
+package torture
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// Report is the outcome of one harness invocation.
+type Report struct {
+	Config   map[string]any `json:"config"`
+	Started  time.Time      `json:"started"`
+	Finished time.Time      `json:"finished"`
+	Runs     []*RunReport   `json:"runs"`
+	// Failed: a violation in a fencing run, a positive control that found
+	// nothing, or a problem (crash, race report, failed fault).
+	Failed bool `json:"failed"`
+	// Inconclusive: no failure, but some check could not decide.
+	Inconclusive bool `json:"inconclusive"`
+}
+
+// RunReport is one strategy in one mode.
+type RunReport struct {
+	Name      string  `json:"name"`
+	Strategy  string  `json:"strategy"`
+	Fencing   bool    `json:"fencing"`
+	Control   bool    `json:"control"`
+	DurationS float64 `json:"duration_s"`
+	Workers   int     `json:"workers"`
+	TTLms     int64   `json:"ttl_ms"`
+
+	Acquisitions      int     `json:"acquisitions"`       // confirmed to a worker
+	AcquireErrors     int     `json:"acquire_errors"`     // Acquire returned an error (outage, timeout)
+	Grants            int     `json:"grants"`             // by the store
+	Handoffs          int     `json:"handoffs"`           // successive grants of a key
+	CrossHandoffs     int     `json:"cross_handoffs"`     // ... to another worker
+	UnconfirmedGrants int     `json:"unconfirmed_grants"` // granted, but no worker was told (outcome unknown, resolved)
+	HandoffWait       Stats   `json:"handoff_wait"`       // store release → next grant, with a waiter
+	FreeWait          Stats   `json:"free_wait"`          // store release or expiry → next grant, with a waiter
+	AcquireWait       Stats   `json:"acquire_wait"`       // Acquire call → lock, per acquisition
+	OpsAccepted       int     `json:"ops_accepted"`
+	OpsRejected       int     `json:"ops_rejected"`
+	OpsFailed         int     `json:"ops_failed"`
+	StaleOps          int     `json:"stale_ops"`          // accesses after the store ended the lease
+	StaleRejected     int     `json:"stale_rejected"`     // ... refused by fencing
+	StaleBeforeNewer  int     `json:"stale_before_newer"` // ... accepted before any newer holder reached the resource
+	Lead              Stats   `json:"lead"`               // loss notification lead, running holders
+	LeadEstimated     int     `json:"lead_estimated"`
+	LeadUnknown       int     `json:"lead_unknown"`
+	TakeoverTargetMs  float64 `json:"takeover_target_ms"`
+	LivenessBoundMs   int64   `json:"liveness_bound_ms"`
+
+	Faults []*FaultStats `json:"faults"`
+
+	ViolationCount int            `json:"violation_count"`
+	Violations     map[string]int `json:"violations,omitempty"`
+	Known          map[string]int `json:"known_limitations,omitempty"` // violations the strategy declares known
+	// PausesTakenOver counts SIGSTOPs during which another worker got the
+	// paused holder's key: the situation the positive control needs.
+	PausesTakenOver int      `json:"pauses_taken_over"`
+	ViolationList   []string `json:"violation_list,omitempty"`
+	Inconclusive    []string `json:"inconclusive,omitempty"`
+	Problems        []string `json:"problems,omitempty"`
+
+	// Verdict: PASS, FAIL, INCONCLUSIVE; for a control run DETECTED or
+	// NOT DETECTED (a failure).
+	Verdict string `json:"verdict"`
+	Failed  bool   `json:"failed"`
+}
+
+// FaultStats are the figures for one fault kind in one run.
+type FaultStats struct {
+	Kind             string `json:"kind"`
+	Injected         int    `json:"injected"`
+	Errors           int    `json:"errors,omitempty"`
+	HitHolder        int    `json:"hit_holder"` // the target still held its key when hit
+	Takeover         Stats  `json:"takeover"`   // fault → next acquisition of the key
+	TakeoverUnseen   int    `json:"takeover_unseen,omitempty"`
+	TakeoverNoWaiter int    `json:"takeover_no_waiter,omitempty"` // nobody was waiting: not timed
+	TargetMissed     int    `json:"target_missed,omitempty"`      // kill/stop takeovers over TTL+250ms
+	Lead             Stats  `json:"lead"`                         // store expiry − notification, running holders
+	PausedLate       Stats  `json:"paused_late"`                  // stopped holders: notification − store expiry
+	StaleOps         int    `json:"stale_ops"`
+	StaleRejected    int    `json:"stale_rejected"`
+	StaleBeforeNewer int    `json:"stale_before_newer"`
+	Downtime         Stats  `json:"downtime"` // dbrestart: kill → serving
+	Recovery         Stats  `json:"recovery"` // dbrestart: serving → first acquisition
+	RecoveryUnseen   int    `json:"recovery_unseen,omitempty"`
+}
+
+func (r *RunReport) verdict() {
+	for _, s := range []*Stats{&r.HandoffWait, &r.FreeWait, &r.AcquireWait, &r.Lead} {
+		s.finish()
+	}
+	for _, f := range r.Faults {
+		for _, s := range []*Stats{&f.Takeover, &f.Lead, &f.PausedLate, &f.Downtime, &f.Recovery} {
+			s.finish()
+		}
+	}
+	other := 0 // violations that are bugs whatever the mode
+	for k, n := range r.Violations {
+		if !resourceKinds[k] {
+			other += n
+		}
+	}
+	switch {
+	case r.Control && r.ViolationCount-other > 0 && other == 0 && len(r.Problems) == 0:
+		r.Verdict = "DETECTED"
+	case r.Control && r.ViolationCount-other > 0:
+		r.Verdict, r.Failed = "DETECTED, but FAIL", true
+	case r.Control && r.PausesTakenOver == 0:
+		r.Verdict, r.Failed = "NOT EXERCISED", true
+		r.Inconclusive = append(r.Inconclusive, "no key changed hands while its holder was stopped, so the control could not show anything (see liveness)")
+	case r.Control:
+		r.Verdict, r.Failed = "NOT DETECTED", true
+	case r.ViolationCount > 0 || len(r.Problems) > 0:
+		r.Verdict, r.Failed = "FAIL", true
+	case len(r.Inconclusive) > 0:
+		r.Verdict = "INCONCLUSIVE"
+	case r.Acquisitions == 0:
+		r.Verdict = "INCONCLUSIVE"
+		r.Inconclusive = append(r.Inconclusive, "no acquisition at all")
+	default:
+		r.Verdict = "PASS"
+	}
+}
+
+func (rep *Report) finish() {
+	for _, r := range rep.Runs {
+		if r.Failed {
+			rep.Failed = true
+		}
+		if r.Verdict == "INCONCLUSIVE" {
+			rep.Inconclusive = true
+		}
+	}
+}
+
+// ExitCode is 0 when everything passed, 1 on a failure, 3 when no check
+// failed but some were inconclusive.
+func (rep *Report) ExitCode() int {
+	switch {
+	case rep.Failed:
+		return 1
+	case rep.Inconclusive:
+		return 3
+	}
+	return 0
+}
+
+func reportConfig(c Config) map[string]any {
+	return map[string]any{
+		"strategies": c.Strategies, "duration": c.Duration.String(), "workers": c.Workers, "keys": c.Keys,
+		"ttl": c.TTL.String(), "seed": c.Seed, "faults": c.Faults, "fault_every": c.FaultEvery.String(),
+		"long_frac": c.LongFrac, "db_restart": c.DBRestart, "db_restart_every": c.DBRestartEvery.String(),
+		"no_fencing": c.NoFencing, "control": c.Control.String(), "tag": c.Tag,
+		"clock_skew": c.ClockSkew,
+	}
+}
+
+// WriteFiles writes summary.json and summary.md into dir.
+func (rep *Report) WriteFiles(dir string) error {
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(dir+"/summary.json", append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	var b strings.Builder
+	rep.Markdown(&b)
+	return os.WriteFile(dir+"/summary.md", []byte(b.String()), 0o644)
+}
+
+// Markdown writes the summary tables.
+func (rep *Report) Markdown(w io.Writer) {
+	fmt.Fprintf(w, "## dlock torture: %s\n\n", map[bool]string{true: "FAILED", false: "passed"}[rep.Failed])
+	fmt.Fprintln(w, "| run | fencing | s | verdict | violations | acquisitions | handoffs (cross-worker) | unconfirmed grants | ops ok / refused / failed | stale ops: refused / before newer | lead ms min / p50 | free key → next grant ms p50/p99/max | acquire wait ms p50/p99/max |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rep.Runs {
+		fmt.Fprintf(w, "| %s | %v | %.0f | **%s** | %d | %d | %d (%d) | %d | %d / %d / %d | %d / %d | %s | %s | %s |\n",
+			r.Name, r.Fencing, r.DurationS, r.Verdict, r.ViolationCount, r.Acquisitions, r.Handoffs, r.CrossHandoffs,
+			r.UnconfirmedGrants, r.OpsAccepted, r.OpsRejected, r.OpsFailed, r.StaleRejected, r.StaleBeforeNewer,
+			r.Lead.minString(), r.FreeWait.String(), r.AcquireWait.String())
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Per fault (times in ms; takeover = fault → next acquisition of the holder's key by a worker already waiting when the store freed it, target for kill/stop on lease strategies ≤ TTL+250 ms; lead = store expiry − holder's notification, must be ≥ 0; paused late = notification − store expiry for stopped holders, covered by fencing):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| run | fault | injected | hit a holder | takeover p50/p99/max | over target | lead min / p50 | paused late p50/p99/max | stale ops refused / total | downtime p50/p99/max | recovery p50/p99/max |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rep.Runs {
+		for _, f := range r.Faults {
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %d / %d | %s | %s |\n",
+				r.Name, f.Kind, f.Injected, f.HitHolder, f.Takeover.String(), f.TargetMissed, f.Lead.minString(),
+				f.PausedLate.String(), f.StaleRejected, f.StaleOps, f.Downtime.String(), f.Recovery.String())
+		}
+	}
+	for _, r := range rep.Runs {
+		if r.ViolationCount == 0 && len(r.Inconclusive) == 0 && len(r.Problems) == 0 && len(r.Known) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n### %s: %s\n", r.Name, r.Verdict)
+		if len(r.Known) > 0 {
+			fmt.Fprintf(w, "\nKnown limitations (not failures): %s\n", summarizeViolations(r.Known))
+		}
+		if r.ViolationCount > 0 {
+			fmt.Fprintf(w, "\nViolations: %s\n\n", summarizeViolations(r.Violations))
+			for _, v := range r.ViolationList[:min(10, len(r.ViolationList))] {
+				fmt.Fprintf(w, "- %s\n", v)
+			}
+		}
+		for _, s := range r.Inconclusive {
+			fmt.Fprintf(w, "- inconclusive: %s\n", s)
+		}
+		for _, s := range r.Problems {
+			fmt.Fprintf(w, "- problem: %s\n", s)
+		}
+	}
+}

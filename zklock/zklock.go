@@ -1,0 +1,534 @@
+// Package zklock is a dlock.Backend on Apache ZooKeeper
+// (github.com/go-zookeeper/zk), using the classic lock recipe: every
+// acquisition, and every waiting acquisition, is an ephemeral sequential
+// znode under the key's directory, and the node with the lowest sequence
+// number holds the lock.
+//
+//	conn, _, err := zk.Connect([]string{"zk1:2181", "zk2:2181", "zk3:2181"}, 30*time.Second)
+//	b, err := zklock.New(conn, &zklock.Options{SessionTimeout: 30 * time.Second})
+//	locker := dlock.New(b, nil)
+//
+// # Layout
+//
+//	<root>/k<escaped key>/n-0000000042  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…, "ttl_ms":…}
+//
+// The root (Options.Root, "/dlock" by default) is created as persistent
+// nodes on first use; each key's directory is a container node, which the
+// server removes some time after its last child is gone. Keys are escaped
+// byte by byte: ASCII letters, digits and "-_.~:@" stay, every other byte
+// becomes %XX, and the name starts with "k", so any dlock key is one valid
+// znode name and the mapping is one-to-one and keeps prefixes.
+//
+// # Leases, sessions and time
+//
+// A lock ends in two ways, whichever comes first:
+//
+//   - Its lease runs out. The holder's node records its TTL, and the node's
+//     mtime, stamped by the ZooKeeper leader when it applies a write, is the
+//     start of the lease. Extend rewrites the node (a conditional setData,
+//     a write that the leader only accepts from a live session), which moves
+//     mtime on. A contender that finds the holder's mtime+TTL behind the
+//     leader's time of its own latest write deletes the holder's node, so
+//     an abandoned lock (a crashed holder, a paused process) is free within
+//     its TTL, as on every dlock backend. An Extend whose write lands more
+//     than a TTL after the previous one deletes the node itself and reports
+//     dlock.ErrNotHeld: an expired lease is never revived. The comparison
+//     uses the leader's wall clock; after a leader change, it assumes the
+//     members' clocks agree to well within the Locker's margin.
+//   - The holder's ZooKeeper session ends (expires, or the Conn is closed):
+//     the server deletes its ephemeral nodes at once, and the next renewal
+//     reports the loss.
+//
+// Session expiry must never come before the dlock.Locker gives a lock up.
+// The Locker considers a lock lost TTL minus its margin after it sent the
+// last renewal the store confirmed; the server expires a session at least
+// the negotiated session timeout after it last heard from the client, which
+// is after that renewal was sent. So every TTL must be at most the session
+// timeout. The Backend cannot read the negotiated timeout from a *zk.Conn,
+// so Options.SessionTimeout must state it (the timeout passed to
+// zk.Connect, unless the server's minSessionTimeout/maxSessionTimeout bound
+// it), and acquisitions with a longer TTL are refused with an error
+// matching dlock.ErrInvalidOption. dlock's DefaultTTL of 30 s therefore needs
+// a session timeout of at least 30 s (ZooKeeper's default maxSessionTimeout is
+// 20 ticks: 40 s with a 2 s tickTime).
+//
+// A Conn that is disconnected cannot renew: Extend fails, the Locker retries
+// until its deadline and then reports the loss, before either the lease or
+// the session can end in the ensemble.
+//
+// # Fencing
+//
+// The fencing token is the holder node's czxid, the zxid of the transaction
+// that created it. Zxids are global to the ensemble and strictly increase
+// over its whole life (across leader elections and restarts), so tokens are
+// strictly increasing per key even when the key's directory is removed and
+// created again. They are large numbers (the leader epoch is in the high 32
+// bits), not 1, 2, 3.
+//
+// # Waiting
+//
+// A waiting acquisition (dlock.Waiter) keeps its node in the queue and
+// watches only its predecessor (no thundering herd), so the lock is handed
+// over in arrival order. When the predecessor is the holder, the waiter also
+// wakes when the holder's lease would end, and deletes the holder's node if
+// the lease has indeed expired by the leader's clock. Because the Locker
+// measures a granted lease from the moment it called AcquireWait, each call
+// waits at most half the TTL and then returns without the lock, leaving the
+// node queued for the Locker's next call (which rewrites it with the new
+// token, and so also keeps a live waiter's node from looking abandoned). A
+// node not taken up again within its TTL is deleted. When the caller's
+// context ends, the waiter's node is deleted at once.
+//
+// TryAcquire (Backend.Acquire) does not queue: it creates its node, and
+// deletes it again unless it is the lowest.
+//
+// # Limits
+//
+//   - A waiter whose process dies leaves its node in the queue until its
+//     TTL runs out (its successor then deletes it when it reaches the head)
+//     or its session expires.
+//   - A create whose reply is lost with the connection is resolved by the
+//     Locker's Release, which finds the node by its token. If the server
+//     applies the create only after that (it was still in flight), the node
+//     stays until its lease runs out or its session ends.
+//   - The go-zookeeper client does not take contexts. Calls run in their
+//     own goroutines, and a call abandoned because its context ended
+//     finishes in the background (at the latest when the Conn is closed);
+//     an acquisition that completes after its caller gave up deletes its
+//     node.
+//   - Closing the Conn ends the session and frees every lock it holds at
+//     once, while Lockers may still consider them held until their next
+//     renewal: close Lockers before the Conn.
+//
+// The Backend uses the caller's connection and never closes it. One
+// session can hold any number of locks.
+package zklock
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/go-zookeeper/zk"
+)
+
+// DefaultRoot is the root znode used when Options.Root is empty.
+const DefaultRoot = "/dlock"
+
+// Conn is what a Backend needs of a ZooKeeper connection. *zk.Conn satisfies
+// it. The caller owns the connection: the Backend never closes it.
+type Conn interface {
+	Children(path string) ([]string, *zk.Stat, error)
+	Get(path string) ([]byte, *zk.Stat, error)
+	GetW(path string) ([]byte, *zk.Stat, <-chan zk.Event, error)
+	ExistsW(path string) (bool, *zk.Stat, <-chan zk.Event, error)
+	Create(path string, data []byte, flags int32, acl []zk.ACL) (string, error)
+	CreateContainer(path string, data []byte, flags int32, acl []zk.ACL) (string, error)
+	Set(path string, data []byte, version int32) (*zk.Stat, error)
+	Delete(path string, version int32) error
+	Multi(ops ...any) ([]zk.MultiResponse, error)
+}
+
+// Options configure a Backend.
+type Options struct {
+	// SessionTimeout is the session timeout the server granted to the Conn:
+	// the timeout passed to zk.Connect, unless the server's
+	// minSessionTimeout or maxSessionTimeout bounded it. It is required
+	// (the Backend cannot read it from the Conn): acquisitions with a longer
+	// TTL are refused, because the session could expire, and the lock pass
+	// to another client, before the dlock.Locker gives it up.
+	SessionTimeout time.Duration
+
+	// Root is the absolute znode path under which the Backend keeps its
+	// nodes; it is created on first use. Everything under it belongs to
+	// the Backend. The default is DefaultRoot.
+	Root string
+
+	// ACL is applied to every node the Backend creates. The default is
+	// zk.WorldACL(zk.PermAll).
+	ACL []zk.ACL
+}
+
+// Backend is a dlock.Backend on one ZooKeeper ensemble, through one
+// session. It is safe for concurrent use.
+type Backend struct {
+	c       Conn
+	root    string
+	acl     []zk.ACL
+	session time.Duration
+
+	mu     sync.Mutex
+	held   map[dlock.Token]*node    // nodes this Backend holds, by token
+	parked map[string][]*parkedNode // waiting nodes between two AcquireWait calls, by key
+	rooted bool                     // the root exists
+}
+
+var (
+	_ dlock.Backend       = (*Backend)(nil)
+	_ dlock.Lister        = (*Backend)(nil)
+	_ dlock.ForceReleaser = (*Backend)(nil)
+	_ dlock.Waiter        = (*Backend)(nil)
+)
+
+// New returns a Backend over c. It does no I/O. The error matches
+// dlock.ErrInvalidOption for a nil Conn, a missing SessionTimeout or an
+// invalid Root.
+func New(c Conn, opts *Options) (*Backend, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if c == nil {
+		return nil, fmt.Errorf("%w: zklock: nil Conn", dlock.ErrInvalidOption)
+	}
+	if opts.SessionTimeout <= 0 {
+		return nil, fmt.Errorf("%w: zklock: Options.SessionTimeout must be the Conn's session timeout", dlock.ErrInvalidOption)
+	}
+	root := opts.Root
+	if root == "" {
+		root = DefaultRoot
+	}
+	if err := checkRoot(root); err != nil {
+		return nil, err
+	}
+	acl := opts.ACL
+	if acl == nil {
+		acl = zk.WorldACL(zk.PermAll)
+	}
+	return &Backend{
+		c: c, root: root, acl: acl, session: opts.SessionTimeout,
+		held:   make(map[dlock.Token]*node),
+		parked: make(map[string][]*parkedNode),
+	}, nil
+}
+
+// checkRoot accepts an absolute path of non-empty segments other than "."
+// and "..", without characters ZooKeeper refuses, and not inside
+// /zookeeper.
+func checkRoot(root string) error {
+	bad := func(why string) error {
+		return fmt.Errorf("%w: zklock: root %q: %s", dlock.ErrInvalidOption, root, why)
+	}
+	if !strings.HasPrefix(root, "/") || root == "/" {
+		return bad("must be an absolute path below /")
+	}
+	for _, seg := range strings.Split(root[1:], "/") {
+		switch seg {
+		case "":
+			return bad("empty segment or trailing slash")
+		case ".", "..":
+			return bad("relative segment")
+		}
+		for _, r := range seg {
+			if r < 0x20 || (r >= 0x7f && r <= 0x9f) || (r >= 0xd800 && r <= 0xf8ff) || r >= 0xfff0 {
+				return bad("character ZooKeeper does not accept")
+			}
+		}
+	}
+	if root == "/zookeeper" || strings.HasPrefix(root, "/zookeeper/") {
+		return bad("reserved for ZooKeeper")
+	}
+	return nil
+}
+
+// keyEscape maps a dlock key to one znode name: see the package doc.
+func keyEscape(key string) string {
+	var sb strings.Builder
+	sb.Grow(1 + len(key))
+	sb.WriteByte('k')
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-_.~:@", c) >= 0 {
+			sb.WriteByte(c)
+			continue
+		}
+		sb.WriteByte('%')
+		sb.WriteString(strings.ToUpper(hex.EncodeToString([]byte{c})))
+	}
+	return sb.String()
+}
+
+// keyUnescape inverts keyEscape; false for names it cannot have made.
+func keyUnescape(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, "k")
+	if !ok || rest == "" {
+		return "", false
+	}
+	var sb strings.Builder
+	for i := 0; i < len(rest); i++ {
+		if rest[i] != '%' {
+			sb.WriteByte(rest[i])
+			continue
+		}
+		if i+3 > len(rest) {
+			return "", false
+		}
+		v, err := strconv.ParseUint(rest[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", false
+		}
+		sb.WriteByte(byte(v))
+		i += 2
+	}
+	if keyEscape(sb.String()) != name { // not canonical: not ours
+		return "", false
+	}
+	return sb.String(), true
+}
+
+// dir is the znode of key's queue.
+func (b *Backend) dir(key string) string { return b.root + "/" + keyEscape(key) }
+
+// nodePrefix names queue nodes; ZooKeeper appends a 10-digit sequence.
+const nodePrefix = "n-"
+
+// seqOf returns the sequence number of a queue node's name, and false for
+// other names.
+func seqOf(name string) (int64, bool) {
+	digits, ok := strings.CutPrefix(name, nodePrefix)
+	if !ok || len(digits) != 10 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	return n, err == nil
+}
+
+// queue returns the queue nodes' names under dir in sequence order, and an
+// empty queue if dir does not exist.
+func (b *Backend) queue(dir string) ([]string, error) {
+	names, _, err := b.c.Children(dir)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var q []string
+	for _, n := range names {
+		if _, ok := seqOf(n); ok {
+			q = append(q, n)
+		}
+	}
+	slices.SortFunc(q, func(a, b string) int {
+		x, _ := seqOf(a)
+		y, _ := seqOf(b)
+		return int(x - y)
+	})
+	return q, nil
+}
+
+// record is the data of a queue node.
+type record struct {
+	Token    string `json:"token"`
+	Owner    string `json:"owner,omitempty"`
+	Metadata string `json:"metadata,omitempty"`
+	// Acquired is when the node was written for this acquisition, by the
+	// client's clock, in microseconds since the epoch. For a node that
+	// waited it is when its last wait began.
+	Acquired int64 `json:"acquired_us"`
+	// TTL is the lease in milliseconds, counted from the node's mtime.
+	TTL int64 `json:"ttl_ms"`
+}
+
+func encode(req dlock.Request) []byte {
+	v, _ := json.Marshal(record{
+		Token: req.Token.String(), Owner: req.Owner, Metadata: req.Metadata,
+		Acquired: time.Now().UnixMicro(), TTL: req.TTL.Milliseconds(),
+	})
+	return v
+}
+
+func decode(v []byte) record {
+	var r record
+	_ = json.Unmarshal(v, &r) // a foreign value reads as a record without token
+	return r
+}
+
+// expiry is the end of a node's lease on the leader's clock, in ms since the
+// epoch. A node without a TTL (foreign) gets the smallest lease dlock allows.
+func expiry(r record, st *zk.Stat) int64 {
+	ttl := r.TTL
+	if ttl <= 0 {
+		ttl = dlock.MinTTL.Milliseconds()
+	}
+	return st.Mtime + ttl
+}
+
+// info describes the queue node of key with data r and stat st.
+func info(key string, r record, st *zk.Stat) dlock.LockInfo {
+	h := dlock.LockInfo{Key: key, Owner: r.Owner, Fence: uint64(st.Czxid), Metadata: r.Metadata}
+	if tok, err := hex.DecodeString(r.Token); err == nil && len(tok) == len(h.Token) {
+		copy(h.Token[:], tok)
+	}
+	if r.Acquired > 0 {
+		h.AcquiredAt = time.UnixMicro(r.Acquired)
+	}
+	return h
+}
+
+// node is a queue node this Backend wrote, as last confirmed by the server.
+type node struct {
+	key     string
+	path    string
+	data    []byte
+	version int32
+	mtime   int64 // ms, leader's clock
+	ttl     time.Duration
+}
+
+// checkTTL refuses leases the session cannot cover.
+func (b *Backend) checkTTL(ttl time.Duration) error {
+	if ttl > b.session {
+		return fmt.Errorf("%w: zklock: ttl %s exceeds the session timeout %s (see Options.SessionTimeout)",
+			dlock.ErrInvalidOption, ttl, b.session)
+	}
+	return nil
+}
+
+// ensureDir creates key's directory (and the root, the first time).
+func (b *Backend) ensureDir(dir string) error {
+	b.mu.Lock()
+	rooted := b.rooted
+	b.mu.Unlock()
+	if !rooted {
+		p := ""
+		for _, seg := range strings.Split(b.root[1:], "/") {
+			p += "/" + seg
+			if _, err := b.c.Create(p, nil, zk.FlagPersistent, b.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return fmt.Errorf("create %s: %w", p, err)
+			}
+		}
+		b.mu.Lock()
+		b.rooted = true
+		b.mu.Unlock()
+	}
+	if _, err := b.c.CreateContainer(dir, nil, zk.FlagContainer, b.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		if errors.Is(err, zk.ErrNoNode) { // the root was removed behind our back
+			b.mu.Lock()
+			b.rooted = false
+			b.mu.Unlock()
+		}
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	return nil
+}
+
+// enqueue creates a queue node for req. In the same transaction it touches
+// the directory, whose new stat gives the transaction's zxid (the node's
+// czxid: the fencing token) and the leader's time (the node's mtime).
+func (b *Backend) enqueue(req dlock.Request) (*node, int64, error) {
+	dir := b.dir(req.Key)
+	data := encode(req)
+	var err error
+	for range 4 {
+		var res []zk.MultiResponse
+		res, err = b.c.Multi(
+			&zk.CreateRequest{Path: dir + "/" + nodePrefix, Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
+			&zk.SetDataRequest{Path: dir, Data: nil, Version: -1},
+		)
+		if errors.Is(err, zk.ErrNoNode) {
+			if err = b.ensureDir(dir); err != nil {
+				return nil, 0, err
+			}
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if len(res) != 2 || res[1].Stat == nil || !strings.HasPrefix(res[0].String, dir+"/") {
+			return nil, 0, fmt.Errorf("unexpected reply to create: %+v", res)
+		}
+		st := res[1].Stat
+		n := &node{key: req.Key, path: res[0].String, data: data, mtime: st.Mtime, ttl: req.TTL}
+		return n, st.Mzxid, nil
+	}
+	return nil, 0, err
+}
+
+// name is the last element of path.
+func name(path string) string { return path[strings.LastIndexByte(path, '/')+1:] }
+
+// hold records n as held for token.
+func (b *Backend) hold(token dlock.Token, n *node) {
+	b.mu.Lock()
+	b.held[token] = n
+	b.mu.Unlock()
+}
+
+// heldNode returns the node held for token on key, or nil.
+func (b *Backend) heldNode(key string, token dlock.Token) *node {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := b.held[token]; n != nil && n.key == key {
+		return n
+	}
+	return nil
+}
+
+func (b *Backend) forget(token dlock.Token, n *node) {
+	b.mu.Lock()
+	if b.held[token] == n {
+		delete(b.held, token)
+	}
+	b.mu.Unlock()
+}
+
+// run runs op in a goroutine of its own (the client takes no context) and
+// waits for it or ctx. If ctx ends first, it returns ctx's error, and undo
+// is called with op's results when op completes.
+func run[T any](ctx context.Context, op func() (T, error), undo func(T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	var mu sync.Mutex
+	abandoned := false
+	ch := make(chan result, 1)
+	go func() {
+		v, err := op()
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			if undo != nil {
+				undo(v, err)
+			}
+			return
+		}
+		ch <- result{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case r := <-ch: // finished meanwhile
+		return r.v, r.err
+	default:
+	}
+	abandoned = true
+	var zero T
+	return zero, ctx.Err()
+}
+
+// deleteQuietly deletes path, ignoring errors: a node that stays behind
+// ends with its lease or its session.
+func (b *Backend) deleteQuietly(path string) {
+	_ = b.c.Delete(path, -1)
+}
+
+// notHeld reports errors meaning the node is gone or was changed by
+// someone else.
+func notHeld(err error) bool {
+	return errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrBadVersion) ||
+		errors.Is(err, zk.ErrSessionExpired)
+}

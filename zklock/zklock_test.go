@@ -1,0 +1,304 @@
+package zklock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/zklock"
+	"github.com/go-zookeeper/zk"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopShared() // before the leak check: its process has a waiting goroutine
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func newBackend(t testing.TB, c zklock.Conn) *zklock.Backend {
+	t.Helper()
+	b, err := zklock.New(c, &zklock.Options{SessionTimeout: sessionTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func newLocker(t testing.TB, b dlock.Backend) *dlock.Locker {
+	l := dlock.New(b, nil)
+	t.Cleanup(func() { l.Close(context.Background()) })
+	return l
+}
+
+func uniqueKey(name string) string { return fmt.Sprintf("%s/%s", name, dlock.NewToken().String()[:8]) }
+
+func TestConformance(t *testing.T) {
+	addrs := sharedAddrs(t)
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, newConn(t, addrs...)) })
+}
+
+func TestNewValidatesOptions(t *testing.T) {
+	var c *zk.Conn // never dialled: New does no I/O
+	if _, err := zklock.New(nil, &zklock.Options{SessionTimeout: time.Second}); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("nil Conn: %v", err)
+	}
+	if _, err := zklock.New(c, nil); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("no SessionTimeout: %v", err)
+	}
+	for _, root := range []string{"dlock", "/", "/a/", "/a//b", "/a/./b", "/a/..", "/zookeeper", "/zookeeper/x", "/a\x00b", "/a\x01"} {
+		if _, err := zklock.New(c, &zklock.Options{SessionTimeout: time.Second, Root: root}); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("root %q: %v, want ErrInvalidOption", root, err)
+		}
+	}
+	for _, root := range []string{"/dlock", "/apps/locks", "/ключи", "/a.b/c-d"} {
+		if _, err := zklock.New(c, &zklock.Options{SessionTimeout: time.Second, Root: root}); err != nil {
+			t.Errorf("root %q: %v", root, err)
+		}
+	}
+}
+
+// TestTTLAboveSessionTimeoutIsRefused: a lease the session cannot cover is
+// an error, before any I/O.
+func TestTTLAboveSessionTimeoutIsRefused(t *testing.T) {
+	var c *zk.Conn
+	b, err := zklock.New(c, &zklock.Options{SessionTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := dlock.Request{Key: "k", Token: dlock.NewToken(), TTL: 11 * time.Second}
+	if _, err := b.Acquire(context.Background(), req); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("Acquire: %v, want ErrInvalidOption", err)
+	}
+	if _, err := b.AcquireWait(context.Background(), req); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("AcquireWait: %v, want ErrInvalidOption", err)
+	}
+}
+
+func TestKeyEscaping(t *testing.T) {
+	keys := []string{"a", "A", "a/b", "..", ".", "%", "%25", "a b", "ключ/キー/🔒", "x'; DROP", "tab\tnl\n", "\xff\xfe", strings.Repeat("z", 255)}
+	seen := map[string]string{}
+	for _, k := range keys {
+		e := zklock.Escape(k)
+		if strings.ContainsAny(e, "/\x00") || e == "." || e == ".." || !strings.HasPrefix(e, "k") {
+			t.Errorf("Escape(%q) = %q is not one znode name", k, e)
+		}
+		for _, r := range e[1:] {
+			if r > 0x7e || r < 0x21 {
+				t.Errorf("Escape(%q) = %q contains %q", k, e, r)
+			}
+		}
+		if other, ok := seen[e]; ok {
+			t.Errorf("%q and %q both escape to %q", k, other, e)
+		}
+		seen[e] = k
+		if got, ok := zklock.Unescape(e); !ok || got != k {
+			t.Errorf("Unescape(Escape(%q)) = %q, %v", k, got, ok)
+		}
+		for i := range len(k) {
+			if !strings.HasPrefix(e, zklock.Escape(k[:i+1])) {
+				t.Errorf("the escape of prefix %q of %q is not a prefix of %q", k[:i+1], k, e)
+			}
+		}
+	}
+	for _, bad := range []string{"", "k", "x", "k%", "k%2", "k%zz", "k%2f", "ka b", "k/"} {
+		if k, ok := zklock.Unescape(bad); ok {
+			t.Errorf("Unescape(%q) = %q, want not a key name", bad, k)
+		}
+	}
+}
+
+// queueLen returns the number of nodes in key's queue.
+func queueLen(t *testing.T, c *zk.Conn, b *zklock.Backend, key string) int {
+	t.Helper()
+	names, _, err := c.Children(b.Dir(key))
+	if errors.Is(err, zk.ErrNoNode) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(names)
+}
+
+// waitQueueLen waits, with a children watch, until key's queue has n nodes.
+func waitQueueLen(t *testing.T, c *zk.Conn, b *zklock.Backend, key string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		names, _, ch, err := c.ChildrenW(b.Dir(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(names) == n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("queue of %q has %d nodes after %s, want %d", key, len(names), within, n)
+		}
+	}
+}
+
+// TestQueueIsFIFOWithoutHerd queues three waiters (separate sessions) behind
+// a holder and checks that each node is watched by one session at most (its
+// successor's) and that the waiters get the lock in arrival order.
+func TestQueueIsFIFOWithoutHerd(t *testing.T) {
+	addrs := sharedAddrs(t)
+	admin := newConn(t, addrs...)
+	b := newBackend(t, newConn(t, addrs...))
+	holder := newLocker(t, b)
+	k := uniqueKey("fifo")
+	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	for i := range 3 {
+		w := newLocker(t, newBackend(t, newConn(t, addrs...)))
+		wg.Go(func() {
+			wl, err := w.Acquire(ctxT(t, 30*time.Second), k, dlock.WithTTL(10*time.Second))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			wl.Release(context.Background())
+		})
+		waitQueueLen(t, admin, b, k, i+2, 10*time.Second)
+	}
+	time.Sleep(200 * time.Millisecond) // let the last waiter set its watch
+	// wchp: each watched path, then the sessions watching it, indented.
+	watchers := map[string]int{}
+	var path string
+	for _, line := range strings.Split(fourLetter(addrs[0], "wchp"), "\n") {
+		if strings.HasPrefix(line, "/") {
+			path = line
+		} else if strings.TrimSpace(line) != "" && strings.HasPrefix(path, b.Dir(k)) {
+			watchers[path]++
+		}
+	}
+	if len(watchers) == 0 {
+		t.Error("no watches on the queue (wchp shows none)")
+	}
+	for p, n := range watchers {
+		if n > 1 || p == b.Dir(k) {
+			t.Errorf("rule: each waiter watches only its predecessor; %s has %d watching sessions", p, n)
+		}
+	}
+	if err := lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if fmt.Sprint(order) != "[0 1 2]" {
+		t.Errorf("rule: waiters are served in arrival order; got %v", order)
+	}
+}
+
+// TestTryAcquireDoesNotQueue checks that failed TryAcquires leave no node,
+// and that a cancelled wait removes its node.
+func TestTryAcquireDoesNotQueue(t *testing.T) {
+	addrs := sharedAddrs(t)
+	admin := newConn(t, addrs...)
+	b := newBackend(t, newConn(t, addrs...))
+	holder := newLocker(t, b)
+	other := newLocker(t, newBackend(t, newConn(t, addrs...)))
+	k := uniqueKey("try")
+	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	for range 5 {
+		if _, err := other.TryAcquire(ctxT(t, 5*time.Second), k); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("TryAcquire of a held key: %v", err)
+		}
+	}
+	if n := queueLen(t, admin, b, k); n != 1 {
+		t.Errorf("rule: TryAcquire never leaves a node; the queue has %d nodes", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := other.Acquire(ctx, k, dlock.WithTTL(10*time.Second))
+		done <- err
+	}()
+	waitQueueLen(t, admin, b, k, 2, 10*time.Second)
+	cancel()
+	if err := <-done; !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled Acquire: %v", err)
+	}
+	waitQueueLen(t, admin, b, k, 1, 5*time.Second)
+}
+
+// TestParkedNodeIsDeleted: a waiting node that no AcquireWait takes up
+// again is removed within its TTL.
+func TestParkedNodeIsDeleted(t *testing.T) {
+	addrs := sharedAddrs(t)
+	admin := newConn(t, addrs...)
+	b := newBackend(t, newConn(t, addrs...))
+	holder := newLocker(t, b)
+	k := uniqueKey("park")
+	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	w := newBackend(t, newConn(t, addrs...))
+	res, err := w.AcquireWait(ctxT(t, 10*time.Second), dlock.Request{Key: k, Token: dlock.NewToken(), TTL: time.Second})
+	if err != nil || res.Acquired {
+		t.Fatalf("AcquireWait: %+v %v", res, err)
+	}
+	if res.Holder.Fence != lk.Token() {
+		t.Errorf("AcquireWait's holder has fence %d, want %d", res.Holder.Fence, lk.Token())
+	}
+	if n := queueLen(t, admin, b, k); n != 2 {
+		t.Errorf("the waiting node is not kept for the next call: queue has %d nodes", n)
+	}
+	waitQueueLen(t, admin, b, k, 1, 5*time.Second)
+}
+
+// TestHolderInfo checks what a refused acquisition reports of the holder.
+func TestHolderInfo(t *testing.T) {
+	addrs := sharedAddrs(t)
+	b := newBackend(t, newConn(t, addrs...))
+	ctx := ctxT(t, 10*time.Second)
+	k := uniqueKey("holder")
+	tok := dlock.NewToken()
+	r, err := b.Acquire(ctx, dlock.Request{Key: k, Token: tok, Owner: "alice", TTL: 10 * time.Second, Metadata: "job=7"})
+	if err != nil || !r.Acquired {
+		t.Fatalf("Acquire: %+v %v", r, err)
+	}
+	r2, err := newBackend(t, newConn(t, addrs...)).Acquire(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: time.Second})
+	if err != nil || r2.Acquired {
+		t.Fatalf("second Acquire: %+v %v", r2, err)
+	}
+	h := r2.Holder
+	if h.Key != k || h.Owner != "alice" || h.Token != tok || h.Fence != r.Fence || h.Metadata != "job=7" {
+		t.Errorf("holder %+v, want key %q owner alice token %s fence %d metadata job=7", h, k, tok, r.Fence)
+	}
+	if r2.Remaining <= 5*time.Second || r2.Remaining > 10*time.Second {
+		t.Errorf("Remaining %s, want about 10s", r2.Remaining)
+	}
+	if err := b.Release(ctx, k, tok); err != nil {
+		t.Fatal(err)
+	}
+}
