@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -26,7 +30,15 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 		}
 	}
 	for _, p := range r.all {
+		p.mu.Lock()
+		waitErr, killed, lateKill, termed := p.waitErr, p.killed, p.lateKill, p.termed
+		p.mu.Unlock()
 		evs, bad, err := readEvents(p.events)
+		if notStarted(evs, err, waitErr, termed) {
+			// Restarted just before the end of the run, the worker got the
+			// final SIGTERM before it could record (or do) anything.
+			continue
+		}
 		if err != nil {
 			in.Problems = append(in.Problems, fmt.Sprintf("%s: %v", p.id, err))
 		}
@@ -34,9 +46,6 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 			in.Problems = append(in.Problems, fmt.Sprintf("%s: %d unreadable event lines", p.id, bad))
 		}
 		in.Workers = append(in.Workers, &workerLog{ID: p.id, Pid: p.pid(), Events: evs, Killed: killedAt[p.id]})
-		p.mu.Lock()
-		waitErr, killed, lateKill := p.waitErr, p.killed, p.lateKill
-		p.mu.Unlock()
 		switch {
 		case lateKill:
 			in.Problems = append(in.Problems, fmt.Sprintf("%s did not exit within 10 s of SIGTERM", p.id))
@@ -79,4 +88,23 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 	fmt.Fprintf(r.cfg.Log, "   %s: %s, %d acquisitions, %d handoffs, %d violations\n",
 		r.m.name, rep.Verdict, rep.Acquisitions, rep.Handoffs, rep.ViolationCount)
 	return rep, nil
+}
+
+// notStarted reports whether a worker ended by the harness's final SIGTERM
+// before it recorded anything: its records are missing or empty, so it
+// cannot have taken a lock (a worker records "start" before it opens its
+// store, and catches SIGTERM from then on).
+func notStarted(evs []Event, readErr, waitErr error, termed bool) bool {
+	if !termed || waitErr == nil || len(evs) > 0 {
+		return false
+	}
+	var ee *exec.ExitError
+	if !errors.As(waitErr, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		return false
+	}
+	return readErr == nil || errors.Is(readErr, fs.ErrNotExist)
 }

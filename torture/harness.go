@@ -287,6 +287,7 @@ type proc struct {
 	mu        sync.Mutex
 	killed    bool // by the harness
 	lateKill  bool // SIGKILLed because it ignored SIGTERM
+	termed    bool // sent SIGTERM at the end of the run
 	faulted   bool // a fault is aimed at it now
 	holdKey   string
 	holdFence uint64
@@ -518,6 +519,9 @@ func (r *runner) stopAll() {
 			continue
 		default:
 		}
+		p.mu.Lock()
+		p.termed = true
+		p.mu.Unlock()
 		p.signal(syscall.SIGCONT)
 		p.signal(syscall.SIGTERM)
 	}

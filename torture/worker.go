@@ -62,6 +62,10 @@ func runWorker(cfg workerConfig) error {
 	if a == nil {
 		return fmt.Errorf("unknown strategy %q", cfg.Strategy)
 	}
+	// Stop on SIGTERM, or when the harness goes away (stdin closes). Catch
+	// SIGTERM before recording "start" (see notStarted).
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
 	rec, err := newRecorder(cfg.Events)
 	if err != nil {
 		return err
@@ -69,9 +73,6 @@ func runWorker(cfg workerConfig) error {
 	defer rec.close()
 	rec.rec(Event{Ev: "start", Pid: os.Getpid(), W: cfg.ID})
 
-	// Stop on SIGTERM, or when the harness goes away (stdin closes).
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer cancel()
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()

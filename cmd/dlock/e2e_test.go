@@ -117,16 +117,60 @@ func uniqueKey(t *testing.T) string {
 	return fmt.Sprintf("e2e/%s/%d", t.Name(), time.Now().UnixNano())
 }
 
-// waitHeld polls `dlock list` until key shows up (bounded).
-func waitHeld(t *testing.T, e env, key string) {
+// holder is a background `dlock run` that holds a key.
+type holder struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer // read only after done
+	done   chan struct{} // closed when the process has exited
+}
+
+// startHolder starts `dlock args...` in the background; it is killed when
+// the test ends, and its stderr logged if the test failed.
+func startHolder(t *testing.T, e env, args ...string) *holder {
 	t.Helper()
-	for range 100 {
-		if strings.Contains(run(t, e, "list", key).stdout, key) {
+	cmd, _, stderr := command(e, args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &holder{cmd: cmd, stderr: stderr, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(h.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-h.done
+		if t.Failed() {
+			t.Logf("holder stderr: %s", stderr)
+		}
+	})
+	return h
+}
+
+// exited waits up to d for the holder to exit.
+func (h *holder) exited(d time.Duration) bool {
+	select {
+	case <-h.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// waitHeld polls `dlock list` until key shows up (bounded), failing at once
+// if the holder exits first.
+func waitHeld(t *testing.T, e env, key string, h *holder) {
+	t.Helper()
+	var last result
+	for range 200 {
+		if last = run(t, e, "list", key); strings.Contains(last.stdout, key) {
 			return
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-h.done:
+			t.Fatalf("the holder of %q exited %d before it showed up in dlock list: %s",
+				key, h.cmd.ProcessState.ExitCode(), h.stderr)
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	t.Fatalf("%q never showed up in dlock list", key)
+	t.Fatalf("%q never showed up in dlock list; the last list exited %d: %q %q", key, last.code, last.stdout, last.stderr)
 }
 
 func TestRunNeverOverlaps(t *testing.T) {
@@ -184,13 +228,8 @@ func TestRunPassesExitStatusAndEnvironment(t *testing.T) {
 func TestRunConflictAndList(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env) {
 		key := uniqueKey(t)
-		holder, _, _ := command(e, "run", "--owner", "alice", key, "--", "sleep", "30")
-		if err := holder.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Wait()
-		defer holder.Process.Signal(syscall.SIGTERM)
-		waitHeld(t, e, key)
+		h := startHolder(t, e, "run", "--owner", "alice", key, "--", "sleep", "30")
+		waitHeld(t, e, key, h)
 
 		if r := run(t, e, "run", "--wait", "0", key, "--", "true"); r.code != 75 || !strings.Contains(r.stderr, "alice") {
 			t.Errorf("--wait 0 on a held key: exit %d (%q), want 75 naming the holder", r.code, r.stderr)
@@ -216,9 +255,11 @@ func TestRunConflictAndList(t *testing.T) {
 			t.Errorf("release without --force: exit %d, want 64", r.code)
 		}
 		// SIGTERM to dlock reaches the child; the key is then free.
-		holder.Process.Signal(syscall.SIGTERM)
-		holder.Wait()
-		if code := holder.ProcessState.ExitCode(); code != 128+15 {
+		h.cmd.Process.Signal(syscall.SIGTERM)
+		if !h.exited(20 * time.Second) {
+			t.Fatal("dlock run did not exit within 20 s of SIGTERM")
+		}
+		if code := h.cmd.ProcessState.ExitCode(); code != 128+15 {
 			t.Errorf("dlock run after SIGTERM exited %d, want 143 (the child's death by SIGTERM)", code)
 		}
 		if r := run(t, e, "run", "--wait", "0", key, "--", "true"); r.code != 0 {
@@ -231,17 +272,8 @@ func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env) {
 		key, dir := uniqueKey(t), t.TempDir()
 		pidFile := filepath.Join(dir, "pid")
-		holder, _, herr := command(e, "run", "--ttl", "1s", key, "--", "sh", "-c", `echo $$ > "`+pidFile+`"; exec sleep 60`)
-		if err := holder.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Process.Kill()
-		defer func() {
-			if t.Failed() {
-				t.Logf("holder stderr: %s", herr)
-			}
-		}()
-		waitHeld(t, e, key)
+		h := startHolder(t, e, "run", "--ttl", "1s", key, "--", "sh", "-c", `echo $$ > "`+pidFile+`"; exec sleep 60`)
+		waitHeld(t, e, key, h)
 		var pid int
 		for i := 0; pid == 0; i++ { // the child has started
 			if i == 100 {
@@ -251,8 +283,8 @@ func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
 			data, _ := os.ReadFile(pidFile)
 			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
 		}
-		holder.Process.Signal(syscall.SIGKILL)
-		holder.Wait()
+		h.cmd.Process.Signal(syscall.SIGKILL)
+		<-h.done
 		start := time.Now()
 		if r := run(t, e, "run", "--wait", "2s", key, "--", "true"); r.code != 0 {
 			t.Errorf("the key of a killed dlock was not free within TTL + 1s: exit %d %s", r.code, r.stderr)
@@ -270,26 +302,16 @@ func TestKilledDlockFreesKeyAndStopsChild(t *testing.T) {
 func TestLockLossStopsChild(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env) {
 		key := uniqueKey(t)
-		holder, _, stderr := command(e, "run", "--ttl", "1s", "--grace", "500ms", key, "--", "sh", "-c", `trap "" TERM; exec sleep 60`)
-		if err := holder.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Process.Kill()
-		waitHeld(t, e, key)
+		h := startHolder(t, e, "run", "--ttl", "1s", "--grace", "500ms", key, "--", "sh", "-c", `trap "" TERM; exec sleep 60`)
+		waitHeld(t, e, key, h)
 		if r := run(t, e, "release", "--force", key); r.code != 0 {
 			t.Fatalf("release --force: %d %s", r.code, r.stderr)
 		}
-		done := make(chan struct{})
-		go func() { holder.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			holder.Process.Kill()
-			<-done
+		if !h.exited(10 * time.Second) {
 			t.Fatal("dlock run kept the child running after losing the lock")
 		}
-		if code := holder.ProcessState.ExitCode(); code != 76 {
-			t.Errorf("exit %d after lock loss, want 76; stderr %q", code, stderr)
+		if code := h.cmd.ProcessState.ExitCode(); code != 76 {
+			t.Errorf("exit %d after lock loss, want 76; stderr %q", code, h.stderr)
 		}
 		if r := run(t, e, "release", "--force", key); r.code != 1 {
 			t.Errorf("release --force of a free key: exit %d, want 1", r.code)
