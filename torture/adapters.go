@@ -64,6 +64,13 @@ type Adapter struct {
 	// are estimated from the next acquisition.
 	History func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error)
 
+	// Record starts recording the store's changes as they happen, for a
+	// store that keeps no history to read afterwards (a MONITOR feed, a
+	// watch). It runs in the harness after Prepare and before the workers
+	// start, and returns the function that stops the recording and returns
+	// it; that replaces History. Optional.
+	Record func(ctx context.Context, env *Env, store string) (stop func(ctx context.Context) ([]LeaseEvent, error), err error)
+
 	// Restart kills the store's server with SIGKILL, starts it again and
 	// returns once it serves, with the Mono() times of the kill and of
 	// readiness. Optional: nil for embedded stores.
@@ -77,7 +84,10 @@ type Env struct {
 	MySQLDSN string  // the MariaDB server (resource, and the mysql strategies)
 	DB       *sql.DB // a direct pool on MySQLDSN
 	PGDSN    string  // the PostgreSQL server of the pg strategies (pgx syntax)
-	TTL      time.Duration
+	// The servers of the redis, etcd and zk strategies (host:port).
+	RedisAddr, EtcdAddr, ZKAddr string
+	ZKDataDir                   string // the ZooKeeper's dataDir, if the harness can read it
+	TTL                         time.Duration
 }
 
 // OpenArgs is what a worker hands Adapter.Open.
@@ -127,7 +137,22 @@ func markReleases(evs []LeaseEvent) {
 }
 
 // Adapters lists every strategy the harness can exercise.
-var Adapters = []*Adapter{mysqlLease, mysqlGetLock, mysqlRowLock, sqliteLease, pgLease, pgAdvisory}
+var Adapters = []*Adapter{mysqlLease, mysqlGetLock, mysqlRowLock, sqliteLease, pgLease, pgAdvisory, redisLease, etcdLease, zkLease}
+
+// addrUpstream returns an Upstream for a store given by its host:port in
+// env (what names the Config field, for the error).
+func addrUpstream(what string, addr func(env *Env) string) func(env *Env) (string, error) {
+	return func(env *Env) (string, error) {
+		a := addr(env)
+		if a == "" {
+			return "", fmt.Errorf("no %s address (Config.%sAddr)", what, what)
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return "", fmt.Errorf("%s address %q: %w", what, a, err)
+		}
+		return a, nil
+	}
+}
 
 // adapterByName returns the adapter called name.
 func adapterByName(name string) *Adapter {

@@ -62,7 +62,14 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if h := r.m.adapter.History; h != nil {
+	if stop := r.stopRecord; stop != nil {
+		r.stopRecord = nil
+		hist, err := stop(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read store record: %w", err)
+		}
+		in.HasHistory, in.History = true, hist
+	} else if h := r.m.adapter.History; h != nil {
 		hist, err := h(ctx, r.env, r.store)
 		if err != nil {
 			return nil, fmt.Errorf("read store history: %w", err)

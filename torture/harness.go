@@ -65,6 +65,10 @@ type Config struct {
 	Control        time.Duration // after each strategy, a positive-control run this long (0: none)
 	MySQLDSN       string        // the MariaDB for the resource and the mysql strategies
 	PGDSN          string        // the PostgreSQL for the pg strategies (needed only for those)
+	RedisAddr      string        // host:port of the Redis of redis-lease
+	EtcdAddr       string        // host:port (client URL) of the etcd of etcd-lease
+	ZKAddr         string        // host:port of the ZooKeeper of zk-lease
+	ZKDataDir      string        // that ZooKeeper's dataDir (its transaction log is zk-lease's history)
 	Out            string        // output directory
 	Tag            string        // table-name tag: torture_<tag>_*
 	Log            io.Writer     // progress lines; nil discards
@@ -168,7 +172,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: MariaDB at %s: %v", ErrNoServer, cfg.MySQLDSN, err)
 	}
-	env := Env{MySQLDSN: dsn, DB: db, PGDSN: cfg.PGDSN, TTL: cfg.TTL}
+	env := Env{MySQLDSN: dsn, DB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL}
 	if err := checkServers(ctx, cfg.Strategies, &env); err != nil {
 		return nil, err
 	}
@@ -266,7 +270,10 @@ type runner struct {
 	keys  []string
 	fp    *faultProxies
 	rng   *rand.Rand // fault choices; used by the scheduler goroutine only
-	clock clockSampler
+	// stopRecord ends the adapter's recording (Adapter.Record); collect
+	// calls it once and clears it.
+	stopRecord func(ctx context.Context) ([]LeaseEvent, error)
+	clock      clockSampler
 
 	mu       sync.Mutex
 	procs    []*proc // current process per slot
@@ -338,6 +345,18 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 		return nil, err
 	}
 	r.store = store
+	if m.adapter.Record != nil {
+		stop, err := m.adapter.Record(ctx, r.env, store)
+		if err != nil {
+			return nil, fmt.Errorf("record the store: %w", err)
+		}
+		r.stopRecord = stop
+		defer func() {
+			if r.stopRecord != nil { // not collected: an early return
+				_, _ = r.stopRecord(context.Background())
+			}
+		}()
+	}
 	if m.adapter.Networked {
 		up, err := m.adapter.Upstream(r.env)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/testproc"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -70,7 +71,9 @@ func testPGDSN(t *testing.T) string {
 // holder fault for a short while, then its positive control. It fails on any
 // violation, any inconclusive check, and a control that detects nothing. It
 // needs the MariaDB, and the PostgreSQL when it runs a pg strategy (see
-// testDSN, testPGDSN).
+// testDSN, testPGDSN); it starts a redis-server, an etcd and a ZooKeeper of
+// its own for their strategies (failing under CI=true, and skipping
+// otherwise, when one is not installed).
 // DLOCK_TORTURE_DURATION changes the time per strategy (default 20s; the
 // control runs half as long, at least 10s); DLOCK_TORTURE_STRATEGIES
 // (comma-separated) runs only those; DLOCK_TORTURE_OUT keeps the records in
@@ -106,11 +109,26 @@ func TestShortRun(t *testing.T) {
 	if s := os.Getenv("DLOCK_TORTURE_STRATEGIES"); s != "" {
 		cfg.Strategies = strings.Split(s, ",")
 	}
-	for _, a := range Adapters {
-		if strings.HasPrefix(a.Name, "pg-") && (len(cfg.Strategies) == 0 || slices.Contains(cfg.Strategies, a.Name)) {
-			cfg.PGDSN = testPGDSN(t)
-			break
+	selected := func(prefix string) bool {
+		for _, a := range Adapters {
+			if strings.HasPrefix(a.Name, prefix) && (len(cfg.Strategies) == 0 || slices.Contains(cfg.Strategies, a.Name)) {
+				return true
+			}
 		}
+		return false
+	}
+	if selected("pg-") {
+		cfg.PGDSN = testPGDSN(t)
+	}
+	// The Redis, etcd and ZooKeeper strategies get servers of their own.
+	if selected("redis-") {
+		cfg.RedisAddr = testproc.StartRedis(t)
+	}
+	if selected("etcd-") {
+		cfg.EtcdAddr = testproc.StartEtcd(t)
+	}
+	if selected("zk-") {
+		cfg.ZKAddr, cfg.ZKDataDir = testproc.StartZooKeeper(t)
 	}
 	t.Logf("seed %d, records in %s", cfg.Seed, out)
 	rep, err := Run(context.Background(), cfg)

@@ -46,6 +46,16 @@ func run() int {
 	if pgDSN == "" {
 		pgDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	}
+	envOr := func(name, def string) string {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	flag.StringVar(&cfg.RedisAddr, "redis", envOr("DLOCK_REDIS_ADDR", "127.0.0.1:6379"), "host:port of the Redis for redis-lease ($DLOCK_REDIS_ADDR)")
+	flag.StringVar(&cfg.EtcdAddr, "etcd", envOr("DLOCK_ETCD_ADDR", "127.0.0.1:2379"), "host:port of the etcd for etcd-lease ($DLOCK_ETCD_ADDR)")
+	flag.StringVar(&cfg.ZKAddr, "zk", envOr("DLOCK_ZK_ADDR", "127.0.0.1:2181"), "host:port of the ZooKeeper for zk-lease ($DLOCK_ZK_ADDR)")
+	flag.StringVar(&cfg.ZKDataDir, "zk-data-dir", os.Getenv("DLOCK_ZK_DATA_DIR"), "that ZooKeeper's dataDir, readable here: its transaction log is zk-lease's history ($DLOCK_ZK_DATA_DIR)")
 	flag.StringVar(&strategies, "strategies", "", "comma-separated strategies (default all: "+strings.Join(names(), ",")+")")
 	flag.DurationVar(&cfg.Duration, "duration", 60*time.Second, "run time per strategy")
 	flag.IntVar(&cfg.Workers, "workers", 5, "worker processes per strategy")

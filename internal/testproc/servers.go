@@ -1,0 +1,175 @@
+package testproc
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// This file starts one standalone server of each consensus/cache store, for
+// tests that need one server and nothing else of it (the fault harness).
+// The backends' own tests start theirs with more control (clusters,
+// restarts, sentinels).
+
+// Install hints for Missing.
+const (
+	RedisHint     = "apt-get install redis-server, or run scripts/test.sh"
+	EtcdHint      = "apt-get install etcd-server, or run scripts/test.sh"
+	ZooKeeperHint = "apt-get install zookeeper, or run scripts/test.sh"
+)
+
+// startWithRetry starts a server on a fresh free port up to three times (a
+// port may be taken between the check and the start), kills it when the
+// test ends, and returns its client address.
+func startWithRetry(t testing.TB, what string, start func(p *Proc, port int) error) string {
+	t.Helper()
+	var lastErr error
+	for range 3 {
+		port := FreePorts(t, 1, 20000, 32000, nil)[0]
+		p := &Proc{}
+		if lastErr = start(p, port); lastErr == nil {
+			t.Cleanup(func() {
+				if err := p.Kill(); err != nil {
+					t.Errorf("%s: %v", what, err)
+				}
+			})
+			return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		}
+		p.Kill()
+	}
+	t.Fatalf("could not start %s: %v", what, lastErr)
+	return ""
+}
+
+// StartRedis starts a redis-server on a loopback port without persistence
+// and returns its address once it answers PING.
+func StartRedis(t testing.TB) string {
+	t.Helper()
+	bin := Binary(t, "redis-server", RedisHint)
+	dir := t.TempDir()
+	return startWithRetry(t, "redis-server", func(p *Proc, port int) error {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		if err := p.Start(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", ""); err != nil {
+			return err
+		}
+		return p.WaitReady(15*time.Second, 20*time.Millisecond, func() bool {
+			return strings.HasPrefix(roundTrip(addr, "PING\r\n"), "+PONG")
+		})
+	})
+}
+
+// StartEtcd starts a single-member etcd on loopback ports and returns its
+// client address once it reports itself healthy. Its 50 ms heartbeat and
+// 500 ms election timeout make its smallest lease 1 s (the default timing
+// gives 2 s).
+func StartEtcd(t testing.TB) string {
+	t.Helper()
+	bin := Binary(t, "etcd", EtcdHint)
+	hc := &http.Client{Timeout: time.Second}
+	return startWithRetry(t, "etcd", func(p *Proc, port int) error {
+		peer := FreePorts(t, 1, 20000, 32000, func(q int) bool { return q != port })[0]
+		client := "http://127.0.0.1:" + strconv.Itoa(port)
+		peerURL := "http://127.0.0.1:" + strconv.Itoa(peer)
+		if err := p.Start(bin, "--name", "torture", "--data-dir", t.TempDir(),
+			"--listen-client-urls", client, "--advertise-client-urls", client,
+			"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+			"--initial-cluster", "torture="+peerURL, "--initial-cluster-state", "new",
+			"--heartbeat-interval", "50", "--election-timeout", "500",
+			"--logger", "zap", "--log-level", "warn", "--log-outputs", "stderr"); err != nil {
+			return err
+		}
+		return p.WaitReady(30*time.Second, 50*time.Millisecond, func() bool {
+			resp, err := hc.Get(client + "/health")
+			if err != nil {
+				return false
+			}
+			var body [256]byte
+			n, _ := resp.Body.Read(body[:])
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK && strings.Contains(string(body[:n]), `"health":"true"`)
+		})
+	})
+}
+
+// zooKeeperJars are the jars (in Debian's /usr/share/java) that a ZooKeeper
+// 3.8 server needs, logging to nowhere.
+var zooKeeperJars = []string{
+	"zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-nop.jar",
+	"netty-handler.jar", "netty-transport.jar", "netty-common.jar", "netty-buffer.jar",
+	"netty-resolver.jar", "netty-codec.jar", "netty-transport-native-epoll.jar",
+	"netty-transport-native-unix-common.jar", "commons-io.jar", "commons-cli.jar",
+	"metrics-core.jar", "snappy-java.jar",
+}
+
+// StartZooKeeper starts a standalone ZooKeeper on a loopback port and
+// returns its address once it serves, and its data directory (which holds
+// its transaction log, in version-2/). Its 200 ms tick and session bounds
+// of 1–60 s let clients ask for short sessions.
+func StartZooKeeper(t testing.TB) (addr, dataDir string) {
+	t.Helper()
+	java, err := exec.LookPath("java")
+	if err != nil {
+		Missing(t, "ZooKeeper", ZooKeeperHint, err)
+	}
+	var cp []string
+	for _, j := range zooKeeperJars {
+		p := filepath.Join("/usr/share/java", j)
+		if _, err := os.Stat(p); err != nil {
+			Missing(t, "ZooKeeper", ZooKeeperHint, err)
+		}
+		cp = append(cp, p)
+	}
+	dir := t.TempDir()
+	dataDir = filepath.Join(dir, "data")
+	addr = startWithRetry(t, "ZooKeeper", func(p *Proc, port int) error {
+		conf := filepath.Join(dir, "zoo.cfg")
+		cfg := fmt.Sprintf("tickTime=200\ninitLimit=20\nsyncLimit=5\ndataDir=%s\nclientPort=%d\n"+
+			"clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok\n"+
+			"minSessionTimeout=1000\nmaxSessionTimeout=60000\n", dataDir, port)
+		if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+			return err
+		}
+		if err := p.Start(java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+			"-Dzookeeper.forceSync=no", "-Dzookeeper.admin.enableServer=false",
+			"-cp", strings.Join(cp, ":"), "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf); err != nil {
+			return err
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		return p.WaitReady(60*time.Second, 50*time.Millisecond, func() bool {
+			return strings.Contains(roundTrip(addr, "srvr"), "Mode: ")
+		})
+	})
+	return addr, dataDir
+}
+
+// roundTrip sends req over a new connection and returns the first line (or
+// everything, up to 4 KiB) of the reply; "" on error.
+func roundTrip(addr, req string) string {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte(req)); err != nil {
+		return ""
+	}
+	var b strings.Builder
+	sc := bufio.NewScanner(c)
+	for sc.Scan() && b.Len() < 4096 {
+		b.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(req, "PING") {
+			break
+		}
+	}
+	return b.String()
+}
