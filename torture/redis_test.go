@@ -1,0 +1,63 @@
+package torture
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseMonitorLine(t *testing.T) {
+	ts, src, args, err := parseMonitorLine(`1763900000.000123 [0 lua] "hset" "p:{a\"b\\c\x01}" "metadata" ""`)
+	if err != nil || ts != 1763900000000123 || src != "lua" || len(args) != 4 || args[1] != "p:{a\"b\\c\x01}" || args[3] != "" {
+		t.Fatalf("got %d %q %q %v", ts, src, args, err)
+	}
+	if _, src, _, err := parseMonitorLine(`1763900000.5 [0 127.0.0.1:5555] "PING"`); err == nil {
+		t.Errorf("a time without 6 digits parsed (source %q)", src)
+	}
+	if _, _, _, err := parseMonitorLine(`1763900000.000001 [0 127.0.0.1:5555] "PING`); err == nil {
+		t.Error("an unterminated argument parsed")
+	}
+}
+
+func TestRedisHistory(t *testing.T) {
+	const tok1, tok2 = "000102030405060708090a0b0c0d0e0f", "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff"
+	feed := strings.Split(`OK
+1000.000100 [0 127.0.0.1:1] "EVALSHA" "x" "2" "p:{k%7B1}" "p:{k%7B1}:fence"
+1000.000101 [0 lua] "hmget" "p:{k%7B1}" "token"
+1000.000102 [0 lua] "incr" "p:{k%7B1}:fence"
+1000.000103 [0 lua] "hset" "p:{k%7B1}" "token" "`+tok1+`" "owner" "" "fence" "7" "metadata" "" "acquired_us" "1000000101"
+1000.000104 [0 lua] "pexpire" "p:{k%7B1}" "1000"
+1000.400000 [0 lua] "hget" "p:{k%7B1}" "token"
+1000.400001 [0 lua] "pexpire" "p:{k%7B1}" "1000"
+1000.500000 [0 lua] "del" "p:{k%7B1}"
+1000.500001 [0 lua] "spublish" "p:{k%7B1}:released" "released"
+1000.600000 [0 lua] "del" "p:{k%7B1}"
+1000.700000 [0 lua] "hset" "q:{other}" "token" "`+tok2+`" "fence" "1" "acquired_us" "1000700000"
+1000.800000 [0 lua] "hset" "p:{k%7B1}" "token" "`+tok2+`" "owner" "" "fence" "8" "metadata" "" "acquired_us" "1000800000"
+1000.800001 [0 lua] "pexpire" "p:{k%7B1}" "1000"`, "\n")
+	got, err := redisHistory(feed, "p:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []LeaseEvent{
+		{Key: "k{1", Fence: 7, AtUs: 1000000101, ExpUs: 1001001000},
+		{Key: "k{1", Fence: 7, AtUs: 1000400001, ExpUs: 1001401000},
+		{Key: "k{1", Fence: 7, AtUs: 1000500000, ExpUs: 1001401000, Release: true},
+		{Key: "k{1", Fence: 8, AtUs: 1000800000, ExpUs: 1001801000},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d events, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Key != w.Key || g.Fence != w.Fence || g.AtUs != w.AtUs || g.ExpUs != w.ExpUs || g.Release != w.Release {
+			t.Errorf("event %d: got %+v, want %+v", i, g, w)
+		}
+	}
+	if got[0].Token[1] != 1 || got[3].Token[0] != 0xf0 || got[2].Token != got[0].Token {
+		t.Errorf("tokens: %x %x %x", got[0].Token, got[2].Token, got[3].Token)
+	}
+	// A grant whose PEXPIRE the feed lacks is an error, not a lease without end.
+	if _, err := redisHistory(feed[:5], "p:"); err == nil {
+		t.Error("a grant without PEXPIRE gave no error")
+	}
+}
