@@ -10,8 +10,10 @@ require (
 	github.com/dlock-dev/dlock/pglock v0.0.0
 	github.com/dlock-dev/dlock/redislock v0.0.0
 	github.com/dlock-dev/dlock/sqlitelock v0.0.0
+	github.com/dlock-dev/dlock/zklock v0.0.0
 	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/go-sql-driver/mysql v1.10.1
+	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.7.3
@@ -58,4 +60,5 @@ replace (
 	github.com/dlock-dev/dlock/pglock => ../pglock
 	github.com/dlock-dev/dlock/redislock => ../redislock
 	github.com/dlock-dev/dlock/sqlitelock => ../sqlitelock
+	github.com/dlock-dev/dlock/zklock => ../zklock
 )

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,18 +16,6 @@ import (
 	"github.com/dlock-dev/dlock/internal/testproc"
 	"github.com/go-zookeeper/zk"
 )
-
-// Where Debian's zookeeper package puts the server's jars.
-const javaDir = "/usr/share/java"
-
-// serverJars are the jars a ZooKeeper 3.8 server needs, logging to nowhere.
-var serverJars = []string{
-	"zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar", "slf4j-nop.jar",
-	"netty-handler.jar", "netty-transport.jar", "netty-common.jar", "netty-buffer.jar",
-	"netty-resolver.jar", "netty-codec.jar", "netty-transport-native-epoll.jar",
-	"netty-transport-native-unix-common.jar", "commons-io.jar", "commons-cli.jar",
-	"metrics-core.jar", "snappy-java.jar",
-}
 
 // Server timing: 200 ms ticks make elections and session expiry quick; the
 // session timeout bounds are explicit so that the tests' 30 s sessions
@@ -42,20 +29,11 @@ const (
 // under CI=true and is skipped otherwise.
 func serverCommand(t testing.TB) (java, classpath string) {
 	t.Helper()
-	const hint = "apt-get install zookeeper, or run scripts/test.sh"
-	java, err := exec.LookPath("java")
+	java, classpath, err := testproc.ZooKeeperCommand()
 	if err != nil {
-		testproc.Missing(t, "ZooKeeper", hint, err)
+		testproc.Missing(t, "ZooKeeper", testproc.ZooKeeperHint, err)
 	}
-	var cp []string
-	for _, j := range serverJars {
-		p := filepath.Join(javaDir, j)
-		if _, err := os.Stat(p); err != nil {
-			testproc.Missing(t, "ZooKeeper", hint, err)
-		}
-		cp = append(cp, p)
-	}
-	return java, strings.Join(cp, ":")
+	return java, classpath
 }
 
 // server is one ZooKeeper server process on loopback ports.

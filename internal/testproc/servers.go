@@ -110,23 +110,35 @@ var zooKeeperJars = []string{
 	"metrics-core.jar", "snappy-java.jar",
 }
 
+// ZooKeeperCommand returns the java binary and the classpath that run a
+// ZooKeeper 3.8 server from Debian's zookeeper package (main class
+// org.apache.zookeeper.server.quorum.QuorumPeerMain), or an error naming
+// what is missing.
+func ZooKeeperCommand() (java, classpath string, err error) {
+	java, err = exec.LookPath("java")
+	if err != nil {
+		return "", "", err
+	}
+	var cp []string
+	for _, j := range zooKeeperJars {
+		p := filepath.Join("/usr/share/java", j)
+		if _, err := os.Stat(p); err != nil {
+			return "", "", err
+		}
+		cp = append(cp, p)
+	}
+	return java, strings.Join(cp, ":"), nil
+}
+
 // StartZooKeeper starts a standalone ZooKeeper on a loopback port and
 // returns its address once it serves, and its data directory (which holds
 // its transaction log, in version-2/). Its 200 ms tick and session bounds
 // of 1–60 s let clients ask for short sessions.
 func StartZooKeeper(t testing.TB) (addr, dataDir string) {
 	t.Helper()
-	java, err := exec.LookPath("java")
+	java, cp, err := ZooKeeperCommand()
 	if err != nil {
 		Missing(t, "ZooKeeper", ZooKeeperHint, err)
-	}
-	var cp []string
-	for _, j := range zooKeeperJars {
-		p := filepath.Join("/usr/share/java", j)
-		if _, err := os.Stat(p); err != nil {
-			Missing(t, "ZooKeeper", ZooKeeperHint, err)
-		}
-		cp = append(cp, p)
 	}
 	dir := t.TempDir()
 	dataDir = filepath.Join(dir, "data")
@@ -140,7 +152,7 @@ func StartZooKeeper(t testing.TB) (addr, dataDir string) {
 		}
 		if err := p.Start(java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
 			"-Dzookeeper.forceSync=no", "-Dzookeeper.admin.enableServer=false",
-			"-cp", strings.Join(cp, ":"), "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf); err != nil {
+			"-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf); err != nil {
 			return err
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))

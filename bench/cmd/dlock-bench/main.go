@@ -9,7 +9,9 @@
 // also measures PostgreSQL (-pg, default the local test server) and etcd
 // (-etcd; by default it starts etcd on free loopback ports when the binary
 // is installed); either is left out, with a note, when it cannot be
-// reached ("-pg off", "-etcd off" leave them out on purpose).
+// reached ("-pg off", "-etcd off" leave them out on purpose), and
+// ZooKeeper (-zk; by default it starts one from Debian's zookeeper package
+// when that is installed; "-zk off" leaves it out).
 // Peer libraries live only in this module, so dlock's users never download
 // them.
 package main
@@ -37,14 +39,17 @@ import (
 	bsm "github.com/bsm/redislock"
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/etcdlock"
+	"github.com/dlock-dev/dlock/internal/testproc"
 	"github.com/dlock-dev/dlock/locktest"
 	"github.com/dlock-dev/dlock/mysqllock"
 	"github.com/dlock-dev/dlock/pglock"
 	"github.com/dlock-dev/dlock/redislock"
 	"github.com/dlock-dev/dlock/sqlitelock"
+	"github.com/dlock-dev/dlock/zklock"
 	"github.com/go-redsync/redsync/v4"
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/go-sql-driver/mysql"
+	"github.com/go-zookeeper/zk"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -54,6 +59,7 @@ import (
 type config struct {
 	mysqlDSN, redisAddr string
 	pgDSN, etcdAddr     string
+	zkAddr              string
 	duration            time.Duration
 	iterations          int
 	manyLocks           int
@@ -80,6 +86,7 @@ func main() {
 	flag.StringVar(&c.redisAddr, "redis", "", "Redis address (default: start a redis-server)")
 	flag.StringVar(&c.pgDSN, "pg", "postgres://postgres@127.0.0.1:5432/test", `PostgreSQL DSN, or "off"`)
 	flag.StringVar(&c.etcdAddr, "etcd", "", `etcd client address (default: start an etcd), or "off"`)
+	flag.StringVar(&c.zkAddr, "zk", "", `ZooKeeper address (default: start a ZooKeeper), or "off"`)
 	flag.DurationVar(&c.duration, "duration", 3*time.Second, "length of each contended run")
 	flag.IntVar(&c.iterations, "n", 2000, "iterations of each uncontended measurement")
 	flag.IntVar(&c.manyLocks, "many", 10000, "locks held at once in the many-locks run")
@@ -143,6 +150,24 @@ func run(c config, out io.Writer) error {
 			}
 		}
 	}
+	if c.zkAddr != "off" {
+		if c.zkAddr == "" {
+			addr, stop, err := startZooKeeper(dir)
+			if err != nil {
+				b.rows = append(b.rows, Row{Section: "floor", Name: "ZooKeeper", Note: "left out: " + err.Error()})
+			} else {
+				defer stop()
+				b.c.zkAddr = addr
+			}
+		}
+		if b.c.zkAddr != "" && b.c.zkAddr != "off" {
+			if err := b.openZK(); err != nil {
+				b.rows = append(b.rows, Row{Section: "floor", Name: "ZooKeeper", Note: "left out: " + err.Error()})
+			} else {
+				defer b.zk.Close()
+			}
+		}
+	}
 	if err := b.setup(ctx); err != nil {
 		return err
 	}
@@ -167,6 +192,7 @@ type bench struct {
 	sqlitePath string
 	pg         *pgxpool.Pool    // nil when PostgreSQL is left out
 	etcd       *clientv3.Client // nil when etcd is left out
+	zk         *zk.Conn         // nil when ZooKeeper is left out
 	rows       []Row
 	closers    []func()
 	// The pool (and its statement counter) most recently made by a MySQL
@@ -304,7 +330,68 @@ func (b *bench) strategies() []strategy {
 			return be
 		}})
 	}
+	if b.zk != nil {
+		out = append(out, strategy{"dlock zk", zkFloor, func() dlock.Backend {
+			c, err := b.newZKConn()
+			if err != nil {
+				panic(err) // the address was dialled once already
+			}
+			b.closers = append(b.closers, c.Close)
+			be, err := zklock.New(c, &zklock.Options{SessionTimeout: zkSession, Root: "/dlock-bench"})
+			if err != nil {
+				panic(err)
+			}
+			return be
+		}})
+	}
 	return out
+}
+
+// zkSession is the bench's ZooKeeper session timeout: at least the 30 s
+// default TTL, as zklock requires.
+const zkSession = 40 * time.Second
+
+// zkFloor is the raw recipe's uncontended acquire + release: one ephemeral
+// sequential create and one delete.
+const zkFloor = "ZooKeeper create ephemeral sequential + delete"
+
+// newZKConn connects to the ZooKeeper at c.zkAddr, silent, and waits
+// (bounded) for its session.
+func (b *bench) newZKConn() (*zk.Conn, error) {
+	c, events, err := zk.Connect([]string{b.c.zkAddr}, zkSession, zk.WithLogger(zkQuiet{}))
+	if err != nil {
+		return nil, err
+	}
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ev := <-events:
+			if ev.State == zk.StateHasSession {
+				return c, nil
+			}
+		case <-timeout:
+			c.Close()
+			return nil, fmt.Errorf("ZooKeeper at %s: no session within 10 s", b.c.zkAddr)
+		}
+	}
+}
+
+type zkQuiet struct{}
+
+func (zkQuiet) Printf(string, ...any) {}
+
+// openZK connects to ZooKeeper at c.zkAddr.
+func (b *bench) openZK() error {
+	c, err := b.newZKConn()
+	if err != nil {
+		return err
+	}
+	if _, err := c.Create("/dlock-bench-floor", nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		c.Close()
+		return fmt.Errorf("ZooKeeper at %s: %w", b.c.zkAddr, err)
+	}
+	b.zk = c
+	return nil
 }
 
 // openPG connects to PostgreSQL at c.pgDSN.
@@ -385,6 +472,15 @@ func (b *bench) floors(ctx context.Context) {
 		b.latency(s, "etcd one put", "", n, func(int) error {
 			_, err := b.etcd.Put(ctx, "bench-floor", "x")
 			return err
+		})
+	}
+	if b.zk != nil {
+		b.latency(s, zkFloor, "", n, func(int) error {
+			p, err := b.zk.Create("/dlock-bench-floor/n-", nil, zk.FlagEphemeral|zk.FlagSequence, zk.WorldACL(zk.PermAll))
+			if err != nil {
+				return err
+			}
+			return b.zk.Delete(p, -1)
 		})
 	}
 	tok := dlock.NewToken()
@@ -739,8 +835,8 @@ func (b *bench) addContended(section, name, floor string, st locktest.Contention
 func (b *bench) many(ctx context.Context) {
 	const s = "many locks held at once"
 	for _, st := range b.strategies() {
-		if strings.Contains(st.name, "rowlock") || strings.Contains(st.name, "sqlite") || strings.Contains(st.name, "etcd") {
-			continue // rowlock: one connection per lock by design; sqlite: one file; etcd: a lease per lock, ~3 ms each
+		if strings.Contains(st.name, "rowlock") || strings.Contains(st.name, "sqlite") || strings.Contains(st.name, "etcd") || strings.Contains(st.name, "zk") {
+			continue // rowlock: one connection per lock by design; sqlite: one file; etcd: a lease per lock, ~3 ms each; zk: a node write per lock and renewal
 		}
 		b.manyOne(ctx, s, st.name, st.make)
 	}
@@ -881,6 +977,29 @@ func startEtcd(dir string) (string, func(), error) {
 		"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu, "--initial-cluster", "bench="+pu,
 		"--log-level", "error")
 	return startAndWait(cmd, fmt.Sprintf("127.0.0.1:%d", client))
+}
+
+// startZooKeeper starts a standalone ZooKeeper (Debian's package) on a free
+// loopback port with its data in dir, and returns its address and a
+// function that stops it.
+func startZooKeeper(dir string) (string, func(), error) {
+	java, cp, err := testproc.ZooKeeperCommand()
+	if err != nil {
+		return "", nil, fmt.Errorf("no -zk and no ZooKeeper installed: %w", err)
+	}
+	port, err := freePort()
+	if err != nil {
+		return "", nil, err
+	}
+	conf := filepath.Join(dir, "zoo.cfg")
+	cfg := fmt.Sprintf("tickTime=2000\ndataDir=%s\nclientPort=%d\nclientPortAddress=127.0.0.1\n"+
+		"admin.enableServer=false\nmaxSessionTimeout=60000\n", filepath.Join(dir, "zk"), port)
+	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(java, "-Xmx256m", "-Dzookeeper.admin.enableServer=false", "-cp", cp,
+		"org.apache.zookeeper.server.quorum.QuorumPeerMain", conf)
+	return startAndWait(cmd, fmt.Sprintf("127.0.0.1:%d", port))
 }
 
 // freePort returns a loopback port that is free now.
