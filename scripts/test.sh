@@ -104,6 +104,13 @@ if [ ! -x /usr/share/zookeeper/bin/zkServer.sh ]; then
   log "WARNING: no ZooKeeper; the ZooKeeper tests will be skipped"
 fi
 
+# The fault harness partitions workers with network namespaces and
+# nftables (as root).
+if ! command -v nft >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+  log "installing nftables and iproute2 from Debian"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 >/dev/null || true
+fi
+
 command -v staticcheck >/dev/null 2>&1 || [ -x "$(go env GOPATH)/bin/staticcheck" ] ||
   GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION}"
 STATICCHECK="$(command -v staticcheck || echo "$(go env GOPATH)/bin/staticcheck")"

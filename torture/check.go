@@ -359,7 +359,7 @@ func (c *checker) attributeFaults() {
 					h.restarted = f
 				}
 			}
-		case FaultKill, FaultStop, FaultBlackhole, FaultCut, FaultLatency:
+		case FaultKill, FaultStop, FaultBlackhole, FaultCut, FaultLatency, FaultPartition:
 			for _, h := range byWorker[f.Worker] {
 				e := h.end()
 				if f.Kind == FaultStop && h.acqStart <= f.End && (e == 0 || e >= f.Start) {

@@ -38,13 +38,14 @@ const (
 	FaultCut       = "cut"       // close a holder's store connections and refuse new ones for TTL
 	FaultLatency   = "latency"   // add latency to a holder's store traffic for 3×TTL
 	FaultDBRestart = "dbrestart" // kill -9 the store's server and start it again
+	FaultPartition = "partition" // the kernel drops a holder's packets to and from the store for 2×TTL (Config.Netns)
 )
 
 // holderFaults are the kinds aimed at one holder; networkFaults need a
 // networked store.
 var (
-	holderFaults  = []string{FaultKill, FaultStop, FaultBlackhole, FaultCut, FaultLatency}
-	networkFaults = []string{FaultBlackhole, FaultCut, FaultLatency}
+	holderFaults  = []string{FaultKill, FaultStop, FaultBlackhole, FaultCut, FaultLatency, FaultPartition}
+	networkFaults = []string{FaultBlackhole, FaultCut, FaultLatency, FaultPartition}
 )
 
 // Config is one harness invocation.
@@ -62,16 +63,20 @@ type Config struct {
 	DBRestartEvery time.Duration // interval between server restarts
 	NoFencing      bool          // the whole run is a positive control
 	ClockSkew      float64       // workers' clocks run at 1−skew (even slots) or 1+skew (odd)
-	Control        time.Duration // after each strategy, a positive-control run this long (0: none)
-	MySQLDSN       string        // the MariaDB for the resource and the mysql strategies
-	PGDSN          string        // the PostgreSQL for the pg strategies (needed only for those)
-	RedisAddr      string        // host:port of the Redis of redis-lease
-	EtcdAddr       string        // host:port (client URL) of the etcd of etcd-lease
-	ZKAddr         string        // host:port of the ZooKeeper of zk-lease
-	ZKDataDir      string        // that ZooKeeper's dataDir (its transaction log is zk-lease's history)
-	Out            string        // output directory
-	Tag            string        // table-name tag: torture_<tag>_*
-	Log            io.Writer     // progress lines; nil discards
+	// Netns runs the workers of networked strategies in network namespaces
+	// of their own (root, ip and nft needed), which the partition fault
+	// requires.
+	Netns     bool
+	Control   time.Duration // after each strategy, a positive-control run this long (0: none)
+	MySQLDSN  string        // the MariaDB for the resource and the mysql strategies
+	PGDSN     string        // the PostgreSQL for the pg strategies (needed only for those)
+	RedisAddr string        // host:port of the Redis of redis-lease
+	EtcdAddr  string        // host:port (client URL) of the etcd of etcd-lease
+	ZKAddr    string        // host:port of the ZooKeeper of zk-lease
+	ZKDataDir string        // that ZooKeeper's dataDir (its transaction log is zk-lease's history)
+	Out       string        // output directory
+	Tag       string        // table-name tag: torture_<tag>_*
+	Log       io.Writer     // progress lines; nil discards
 }
 
 var tagRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
@@ -94,6 +99,14 @@ func (c *Config) check() error {
 	for _, f := range c.Faults {
 		if !slices.Contains(holderFaults, f) {
 			return fmt.Errorf("unknown fault %q (have %s)", f, strings.Join(holderFaults, ","))
+		}
+		if f == FaultPartition && !c.Netns {
+			return errors.New("the partition fault needs network namespaces (Config.Netns, -netns)")
+		}
+	}
+	if c.Netns {
+		if err := netnsAvailable(); err != nil {
+			return err
 		}
 	}
 	switch {
@@ -269,7 +282,9 @@ type runner struct {
 	dir   string
 	keys  []string
 	fp    *faultProxies
-	rng   *rand.Rand // fault choices; used by the scheduler goroutine only
+	rng   *rand.Rand    // fault choices; used by the scheduler goroutine only
+	ns    *namespaces   // with Config.Netns, for networked stores
+	rp    *faultProxies // the workers' way to the resource, in namespaces (never faulted)
 	// stopRecord ends the adapter's recording (Adapter.Record); collect
 	// calls it once and clears it.
 	stopRecord func(ctx context.Context) ([]LeaseEvent, error)
@@ -362,7 +377,24 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 		if err != nil {
 			return nil, err
 		}
-		if r.fp, err = newFaultProxies(cfg.Workers, up); err != nil {
+		var listen func(int) string
+		if cfg.Netns {
+			if r.ns, err = newNamespaces(cfg.Workers); err != nil {
+				return nil, err
+			}
+			defer r.ns.close()
+			listen = func(slot int) string { return r.ns.hostIP(slot).String() }
+			// The resource too is reached through the slot's veth.
+			resUp, err := mysqlUpstream(r.env)
+			if err != nil {
+				return nil, err
+			}
+			if r.rp, err = newFaultProxies(cfg.Workers, resUp, listen); err != nil {
+				return nil, err
+			}
+			defer r.rp.close()
+		}
+		if r.fp, err = newFaultProxies(cfg.Workers, up, listen); err != nil {
 			return nil, err
 		}
 		defer r.fp.close()
@@ -432,13 +464,17 @@ func (r *runner) supervise(slot int) {
 func (r *runner) start(slot, inc int) (*proc, error) {
 	id := fmt.Sprintf("w%d.%d", slot, inc)
 	p := &proc{slot: slot, id: id, events: filepath.Join(r.dir, id+".jsonl"), exited: make(chan struct{})}
-	addr := ""
+	addr, resAddr := "", ""
 	if r.fp != nil {
 		addr = r.fp.addr(slot)
+	}
+	if r.rp != nil {
+		resAddr = r.rp.addr(slot)
 	}
 	wc := workerConfig{
 		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, TTL: r.cfg.TTL,
 		Open:      OpenArgs{DSN: r.env.MySQLDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
+		Resource:  resAddr,
 		Seed:      r.cfg.Seed ^ uint64(slot)<<32 ^ uint64(inc),
 		LongFrac:  r.m.longFrac,
 		NoFencing: r.m.noFencing,
@@ -455,9 +491,13 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 		return nil, err
 	}
 	defer stderr.Close()
-	cmd := exec.Command(exe, "-test.run=^$") // the flag matters only when exe is a test binary
-	if !strings.HasSuffix(exe, ".test") {
-		cmd = exec.Command(exe)
+	var args []string
+	if strings.HasSuffix(exe, ".test") {
+		args = []string{"-test.run=^$"} // the harness is a test: run no tests in the worker
+	}
+	cmd := exec.Command(exe, args...)
+	if r.ns != nil {
+		cmd = r.ns.command(slot, exe, args...)
 	}
 	cmd.Env = append(os.Environ(), workerEnv+"="+string(js))
 	cmd.Stderr = stderr
@@ -691,6 +731,17 @@ func (r *runner) inject(ctx context.Context, kind string, p *proc, key string, f
 		r.fp.cut(p.slot)
 		sleepCtx(ctx, ttl)
 		if err := r.fp.mend(p.slot); err != nil {
+			f.Err = err.Error()
+		}
+	case FaultPartition:
+		_, port, _ := net.SplitHostPort(r.fp.addr(p.slot))
+		n, _ := strconv.ParseUint(port, 10, 16)
+		f.Start = Mono()
+		if err := r.ns.partition(p.slot, uint16(n)); err != nil {
+			f.Err = err.Error()
+		}
+		sleepCtx(ctx, 2*ttl)
+		if err := r.ns.heal(p.slot); err != nil && f.Err == "" {
 			f.Err = err.Error()
 		}
 	case FaultLatency:

@@ -3,6 +3,7 @@ package torture
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -16,10 +17,16 @@ type faultProxies struct {
 	ps  []*toxiproxy.Proxy
 }
 
-func newFaultProxies(n int, upstream string) (*faultProxies, error) {
+// newFaultProxies starts n proxies to upstream; listen gives slot i's
+// listening host (nil: loopback).
+func newFaultProxies(n int, upstream string, listen func(slot int) string) (*faultProxies, error) {
 	fp := &faultProxies{srv: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())}
 	for i := range n {
-		p := toxiproxy.NewProxy(fp.srv, fmt.Sprintf("slot%d", i), "127.0.0.1:0", upstream)
+		host := "127.0.0.1"
+		if listen != nil {
+			host = listen(i)
+		}
+		p := toxiproxy.NewProxy(fp.srv, fmt.Sprintf("slot%d", i), net.JoinHostPort(host, "0"), upstream)
 		if err := p.Start(); err != nil {
 			fp.close()
 			return nil, fmt.Errorf("start proxy: %w", err)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/go-sql-driver/mysql"
 )
 
 // workerEnv is the environment variable that turns the harness binary (or a
@@ -35,6 +36,7 @@ type workerConfig struct {
 	NoFencing bool          `json:"no_fencing"`
 	ClockRate float64       `json:"clock_rate"` // the Locker's clock rate (1: real time)
 	Events    string        `json:"events"`     // path of the JSON-lines record
+	Resource  string        `json:"resource"`   // host:port of the resource's MariaDB, if not the DSN's
 }
 
 // RunWorkerIfRequested runs a worker and exits if this process was started
@@ -89,7 +91,16 @@ func runWorker(cfg workerConfig) error {
 	if cfg.ClockRate != 0 && cfg.ClockRate != 1 {
 		clock = newRateClock(cfg.ClockRate)
 	}
-	rdb, err := sql.Open("mysql", cfg.Open.DSN)
+	rdsn := cfg.Open.DSN
+	if cfg.Resource != "" {
+		mc, err := mysql.ParseDSN(rdsn)
+		if err != nil {
+			return err
+		}
+		mc.Net, mc.Addr = "tcp", cfg.Resource
+		rdsn = mc.FormatDSN()
+	}
+	rdb, err := sql.Open("mysql", rdsn)
 	if err != nil {
 		return err
 	}

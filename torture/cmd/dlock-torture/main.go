@@ -68,6 +68,7 @@ func run() int {
 	flag.BoolVar(&cfg.DBRestart, "db-restart", false, "also kill -9 and restart the MariaDB server (disrupts every other user of it)")
 	flag.DurationVar(&cfg.DBRestartEvery, "db-restart-every", 30*time.Second, "interval between server restarts")
 	flag.Float64Var(&cfg.ClockSkew, "clock-skew", 0, "client clock rate error: even workers' Lockers time leases with a clock running at 1−skew, odd ones at 1+skew (0.05: ±5 %)")
+	flag.BoolVar(&cfg.Netns, "netns", false, "run the workers of networked strategies in network namespaces of their own (root, ip, nft); adds the partition fault to the default faults")
 	flag.BoolVar(&cfg.NoFencing, "no-fencing", false, "positive control: the resource accepts every write; the run must detect violations")
 	flag.DurationVar(&cfg.Control, "control", 20*time.Second, "after each strategy, a positive-control run (no fencing, SIGSTOP faults) this long; 0 for none")
 	flag.StringVar(&cfg.MySQLDSN, "dsn", dsn, "MariaDB DSN for the resource and the mysql strategies ($DLOCK_MYSQL_DSN)")
@@ -75,11 +76,16 @@ func run() int {
 	flag.StringVar(&cfg.Out, "out", "", "output directory (default torture-out/<time>)")
 	flag.StringVar(&cfg.Tag, "tag", "cli", "tag in table names: torture_<tag><n>_*")
 	flag.Parse()
+	faultsSet := false
+	flag.Visit(func(f *flag.Flag) { faultsSet = faultsSet || f.Name == "faults" })
 	if strategies != "" {
 		cfg.Strategies = strings.Split(strategies, ",")
 	}
 	if faults != "" {
 		cfg.Faults = strings.Split(faults, ",")
+	}
+	if cfg.Netns && !faultsSet {
+		cfg.Faults = append(cfg.Faults, torture.FaultPartition)
 	}
 	if cfg.Out == "" {
 		cfg.Out = "torture-out/" + time.Now().Format("20060102-150405")
