@@ -3,6 +3,7 @@ package torture
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -62,6 +63,9 @@ type Adapter struct {
 	// the order the store applied them. Optional: without it the
 	// server-side checks are skipped (reported as not run) and lead times
 	// are estimated from the next acquisition.
+	// History (and Record's stop) may return an error matching ErrNoHistory:
+	// the record cannot be read in this setup, and the checks that need it are
+	// reported inconclusive instead of failing the run.
 	History func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error)
 
 	// Record starts recording the store's changes as they happen, for a
@@ -76,6 +80,10 @@ type Adapter struct {
 	// readiness. Optional: nil for embedded stores.
 	Restart func(ctx context.Context, env *Env) (killed, ready int64, err error)
 }
+
+// ErrNoHistory means that the store's record is not available in this setup
+// (zk-lease without the ZooKeeper's dataDir): see Adapter.History.
+var ErrNoHistory = errors.New("torture: no store history in this setup")
 
 // Env is what the harness hands adapters.
 type Env struct {

@@ -71,10 +71,14 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 		in.HasHistory, in.History = true, hist
 	} else if h := r.m.adapter.History; h != nil {
 		hist, err := h(ctx, r.env, r.store)
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrNoHistory):
+			// Not available here: the store checks are reported inconclusive.
+		case err != nil:
 			return nil, fmt.Errorf("read store history: %w", err)
+		default:
+			in.HasHistory, in.History = true, hist
 		}
-		in.HasHistory, in.History = true, hist
 	}
 	log, err := readResourceLog(ctx, r.env.DB, r.env.Tag)
 	if err != nil {

@@ -45,3 +45,26 @@ func (b *timedBackend) Release(ctx context.Context, key string, token dlock.Toke
 	b.note("release", key, t0, err)
 	return err
 }
+
+// timedWaiter is a timedBackend whose backend is a dlock.Waiter: it passes
+// AcquireWait through, so that the Locker waits in the store (doorbells,
+// LISTEN/NOTIFY, pub/sub, watches) as it would on the bare backend.
+// Embedding only dlock.Backend would hide the Waiter, and the Locker would
+// poll. Waiting is what AcquireWait is for, so its duration is not noted.
+type timedWaiter struct {
+	*timedBackend
+	w dlock.Waiter
+}
+
+func (b timedWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	return b.w.AcquireWait(ctx, req)
+}
+
+// newTimedBackend wraps b, keeping its dlock.Waiter if it has one.
+func newTimedBackend(b dlock.Backend, rec *recorder, slow time.Duration) dlock.Backend {
+	tb := &timedBackend{Backend: b, rec: rec, slow: slow}
+	if w, ok := b.(dlock.Waiter); ok {
+		return timedWaiter{tb, w}
+	}
+	return tb
+}

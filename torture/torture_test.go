@@ -77,7 +77,8 @@ func testPGDSN(t *testing.T) string {
 // DLOCK_TORTURE_DURATION changes the time per strategy (default 20s; the
 // control runs half as long, at least 10s); DLOCK_TORTURE_STRATEGIES
 // (comma-separated) runs only those; DLOCK_TORTURE_OUT keeps the records in
-// that directory.
+// that directory; DLOCK_TORTURE_TAG (default "ci") names the tables, so that
+// concurrent runs on one server do not share them.
 func TestShortRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the harness runs for about two minutes")
@@ -95,6 +96,10 @@ func TestShortRun(t *testing.T) {
 		out = t.TempDir()
 	}
 	var log strings.Builder
+	tag := os.Getenv("DLOCK_TORTURE_TAG") // concurrent runs need tables of their own
+	if tag == "" {
+		tag = "ci"
+	}
 	cfg := Config{
 		Duration: d, Workers: 5, Keys: 2, TTL: time.Second, Seed: uint64(time.Now().UnixNano()),
 		Faults:     slices.DeleteFunc(slices.Clone(holderFaults), func(f string) bool { return f == FaultPartition }),
@@ -104,7 +109,7 @@ func TestShortRun(t *testing.T) {
 		// the README's findings.)
 		ClockSkew: 0.02,
 		Control:   max(d/2, 10*time.Second),
-		MySQLDSN:  dsn, Out: out, Tag: "ci", Log: &log,
+		MySQLDSN:  dsn, Out: out, Tag: tag, Log: &log,
 	}
 	// The partition fault needs network namespaces (root, ip, nft).
 	if err := netnsAvailable(); err == nil {

@@ -112,7 +112,7 @@ func runWorker(cfg workerConfig) error {
 		res: newResource(rdb, cfg.Tag, cfg.NoFencing),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x746f7274757265)),
 		out: bufio.NewWriter(os.Stdout),
-		locker: dlock.New(&timedBackend{Backend: b, rec: rec, slow: cfg.TTL / 5}, &dlock.Options{
+		locker: dlock.New(newTimedBackend(b, rec, cfg.TTL/5), &dlock.Options{
 			TTL:    cfg.TTL,
 			Clock:  clock,
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
