@@ -193,6 +193,25 @@ func TestCheckLiveness(t *testing.T) {
 	}
 }
 
+// A short hold whose release the store records early (a lower bound, as
+// mysql-lease's) must not count as its own waiter: w2 takes the key at
+// 650 ms, releases it at 660 ms (recorded at 600 ms), and nobody waits until
+// w1 comes back at 5 s.
+func TestCheckLivenessHolderIsNotItsOwnWaiter(t *testing.T) {
+	in := base()
+	in.History[3].AtUs, in.History[3].ExpUs = 600_000, 600_000 // before w2's acquisition returned
+	in.Workers[1].Events[3].T, in.Workers[1].Events[4].T0, in.Workers[1].Events[4].T = 700*ms, 700*ms, 701*ms
+	in.Workers[0].Events = append(in.Workers[0].Events,
+		Event{T0: 4900 * ms, T: 5000 * ms, Ev: "acq", K: "k", F: 3},
+		Event{T0: 5100 * ms, T: 5101 * ms, Ev: "rel", K: "k", F: 3})
+	in.History = append(in.History,
+		LeaseEvent{Seq: 5, Key: "k", Fence: 3, Token: [16]byte{3}, AtUs: 4990_000, ExpUs: 5990_000},
+		LeaseEvent{Seq: 6, Key: "k", Fence: 3, Token: [16]byte{3}, AtUs: 5100_000, ExpUs: 5100_000, Release: true})
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a hold counted as its own waiter: %v", r.ViolationList)
+	}
+}
+
 func TestCheckClockStepIsInconclusive(t *testing.T) {
 	in := base()
 	in.OffsetSkew = int64(50 * time.Millisecond)
