@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -43,9 +44,9 @@ func TestClusterMemberLoss(t *testing.T) {
 			c := startCluster(t, 3)
 			eps := c.endpoints()
 			const ttl = 4 * time.Second // outlasts an election and a request timeout
-			a := newLocker(t, newBackend(t, eps))
-			b := newLocker(t, newBackend(t, eps))
-			k := uniqueKey("member-loss")
+			a := locktest.NewLocker(t, newBackend(t, eps))
+			b := locktest.NewLocker(t, newBackend(t, eps))
+			k := locktest.UniqueKey("member-loss")
 			lk, err := a.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
 			if err != nil {
 				t.Fatal(err)
@@ -60,7 +61,7 @@ func TestClusterMemberLoss(t *testing.T) {
 			t.Logf("killed %s %s", victim, c.members[i].name)
 
 			// A free key can be taken through the surviving members.
-			ko := uniqueKey("member-loss-other")
+			ko := locktest.UniqueKey("member-loss-other")
 			other, err := b.TryAcquire(ctxT(t, 15*time.Second), ko, dlock.WithTTL(ttl))
 			if err != nil {
 				resp, gerr := newClient(t, eps...).Get(ctxT(t, 5*time.Second), "dlock/", clientv3.WithPrefix())
@@ -133,10 +134,10 @@ func TestClusterPartitionedHolder(t *testing.T) {
 				}
 			}
 			const ttl = 2 * time.Second
-			a := newLocker(t, newBackend(t, []string{pinned.endpoint()}))
-			b := newLocker(t, newBackend(t, rest))
+			a := locktest.NewLocker(t, newBackend(t, []string{pinned.endpoint()}))
+			b := locktest.NewLocker(t, newBackend(t, rest))
 			t.Cleanup(pinned.cont) // before the clients close
-			k := uniqueKey("partition")
+			k := locktest.UniqueKey("partition")
 			lk, err := a.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
 			if err != nil {
 				t.Fatal(err)

@@ -3,7 +3,6 @@ package etcdlock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -49,14 +48,6 @@ func newBackend(t testing.TB, eps []string) *etcdlock.Backend {
 	return b
 }
 
-func newLocker(t testing.TB, b dlock.Backend) *dlock.Locker {
-	l := dlock.New(b, nil)
-	t.Cleanup(func() { l.Close(context.Background()) })
-	return l
-}
-
-func uniqueKey(name string) string { return fmt.Sprintf("%s/%s", name, dlock.NewToken().String()[:8]) }
-
 func TestConformance(t *testing.T) {
 	eps := endpoints(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, eps) })
@@ -89,8 +80,8 @@ func entries(t *testing.T, c *clientv3.Client, prefix string) []string {
 func TestWaitersAreServedInArrivalOrder(t *testing.T) {
 	eps := endpoints(t)
 	c := newClient(t, eps...)
-	k := uniqueKey("fifo")
-	holder := newLocker(t, newBackend(t, eps))
+	k := locktest.UniqueKey("fifo")
+	holder := locktest.NewLocker(t, newBackend(t, eps))
 	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +92,7 @@ func TestWaitersAreServedInArrivalOrder(t *testing.T) {
 	var fences []uint64
 	var wg sync.WaitGroup
 	for i := range waiters {
-		l := newLocker(t, newBackend(t, eps))
+		l := locktest.NewLocker(t, newBackend(t, eps))
 		wg.Go(func() {
 			w, err := l.Acquire(ctxT(t, 30*time.Second), k, dlock.WithTTL(time.Second))
 			if err != nil {
@@ -150,10 +141,10 @@ func TestWaitersAreServedInArrivalOrder(t *testing.T) {
 func TestCancelledWaitLeavesTheQueue(t *testing.T) {
 	eps := endpoints(t)
 	c := newClient(t, eps...)
-	k := uniqueKey("cancel")
+	k := locktest.UniqueKey("cancel")
 	dir := etcdlock.DefaultPrefix + strings.ReplaceAll(k, "/", "%2F") + "/"
-	a := newLocker(t, newBackend(t, eps))
-	b := newLocker(t, newBackend(t, eps))
+	a := locktest.NewLocker(t, newBackend(t, eps))
+	b := locktest.NewLocker(t, newBackend(t, eps))
 	lk, err := a.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +180,7 @@ func TestLeaseIsWholeSecondsRoundedUp(t *testing.T) {
 	eps := endpoints(t)
 	c := newClient(t, eps...)
 	b := newBackend(t, eps)
-	k := uniqueKey("ttl")
+	k := locktest.UniqueKey("ttl")
 	tok := dlock.NewToken()
 	ctx := ctxT(t, 5*time.Second)
 	if r, err := b.Acquire(ctx, dlock.Request{Key: k, Token: tok, TTL: 1500 * time.Millisecond}); err != nil || !r.Acquired {
@@ -222,8 +213,8 @@ func TestPrefix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := uniqueKey("prefix")
-	la, lb := newLocker(t, a), newLocker(t, b)
+	k := locktest.UniqueKey("prefix")
+	la, lb := locktest.NewLocker(t, a), locktest.NewLocker(t, b)
 	x, err := la.TryAcquire(ctxT(t, 5*time.Second), k)
 	if err != nil {
 		t.Fatal(err)
@@ -258,8 +249,8 @@ func waitFor(t *testing.T, cond func() bool) {
 func TestFencingSurvivesRestart(t *testing.T) {
 	c := startCluster(t, 1)
 	eps := c.endpoints()
-	l := newLocker(t, newBackend(t, eps))
-	k, held := uniqueKey("restart"), uniqueKey("restart-held")
+	l := locktest.NewLocker(t, newBackend(t, eps))
+	k, held := locktest.UniqueKey("restart"), locktest.UniqueKey("restart-held")
 	first, err := l.TryAcquire(ctxT(t, 5*time.Second), k)
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +274,7 @@ func TestFencingSurvivesRestart(t *testing.T) {
 	if err := lk.Err(); err != nil {
 		t.Errorf("a lock held across the restart was lost: %v", err)
 	}
-	if _, err := newLocker(t, newBackend(t, eps)).TryAcquire(ctxT(t, 5*time.Second), held); !errors.Is(err, dlock.ErrNotAcquired) {
+	if _, err := locktest.NewLocker(t, newBackend(t, eps)).TryAcquire(ctxT(t, 5*time.Second), held); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Errorf("a lock held across the restart was free to others: %v", err)
 	}
 	if err := lk.Release(context.Background()); err != nil {

@@ -924,3 +924,17 @@ func (s *suite) forceRelease(t *testing.T) {
 	}
 	next.Release(context.Background())
 }
+
+// NewLocker returns a Locker over b with the default options, closed when
+// the test ends: for a backend's own tests beside the suite.
+func NewLocker(t testing.TB, b dlock.Backend) *dlock.Locker {
+	l := dlock.New(b, nil)
+	t.Cleanup(func() { l.Close(context.Background()) })
+	return l
+}
+
+// UniqueKey returns name with a random suffix: a key that no other test or
+// earlier run on the same server uses.
+func UniqueKey(name string) string {
+	return fmt.Sprintf("%s/%s", name, dlock.NewToken().String()[:8])
+}

@@ -3,7 +3,6 @@ package redislock_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -60,19 +59,11 @@ func newBackend(t testing.TB, c redislock.Client, opts *redislock.Options) *redi
 	return b
 }
 
-func newLocker(t testing.TB, b dlock.Backend) *dlock.Locker {
-	l := dlock.New(b, nil)
-	t.Cleanup(func() { l.Close(context.Background()) })
-	return l
-}
-
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
-
-func uniqueKey(name string) string { return fmt.Sprintf("%s/%s", name, dlock.NewToken().String()[:8]) }
 
 func TestConformance(t *testing.T) {
 	addr := serversFromEnv(t, envAddr, 1, false)[0]
@@ -96,10 +87,10 @@ func TestClusterKeyNames(t *testing.T) {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr()}})
 	t.Cleanup(func() { c.Close() })
 	b := newBackend(t, c, nil)
-	l1, l2 := newLocker(t, b), newLocker(t, newBackend(t, c, nil))
+	l1, l2 := locktest.NewLocker(t, b), locktest.NewLocker(t, newBackend(t, c, nil))
 	ctx := ctxT(t, 30*time.Second)
 	node := nodes[0].client(t)
-	base := uniqueKey("braces")
+	base := locktest.UniqueKey("braces")
 	slots := map[int64]bool{}
 	for _, k := range []string{"}" + base, "{" + base, base + "{x}", "{}" + base, "a{b}c" + base, base + "%7B%", "plain" + base} {
 		lock, fence, channel := b.Names(k)
@@ -154,10 +145,10 @@ func TestSentinel(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	l1 := newLocker(t, newBackend(t, failover(), nil))
-	l2 := newLocker(t, newBackend(t, failover(), nil))
+	l1 := locktest.NewLocker(t, newBackend(t, failover(), nil))
+	l2 := locktest.NewLocker(t, newBackend(t, failover(), nil))
 	ctx := ctxT(t, 30*time.Second)
-	k := uniqueKey("sentinel")
+	k := locktest.UniqueKey("sentinel")
 	lk, err := l1.TryAcquire(ctx, k, dlock.WithTTL(10*time.Second), dlock.WithOwner("alice"))
 	if err != nil {
 		t.Fatal(err)
@@ -187,8 +178,8 @@ func TestSentinel(t *testing.T) {
 // counter was lost too (it is kept at least the server's clock).
 func TestRestartLosesLock(t *testing.T) {
 	s := startServer(t)
-	l := newLocker(t, newBackend(t, s.client(t), nil))
-	k := uniqueKey("restart")
+	l := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
+	k := locktest.UniqueKey("restart")
 	lk, err := l.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -221,8 +212,8 @@ func TestRestartLosesLock(t *testing.T) {
 // always the lock and its counter survive a crash and restart.
 func TestRestartWithAppendFsyncKeepsLock(t *testing.T) {
 	s := startServer(t, "--appendonly", "yes", "--appendfsync", "always")
-	l := newLocker(t, newBackend(t, s.client(t), nil))
-	k := uniqueKey("aof")
+	l := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
+	k := locktest.UniqueKey("aof")
 	lk, err := l.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +223,7 @@ func TestRestartWithAppendFsyncKeepsLock(t *testing.T) {
 	if err := lk.Err(); err != nil {
 		t.Fatalf("lock lost across a restart with appendfsync always: %v", err)
 	}
-	other := newLocker(t, newBackend(t, s.client(t), nil))
+	other := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
 	if _, err := other.TryAcquire(ctxT(t, 5*time.Second), k); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Errorf("another client: %v, want ErrNotAcquired", err)
 	}
@@ -267,9 +258,9 @@ func evalCalls(t *testing.T, c *redis.Client) int {
 func checkWakeUp(t *testing.T, s *server, sharded bool) {
 	admin := s.client(t)
 	b := newBackend(t, s.client(t), nil)
-	holder := newLocker(t, b)
-	waiter := newLocker(t, newBackend(t, s.client(t), nil))
-	k := uniqueKey("wake")
+	holder := locktest.NewLocker(t, b)
+	waiter := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
+	k := locktest.UniqueKey("wake")
 	_, _, channel := b.Names(k)
 	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(30*time.Second))
 	if err != nil {
@@ -340,9 +331,9 @@ func TestClassicPubSubFallback(t *testing.T) {
 // publishes.
 func TestForceReleaseWakesWaiter(t *testing.T) {
 	s := startServer(t)
-	holder := newLocker(t, newBackend(t, s.client(t), nil))
-	waiter := newLocker(t, newBackend(t, s.client(t), nil))
-	k := uniqueKey("force")
+	holder := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
+	waiter := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
+	k := locktest.UniqueKey("force")
 	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -367,7 +358,7 @@ func TestHolderInfo(t *testing.T) {
 	s := startServer(t)
 	b := newBackend(t, s.client(t), nil)
 	ctx := ctxT(t, 10*time.Second)
-	k := uniqueKey("holder")
+	k := locktest.UniqueKey("holder")
 	tok := dlock.NewToken()
 	before := time.Now()
 	r, err := b.Acquire(ctx, dlock.Request{Key: k, Token: tok, Owner: "alice", TTL: 10 * time.Second, Metadata: "job=7"})
@@ -406,7 +397,7 @@ func TestLeaseIsTheServers(t *testing.T) {
 	c := s.client(t)
 	b := newBackend(t, c, nil)
 	ctx := ctxT(t, 10*time.Second)
-	k := uniqueKey("pttl")
+	k := locktest.UniqueKey("pttl")
 	tok := dlock.NewToken()
 	if r, err := b.Acquire(ctx, dlock.Request{Key: k, Token: tok, TTL: 7 * time.Second}); err != nil || !r.Acquired {
 		t.Fatalf("Acquire: %+v %v", r, err)
@@ -439,10 +430,10 @@ func TestLeaseIsTheServers(t *testing.T) {
 // other's locks, and that prefixes are validated.
 func TestPrefix(t *testing.T) {
 	s := startServer(t)
-	a := newLocker(t, newBackend(t, s.client(t), &redislock.Options{Prefix: "app-a:"}))
-	b := newLocker(t, newBackend(t, s.client(t), &redislock.Options{Prefix: "app-b:"}))
+	a := locktest.NewLocker(t, newBackend(t, s.client(t), &redislock.Options{Prefix: "app-a:"}))
+	b := locktest.NewLocker(t, newBackend(t, s.client(t), &redislock.Options{Prefix: "app-b:"}))
 	ctx := ctxT(t, 10*time.Second)
-	k := uniqueKey("prefix")
+	k := locktest.UniqueKey("prefix")
 	la, err := a.TryAcquire(ctx, k)
 	if err != nil {
 		t.Fatal(err)
@@ -471,7 +462,7 @@ func TestPrefix(t *testing.T) {
 func TestServerDown(t *testing.T) {
 	s := startServer(t)
 	c := s.client(t)
-	l := newLocker(t, newBackend(t, c, nil))
+	l := locktest.NewLocker(t, newBackend(t, c, nil))
 	s.kill()
 	ctx := ctxT(t, 20*time.Second)
 	for _, acquire := range []func(context.Context, string, ...dlock.AcquireOption) (*dlock.Lock, error){l.TryAcquire, l.Acquire} {
@@ -497,9 +488,9 @@ func TestNoChannelPermission(t *testing.T) {
 		return c
 	}
 	b := newBackend(t, limited(), nil)
-	holder := newLocker(t, b)
-	waiter := newLocker(t, newBackend(t, limited(), nil))
-	k := uniqueKey("acl")
+	holder := locktest.NewLocker(t, b)
+	waiter := locktest.NewLocker(t, newBackend(t, limited(), nil))
+	k := locktest.UniqueKey("acl")
 	lk, err := holder.TryAcquire(ctx, k, dlock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -528,9 +519,9 @@ func TestNoChannelPermission(t *testing.T) {
 // resubscription wakes it to find the key gone, long before the lease.
 func TestWaiterSurvivesRestart(t *testing.T) {
 	s := startServer(t)
-	holder := newLocker(t, newBackend(t, s.client(t), nil))
-	waiter := newLocker(t, newBackend(t, s.client(t), nil))
-	k := uniqueKey("waitrestart")
+	holder := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
+	waiter := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
+	k := locktest.UniqueKey("waitrestart")
 	if _, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(30*time.Second)); err != nil {
 		t.Fatal(err)
 	}

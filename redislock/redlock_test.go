@@ -53,10 +53,10 @@ func TestConformanceRedlock(t *testing.T) {
 func TestRedlockMinorityFailure(t *testing.T) {
 	servers := startServers(t, 3)
 	addrs := addrsOf(servers)
-	l1 := newLocker(t, newRedlock(t, addrs, nil))
-	l2 := newLocker(t, newRedlock(t, addrs, nil))
+	l1 := locktest.NewLocker(t, newRedlock(t, addrs, nil))
+	l2 := locktest.NewLocker(t, newRedlock(t, addrs, nil))
 	ctx := ctxT(t, 60*time.Second)
-	k := uniqueKey("minority")
+	k := locktest.UniqueKey("minority")
 	lk, err := l1.TryAcquire(ctx, k, dlock.WithTTL(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -105,16 +105,16 @@ func TestRedlockMinorityFailure(t *testing.T) {
 // is reported lost within its lease.
 func TestRedlockMajorityFailure(t *testing.T) {
 	servers := startServers(t, 3)
-	l := newLocker(t, newRedlock(t, addrsOf(servers), nil))
+	l := locktest.NewLocker(t, newRedlock(t, addrsOf(servers), nil))
 	ctx := ctxT(t, 60*time.Second)
-	held, err := l.TryAcquire(ctx, uniqueKey("held"), dlock.WithTTL(2*time.Second))
+	held, err := l.TryAcquire(ctx, locktest.UniqueKey("held"), dlock.WithTTL(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	servers[0].kill()
 	servers[1].kill()
 
-	k := uniqueKey("majority")
+	k := locktest.UniqueKey("majority")
 	for name, acquire := range map[string]func(context.Context, string, ...dlock.AcquireOption) (*dlock.Lock, error){
 		"TryAcquire": l.TryAcquire, "Acquire": l.Acquire,
 	} {
@@ -147,7 +147,7 @@ func TestRedlockFencingAfterDivergence(t *testing.T) {
 	servers := startServers(t, 3)
 	a, b := servers[0], servers[1]
 	ctx := ctxT(t, 30*time.Second)
-	k := uniqueKey("diverge")
+	k := locktest.UniqueKey("diverge")
 	_, fenceKey, _ := newBackend(t, a.client(t), nil).Names(k)
 	// A counted acquisitions the others missed.
 	if err := a.client(t).Set(ctx, fenceKey, 100, 0).Err(); err != nil {
@@ -186,7 +186,7 @@ func TestRedlockSplitVote(t *testing.T) {
 	servers := startServers(t, 3)
 	r := newRedlock(t, addrsOf(servers), nil)
 	ctx := ctxT(t, 30*time.Second)
-	k := uniqueKey("split")
+	k := locktest.UniqueKey("split")
 	// Others hold the key on two servers (as a single-server lock each).
 	for _, s := range servers[:2] {
 		b := newBackend(t, s.client(t), nil)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
 )
 
 // TestEnsembleSurvivesLossOfOneMember kills the member a holder's session
@@ -16,9 +17,9 @@ func TestEnsembleSurvivesLossOfOneMember(t *testing.T) {
 	ss := startEnsemble(t, 3)
 	addrs := []string{ss[0].addr(), ss[1].addr(), ss[2].addr()}
 	conn := newConn(t, addrs...)
-	l := newLocker(t, newBackend(t, conn))
-	other := newLocker(t, newBackend(t, newConn(t, addrs...)))
-	k := uniqueKey("ensemble")
+	l := locktest.NewLocker(t, newBackend(t, conn))
+	other := locktest.NewLocker(t, newBackend(t, newConn(t, addrs...)))
+	k := locktest.UniqueKey("ensemble")
 	lk, err := l.TryAcquire(ctxT(t, 20*time.Second), k, dlock.WithTTL(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -73,9 +74,9 @@ func TestPartitionedHolderIsToldOfLoss(t *testing.T) {
 	if frozen == nil {
 		t.Fatal("no follower found")
 	}
-	holder := newLocker(t, newBackend(t, newConn(t, frozen.addr())))
-	waiter := newLocker(t, newBackend(t, newConn(t, rest...)))
-	k := uniqueKey("partition")
+	holder := locktest.NewLocker(t, newBackend(t, newConn(t, frozen.addr())))
+	waiter := locktest.NewLocker(t, newBackend(t, newConn(t, rest...)))
+	k := locktest.UniqueKey("partition")
 	const ttl = 3 * time.Second
 	lk, err := holder.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
 	if err != nil {

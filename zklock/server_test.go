@@ -17,13 +17,9 @@ import (
 	"github.com/go-zookeeper/zk"
 )
 
-// Server timing: 200 ms ticks make elections and session expiry quick; the
-// session timeout bounds are explicit so that the tests' 30 s sessions
-// (dlock's DefaultTTL needs them) are granted.
-const (
-	tickMs         = 200
-	sessionTimeout = 30 * time.Second
-)
+// sessionTimeout is the tests' session: dlock's DefaultTTL of 30 s needs it,
+// and the servers (testproc.ZooKeeperConfig) grant sessions up to 60 s.
+const sessionTimeout = 30 * time.Second
 
 // serverCommand returns java and the classpath. Without them the test fails
 // under CI=true and is skipped otherwise.
@@ -62,17 +58,7 @@ func (s *server) writeConfig(t testing.TB, peers []*server) {
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	cfg := fmt.Sprintf(`tickTime=%d
-initLimit=20
-syncLimit=5
-dataDir=%s
-clientPort=%d
-clientPortAddress=127.0.0.1
-admin.enableServer=false
-4lw.commands.whitelist=srvr,ruok,wchp,wchc,cons
-minSessionTimeout=1000
-maxSessionTimeout=60000
-`, tickMs, data, s.port)
+	cfg := testproc.ZooKeeperConfig(data, s.port)
 	for _, p := range peers {
 		cfg += fmt.Sprintf("server.%d=127.0.0.1:%d:%d\n", p.id, p.peer, p.election)
 	}
@@ -89,9 +75,7 @@ maxSessionTimeout=60000
 
 // start runs the JVM. It does not wait for the server to serve.
 func (s *server) start() error {
-	return s.proc.Start(s.java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-		"-Dzookeeper.forceSync=no", "-Dzookeeper.admin.enableServer=false",
-		"-cp", s.classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", s.conf)
+	return s.proc.Start(s.java, testproc.ZooKeeperArgs(s.classpath, s.conf)...)
 }
 
 // waitServing waits (bounded) until the server reports a mode: it has

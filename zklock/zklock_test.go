@@ -38,14 +38,6 @@ func newBackend(t testing.TB, c zklock.Conn) *zklock.Backend {
 	return b
 }
 
-func newLocker(t testing.TB, b dlock.Backend) *dlock.Locker {
-	l := dlock.New(b, nil)
-	t.Cleanup(func() { l.Close(context.Background()) })
-	return l
-}
-
-func uniqueKey(name string) string { return fmt.Sprintf("%s/%s", name, dlock.NewToken().String()[:8]) }
-
 func TestConformance(t *testing.T) {
 	addrs := sharedAddrs(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, newConn(t, addrs...)) })
@@ -161,8 +153,8 @@ func TestQueueIsFIFOWithoutHerd(t *testing.T) {
 	addrs := sharedAddrs(t)
 	admin := newConn(t, addrs...)
 	b := newBackend(t, newConn(t, addrs...))
-	holder := newLocker(t, b)
-	k := uniqueKey("fifo")
+	holder := locktest.NewLocker(t, b)
+	k := locktest.UniqueKey("fifo")
 	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +163,7 @@ func TestQueueIsFIFOWithoutHerd(t *testing.T) {
 	var order []int
 	var wg sync.WaitGroup
 	for i := range 3 {
-		w := newLocker(t, newBackend(t, newConn(t, addrs...)))
+		w := locktest.NewLocker(t, newBackend(t, newConn(t, addrs...)))
 		wg.Go(func() {
 			wl, err := w.Acquire(ctxT(t, 30*time.Second), k, dlock.WithTTL(10*time.Second))
 			if err != nil {
@@ -219,9 +211,9 @@ func TestTryAcquireDoesNotQueue(t *testing.T) {
 	addrs := sharedAddrs(t)
 	admin := newConn(t, addrs...)
 	b := newBackend(t, newConn(t, addrs...))
-	holder := newLocker(t, b)
-	other := newLocker(t, newBackend(t, newConn(t, addrs...)))
-	k := uniqueKey("try")
+	holder := locktest.NewLocker(t, b)
+	other := locktest.NewLocker(t, newBackend(t, newConn(t, addrs...)))
+	k := locktest.UniqueKey("try")
 	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -255,8 +247,8 @@ func TestParkedNodeIsDeleted(t *testing.T) {
 	addrs := sharedAddrs(t)
 	admin := newConn(t, addrs...)
 	b := newBackend(t, newConn(t, addrs...))
-	holder := newLocker(t, b)
-	k := uniqueKey("park")
+	holder := locktest.NewLocker(t, b)
+	k := locktest.UniqueKey("park")
 	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +273,7 @@ func TestHolderInfo(t *testing.T) {
 	addrs := sharedAddrs(t)
 	b := newBackend(t, newConn(t, addrs...))
 	ctx := ctxT(t, 10*time.Second)
-	k := uniqueKey("holder")
+	k := locktest.UniqueKey("holder")
 	tok := dlock.NewToken()
 	r, err := b.Acquire(ctx, dlock.Request{Key: k, Token: tok, Owner: "alice", TTL: 10 * time.Second, Metadata: "job=7"})
 	if err != nil || !r.Acquired {

@@ -130,10 +130,37 @@ func ZooKeeperCommand() (java, classpath string, err error) {
 	return java, strings.Join(cp, ":"), nil
 }
 
-// StartZooKeeper starts a standalone ZooKeeper on a loopback port and
-// returns its address once it serves, and its data directory (which holds
-// its transaction log, in version-2/). Its 200 ms tick and session bounds
-// of 1–60 s let clients ask for short sessions.
+// ZooKeeperConfig returns the zoo.cfg of a test server with its data in
+// dataDir, serving on the loopback port: a 200 ms tick (quick elections and
+// session expiry) and session bounds of 1–60 s, so that clients can ask for
+// short sessions and for the 30 s sessions dlock's DefaultTTL needs. An
+// ensemble member adds its server.N lines (and a myid file in dataDir).
+func ZooKeeperConfig(dataDir string, port int) string {
+	return fmt.Sprintf(`tickTime=200
+initLimit=20
+syncLimit=5
+dataDir=%s
+clientPort=%d
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=srvr,ruok,wchp,wchc,cons
+minSessionTimeout=1000
+maxSessionTimeout=60000
+`, dataDir, port)
+}
+
+// ZooKeeperArgs returns the java arguments that run a test server from
+// classpath (see ZooKeeperCommand) with the configuration file conf: a
+// small heap, no fsync.
+func ZooKeeperArgs(classpath, conf string) []string {
+	return []string{"-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+		"-Dzookeeper.forceSync=no", "-Dzookeeper.admin.enableServer=false",
+		"-cp", classpath, "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf}
+}
+
+// StartZooKeeper starts a standalone ZooKeeper (ZooKeeperConfig) on a
+// loopback port and returns its address once it serves, and its data
+// directory (which holds its transaction log, in version-2/).
 func StartZooKeeper(t testing.TB) (addr, dataDir string) {
 	t.Helper()
 	java, cp, err := ZooKeeperCommand()
@@ -144,15 +171,10 @@ func StartZooKeeper(t testing.TB) (addr, dataDir string) {
 	dataDir = filepath.Join(dir, "data")
 	addr = startWithRetry(t, "ZooKeeper", func(p *Proc, port int) error {
 		conf := filepath.Join(dir, "zoo.cfg")
-		cfg := fmt.Sprintf("tickTime=200\ninitLimit=20\nsyncLimit=5\ndataDir=%s\nclientPort=%d\n"+
-			"clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=srvr,ruok\n"+
-			"minSessionTimeout=1000\nmaxSessionTimeout=60000\n", dataDir, port)
-		if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		if err := os.WriteFile(conf, []byte(ZooKeeperConfig(dataDir, port)), 0o600); err != nil {
 			return err
 		}
-		if err := p.Start(java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-			"-Dzookeeper.forceSync=no", "-Dzookeeper.admin.enableServer=false",
-			"-cp", cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", conf); err != nil {
+		if err := p.Start(java, ZooKeeperArgs(cp, conf)...); err != nil {
 			return err
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
