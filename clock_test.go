@@ -2,6 +2,8 @@ package dlock
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -53,5 +55,49 @@ func TestSentAfterOnAnotherClock(t *testing.T) {
 	}
 	if err := lk.Err(); err != nil {
 		t.Errorf("lost on arrival: %v", err)
+	}
+}
+
+// failingExtendBackend grants every acquisition and fails every renewal
+// with a transient error, counting the renewals.
+type failingExtendBackend struct {
+	waitingBackend
+	extends atomic.Int32
+}
+
+func (b *failingExtendBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	return Result{Acquired: true, Fence: 1}, nil
+}
+
+func (b *failingExtendBackend) Extend(ctx context.Context, leases []Lease) ([]error, error) {
+	b.extends.Add(1)
+	return nil, errors.New("store unreachable")
+}
+
+// TestRenewalRetriesBackOff: after a failed renewal the Locker retries
+// with a backoff until the safe deadline, then reports the loss. The
+// retries used to fall inside the "due soon" batching window (TTL/6) and
+// were resent at once, hundreds of times per lease (the fault harness saw
+// bursts of 8 in 3 ms).
+func TestRenewalRetriesBackOff(t *testing.T) {
+	b := &failingExtendBackend{}
+	l := New(b, &Options{TTL: time.Second})
+	defer l.Close(context.Background())
+	lk, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lk.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lease whose renewals all fail was never reported lost")
+	}
+	if !errors.Is(lk.Err(), ErrLockLost) {
+		t.Errorf("Err() = %v, want ErrLockLost", lk.Err())
+	}
+	// Renewal at TTL/3, then retries whose waits shrink with the time left
+	// (never below 10 ms) until the deadline at TTL − margin: about a dozen.
+	if n := b.extends.Load(); n < 2 || n > 20 {
+		t.Errorf("%d renewal attempts in one lease's life, want 2–20 (a retry, without a burst)", n)
 	}
 }

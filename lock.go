@@ -281,8 +281,14 @@ func (l *Locker) renewLoop() {
 				continue
 			}
 			// Renew what falls due soon together with what is due now, so
-			// that leases taken at similar times share a round trip.
-			if ls.renewAt.Sub(now) <= ls.ttl/6 {
+			// that leases taken at similar times share a round trip. A
+			// lease retrying after a failed renewal waits for its own
+			// instant: the window would turn its backoff into a burst.
+			due := ls.renewAt.Sub(now) <= ls.ttl/6
+			if ls.tries > 0 {
+				due = !ls.renewAt.After(now)
+			}
+			if due {
 				ls.inflight = true
 				batch = append(batch, ls)
 				if len(batch) == maxBatch {
