@@ -357,6 +357,11 @@ func (l *Locker) renew(batch []*lease) {
 			if cause == nil {
 				cause = errs[i]
 			}
+			if !now.Before(ls.deadline) { // no time left to retry in
+				l.loseLocked(ls, fmt.Errorf("%w: %q: renewal not confirmed within ttl %s minus margin %s: %w",
+					ErrLockLost, ls.key, ls.ttl, ls.margin, cause), true)
+				continue
+			}
 			// Retry soon, but keep trying until the deadline timer gives up.
 			ls.tries++
 			wait := max(10*time.Millisecond, min(50*time.Millisecond<<min(ls.tries, 5), ls.deadline.Sub(now)/3))
