@@ -121,11 +121,13 @@ unformatted=$(gofmt -l .)
 status=0
 for dir in $(go list -m -f '{{.Dir}}'); do
   log "module $(basename "$dir")"
+  # Chained with &&: set -e does not apply inside a subshell whose status
+  # is tested with ||, so a failing vet or staticcheck would pass unseen.
   (
-    cd "$dir"
-    go vet ./...
-    "$STATICCHECK" ./...
-    go test -race -count=1 -timeout 20m "$@" ./...
+    cd "$dir" &&
+      go vet ./... &&
+      "$STATICCHECK" ./... &&
+      go test -race -count=1 -timeout 20m "$@" ./...
   ) || status=1
 done
 [ "$status" = 0 ] || die "some module failed"
