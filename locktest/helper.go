@@ -292,6 +292,9 @@ func FairShare(t *testing.T, newBackend func(t *testing.T) dlock.Backend, procs 
 	}
 	fair := float64(total) / float64(procs)
 	t.Logf("%d acquisitions in %s by %d processes: %v", total, d, procs, counts)
+	if total < 2*procs {
+		t.Fatalf("only %d acquisitions by %d processes in %s: too few to judge fairness (all: %v)", total, procs, d, counts)
+	}
 	for i, n := range counts {
 		if float64(n) < fair/2 {
 			t.Errorf("rule: fair share; process %d got %d acquisitions, less than half of the fair %.0f (all: %v)", i, n, fair, counts)
