@@ -385,16 +385,19 @@ func (b *Backend) keepAlive(ctx context.Context, id clientv3.LeaseID) error {
 	})
 }
 
-// remaining asks for the remaining time of lease id, to the second; 0 if
-// unknown or less than a second.
+// remaining asks etcd for the remaining time of lease id and returns an
+// upper bound of it (etcd reports whole seconds); 0 if unknown.
 func (b *Backend) remaining(ctx context.Context, id clientv3.LeaseID) time.Duration {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	resp, err := b.c.TimeToLive(ctx, id)
-	if err != nil || resp.TTL <= 0 {
+	if err != nil || resp.TTL < 0 { // -1: expired or revoked
 		return 0
 	}
-	return time.Duration(resp.TTL) * time.Second
+	// etcd truncates the remaining time to whole seconds (0: under a
+	// second), so the lease ends within TTL+1 s, and never later than its
+	// granted TTL: an upper bound, which is what a waiter's backoff needs.
+	return time.Duration(min(resp.TTL+1, max(resp.GrantedTTL, 1))) * time.Second
 }
 
 // first returns the op reading the oldest entry of key: the holder.
