@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql/driver"
 	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 )
 
 // countingConnector wraps a driver.Connector and counts the statements its
@@ -71,4 +74,39 @@ func (c *countingConn) IsValid() bool { return c.Conn.(driver.Validator).IsValid
 
 func (c *countingConn) CheckNamedValue(v *driver.NamedValue) error {
 	return c.Conn.(driver.NamedValueChecker).CheckNamedValue(v)
+}
+
+// pgCounter is a pgx tracer that counts the statements (Query, QueryRow and
+// Exec calls) a pool's connections send. Pings the pool sends on its own are
+// below the tracer and not counted.
+type pgCounter struct{ n *atomic.Int64 }
+
+func (t pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	t.n.Add(1)
+	return ctx
+}
+
+func (pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// redisCounter is a go-redis hook that counts the commands a client sends
+// and its round trips: a pipeline is one round trip however many commands
+// it carries.
+type redisCounter struct{ cmds, trips *atomic.Int64 }
+
+func (redisCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h redisCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.cmds.Add(1)
+		h.trips.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h redisCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.cmds.Add(int64(len(cmds)))
+		h.trips.Add(1)
+		return next(ctx, cmds)
+	}
 }

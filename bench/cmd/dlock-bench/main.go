@@ -1,6 +1,7 @@
 // Command dlock-bench measures dlock's strategies against their physical
 // floors and against peer libraries, side by side in one run, and prints a
-// Markdown report (and JSON with -json).
+// Markdown report (and JSON with -json) that ends with issue 7's targets,
+// each judged met, MISSED or not measured from the run's own rows.
 //
 //	go run ./bench/cmd/dlock-bench -duration 3s -json bench.json
 //
@@ -66,6 +67,34 @@ type config struct {
 	jsonOut             string
 }
 
+// Sections of the report, which the rows carry.
+const (
+	secFloor       = "floor"
+	secBackend     = "backend alone (no Locker)"
+	secUncontended = "uncontended acquire+release"
+	secContended   = "8 contenders, one key"
+	secMany        = "many locks held at once"
+)
+
+// Names of dlock's strategies, as the rows and the targets name them.
+const (
+	mysqlLease       = "dlock mysql lease (doorbells)"
+	mysqlLeaseNoBell = "dlock mysql lease (NoDoorbell)"
+	mysqlGetLock     = "dlock mysql getlock"
+	mysqlRowLock     = "dlock mysql rowlock"
+	sqliteLease      = "dlock sqlite lease"
+	redisStrategy    = "dlock redis"
+	pgLease          = "dlock pg lease"
+	pgAdvisory       = "dlock pg advisory"
+	etcdStrategy     = "dlock etcd"
+	zkStrategy       = "dlock zk"
+)
+
+// allStrategies lists every strategy the bench knows, whether or not a run
+// measures it, so that the targets can name those it left out.
+var allStrategies = []string{mysqlLease, mysqlLeaseNoBell, mysqlGetLock, mysqlRowLock, sqliteLease,
+	redisStrategy, pgLease, pgAdvisory, etcdStrategy, zkStrategy}
+
 // Row is one measurement.
 type Row struct {
 	Section  string  `json:"section"`
@@ -74,10 +103,36 @@ type Row struct {
 	P99us    float64 `json:"p99_us,omitempty"`
 	OpsPerS  float64 `json:"ops_per_s,omitempty"`
 	Handoffs float64 `json:"handoffs_per_s,omitempty"`
-	MinShare float64 `json:"min_share,omitempty"`
-	Floor    string  `json:"floor,omitempty"` // the row this one is compared with
-	Ratio    float64 `json:"ratio,omitempty"` // p50 / floor's p50, or handoffs / floor's
-	Note     string  `json:"note,omitempty"`
+	// Contended rows: each worker's acquisitions, and the smallest and
+	// largest of them relative to a fair share (1 = fair).
+	Shares   []int    `json:"shares,omitempty"`
+	MinShare *float64 `json:"min_share,omitempty"`
+	MaxShare *float64 `json:"max_share,omitempty"`
+	Many     *Many    `json:"many,omitempty"`  // many-locks rows
+	Floor    string   `json:"floor,omitempty"` // the row this one is compared with
+	Ratio    float64  `json:"ratio,omitempty"` // p50 / floor's p50, or handoffs / floor's
+	Note     string   `json:"note,omitempty"`
+}
+
+// Many is what the many-locks run measured for one strategy. A renewal
+// period is a third of the TTL, the Locker's renewal interval.
+type Many struct {
+	Locks       int     `json:"locks"`
+	HeapPerLock float64 `json:"heap_bytes_per_lock"`
+	Goroutines  int     `json:"goroutines_added"`
+	Lost        int     `json:"lost"`
+	// Conns is the client's open connections, when its pool can tell.
+	Conns *int `json:"connections,omitempty"`
+	// PerPeriod is what the client sent per renewal period, in Unit
+	// ("statements" or "commands"), when it is counted.
+	PerPeriod *float64 `json:"per_renewal_period,omitempty"`
+	Unit      string   `json:"unit,omitempty"`
+	// TripsPerPeriod is the client's round trips per renewal period, when
+	// they differ from PerPeriod (Redis pipelines).
+	TripsPerPeriod *float64 `json:"round_trips_per_renewal_period,omitempty"`
+	// ServerEvalsPerPeriod is the EVALSHA and EVAL calls Redis itself
+	// counted per renewal period (INFO commandstats), a check on PerPeriod.
+	ServerEvalsPerPeriod *float64 `json:"server_evals_per_renewal_period,omitempty"`
 }
 
 func main() {
@@ -90,7 +145,7 @@ func main() {
 	flag.DurationVar(&c.duration, "duration", 3*time.Second, "length of each contended run")
 	flag.IntVar(&c.iterations, "n", 2000, "iterations of each uncontended measurement")
 	flag.IntVar(&c.manyLocks, "many", 10000, "locks held at once in the many-locks run")
-	flag.StringVar(&c.jsonOut, "json", "", "also write the rows as JSON to this file")
+	flag.StringVar(&c.jsonOut, "json", "", `also write {"rows": […], "targets": […]} as JSON to this file`)
 	flag.Parse()
 	if err := run(c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "dlock-bench:", err)
@@ -125,18 +180,22 @@ func run(c config, out io.Writer) error {
 	defer os.RemoveAll(dir)
 
 	b := &bench{c: c, db: db, rdb: rdb, sqlitePath: filepath.Join(dir, "locks.db")}
-	if c.pgDSN != "off" {
+	if c.pgDSN == "off" {
+		b.rows = append(b.rows, Row{Section: secFloor, Name: "PostgreSQL", Note: "left out: -pg off"})
+	} else {
 		if err := b.openPG(ctx); err != nil {
-			b.rows = append(b.rows, Row{Section: "floor", Name: "PostgreSQL", Note: "left out: " + err.Error()})
+			b.rows = append(b.rows, Row{Section: secFloor, Name: "PostgreSQL", Note: "left out: " + err.Error()})
 		} else {
 			defer b.pg.Close()
 		}
 	}
-	if c.etcdAddr != "off" {
+	if c.etcdAddr == "off" {
+		b.rows = append(b.rows, Row{Section: secFloor, Name: "etcd", Note: "left out: -etcd off"})
+	} else {
 		if c.etcdAddr == "" {
 			addr, stop, err := startEtcd(dir)
 			if err != nil {
-				b.rows = append(b.rows, Row{Section: "floor", Name: "etcd", Note: "left out: " + err.Error()})
+				b.rows = append(b.rows, Row{Section: secFloor, Name: "etcd", Note: "left out: " + err.Error()})
 			} else {
 				defer stop()
 				b.c.etcdAddr = addr
@@ -144,17 +203,19 @@ func run(c config, out io.Writer) error {
 		}
 		if b.c.etcdAddr != "" && b.c.etcdAddr != "off" {
 			if err := b.openEtcd(ctx); err != nil {
-				b.rows = append(b.rows, Row{Section: "floor", Name: "etcd", Note: "left out: " + err.Error()})
+				b.rows = append(b.rows, Row{Section: secFloor, Name: "etcd", Note: "left out: " + err.Error()})
 			} else {
 				defer b.etcd.Close()
 			}
 		}
 	}
-	if c.zkAddr != "off" {
+	if c.zkAddr == "off" {
+		b.rows = append(b.rows, Row{Section: secFloor, Name: "ZooKeeper", Note: "left out: -zk off"})
+	} else {
 		if c.zkAddr == "" {
 			addr, stop, err := startZooKeeper(dir)
 			if err != nil {
-				b.rows = append(b.rows, Row{Section: "floor", Name: "ZooKeeper", Note: "left out: " + err.Error()})
+				b.rows = append(b.rows, Row{Section: secFloor, Name: "ZooKeeper", Note: "left out: " + err.Error()})
 			} else {
 				defer stop()
 				b.c.zkAddr = addr
@@ -162,7 +223,7 @@ func run(c config, out io.Writer) error {
 		}
 		if b.c.zkAddr != "" && b.c.zkAddr != "off" {
 			if err := b.openZK(); err != nil {
-				b.rows = append(b.rows, Row{Section: "floor", Name: "ZooKeeper", Note: "left out: " + err.Error()})
+				b.rows = append(b.rows, Row{Section: secFloor, Name: "ZooKeeper", Note: "left out: " + err.Error()})
 			} else {
 				defer b.zk.Close()
 			}
@@ -178,8 +239,13 @@ func run(c config, out io.Writer) error {
 	b.contended(ctx)
 	b.many(ctx)
 	b.report(out)
+	targets := evaluateTargets(b.rows)
+	reportTargets(out, targets)
 	if c.jsonOut != "" {
-		data, _ := json.MarshalIndent(b.rows, "", "  ")
+		data, _ := json.MarshalIndent(struct {
+			Rows    []Row    `json:"rows"`
+			Targets []Target `json:"targets"`
+		}{b.rows, targets}, "", "  ")
 		return os.WriteFile(c.jsonOut, data, 0o644)
 	}
 	return nil
@@ -195,10 +261,18 @@ type bench struct {
 	zk         *zk.Conn         // nil when ZooKeeper is left out
 	rows       []Row
 	closers    []func()
-	// The pool (and its statement counter) most recently made by a MySQL
-	// strategy's constructor, for the many-locks run.
-	lastPool  *sql.DB
-	lastStmts *atomic.Int64
+	// lastProbe observes the client most recently made by a strategy's
+	// constructor, for the many-locks run; nil when it cannot be observed.
+	lastProbe *probe
+}
+
+// probe is what the many-locks run can observe of a strategy's client.
+type probe struct {
+	conns func() int    // open connections; nil when not counted
+	sent  *atomic.Int64 // statements or commands sent
+	unit  string        // what sent counts
+	trips *atomic.Int64 // round trips, when they differ from sent; or nil
+	redis bool          // the client talks to the bench's Redis server
 }
 
 const table = "dlock_bench_locks"
@@ -259,9 +333,9 @@ func (b *bench) strategies() []strategy {
 		if err != nil {
 			panic(err)
 		}
-		b.lastStmts = new(atomic.Int64)
-		db := sql.OpenDB(countingConnector{conn, b.lastStmts})
-		b.lastPool = db
+		n := new(atomic.Int64)
+		db := sql.OpenDB(countingConnector{conn, n})
+		b.lastProbe = &probe{conns: func() int { return db.Stats().OpenConnections }, sent: n, unit: "statements"}
 		b.closers = append(b.closers, func() { db.Close() })
 		return db
 	}
@@ -276,23 +350,27 @@ func (b *bench) strategies() []strategy {
 		return be
 	}
 	out := []strategy{
-		{"dlock mysql lease (doorbells)", "raw lease + doorbell: upsert, GET_LOCK, release, RELEASE_LOCK", func() dlock.Backend {
+		{mysqlLease, "raw lease + doorbell: upsert, GET_LOCK, release, RELEASE_LOCK", func() dlock.Backend {
 			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: table}))
 		}},
-		{"dlock mysql lease (NoDoorbell)", "raw lease upsert + release", func() dlock.Backend {
+		{mysqlLeaseNoBell, "raw lease upsert + release", func() dlock.Backend {
 			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: table, NoDoorbell: true}))
 		}},
-		{"dlock mysql getlock", "raw GET_LOCK + fence upsert + RELEASE_LOCK", func() dlock.Backend {
+		{mysqlGetLock, "raw GET_LOCK + fence upsert + RELEASE_LOCK", func() dlock.Backend {
 			return closing(mysqllock.NewGetLock(mysqlPool(), &mysqllock.Options{Table: table}))
 		}},
-		{"dlock mysql rowlock", "raw BEGIN + FOR UPDATE NOWAIT + fence upsert + COMMIT", func() dlock.Backend {
+		{mysqlRowLock, "raw BEGIN + FOR UPDATE NOWAIT + fence upsert + COMMIT", func() dlock.Backend {
 			return closing(mysqllock.NewRowLock(mysqlPool(), &mysqllock.Options{Table: table}))
 		}},
-		{"dlock sqlite lease", "", func() dlock.Backend {
+		{sqliteLease, "", func() dlock.Backend {
 			return closing(sqlitelock.Open(b.sqlitePath))
 		}},
-		{"dlock redis", redisScriptsFloor, func() dlock.Backend {
+		{redisStrategy, redisScriptsFloor, func() dlock.Backend {
 			rdb := redis.NewClient(&redis.Options{Addr: b.c.redisAddr})
+			cmds, trips := new(atomic.Int64), new(atomic.Int64)
+			rdb.AddHook(redisCounter{cmds, trips})
+			b.lastProbe = &probe{conns: func() int { return int(rdb.PoolStats().TotalConns) }, sent: cmds,
+				unit: "commands", trips: trips, redis: true}
 			b.closers = append(b.closers, func() { rdb.Close() })
 			be, err := redislock.New(rdb, nil)
 			if err != nil {
@@ -303,21 +381,28 @@ func (b *bench) strategies() []strategy {
 	}
 	if b.pg != nil {
 		pgPool := func() *pgxpool.Pool {
-			p, err := pgxpool.New(context.Background(), b.c.pgDSN)
+			cfg, err := pgxpool.ParseConfig(b.c.pgDSN)
 			if err != nil {
 				panic(err) // the DSN was opened once already
 			}
+			n := new(atomic.Int64)
+			cfg.ConnConfig.Tracer = pgCounter{n}
+			p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				panic(err)
+			}
+			b.lastProbe = &probe{conns: func() int { return int(p.Stat().TotalConns()) }, sent: n, unit: "statements"}
 			b.closers = append(b.closers, p.Close)
 			return p
 		}
-		out = append(out, strategy{"dlock pg lease", "", func() dlock.Backend {
+		out = append(out, strategy{pgLease, "", func() dlock.Backend {
 			return closing(pglock.New(pgPool(), &pglock.Options{Table: table}))
-		}}, strategy{"dlock pg advisory", "", func() dlock.Backend {
+		}}, strategy{pgAdvisory, "", func() dlock.Backend {
 			return closing(pglock.NewAdvisory(pgPool(), &pglock.Options{Table: table}))
 		}})
 	}
 	if b.etcd != nil {
-		out = append(out, strategy{"dlock etcd", "etcd one put", func() dlock.Backend {
+		out = append(out, strategy{etcdStrategy, etcdFloor, func() dlock.Backend {
 			c, err := b.newEtcdClient()
 			if err != nil {
 				panic(err) // the address was dialled once already
@@ -331,7 +416,7 @@ func (b *bench) strategies() []strategy {
 		}})
 	}
 	if b.zk != nil {
-		out = append(out, strategy{"dlock zk", zkFloor, func() dlock.Backend {
+		out = append(out, strategy{zkStrategy, zkFloor, func() dlock.Backend {
 			c, err := b.newZKConn()
 			if err != nil {
 				panic(err) // the address was dialled once already
@@ -350,6 +435,10 @@ func (b *bench) strategies() []strategy {
 // zkSession is the bench's ZooKeeper session timeout: at least the 30 s
 // default TTL, as zklock requires.
 const zkSession = 40 * time.Second
+
+// etcdFloor is one etcd write: a lower bound of etcdlock's acquire + release
+// (a lease grant, a transaction and a revoke), not its own commands.
+const etcdFloor = "etcd one put"
 
 // zkFloor is the raw recipe's uncontended acquire + release: one ephemeral
 // sequential create and one delete.
@@ -452,16 +541,29 @@ func (b *bench) latency(section, name, floor string, n int, op func(i int) error
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
 func (b *bench) floors(ctx context.Context) {
-	const s = "floor"
+	const s = secFloor
 	n := b.c.iterations
 	b.latency(s, "MySQL SELECT 1", "", n, func(int) error {
 		_, err := b.db.ExecContext(ctx, "SELECT 1")
 		return err
 	})
-	b.latency(s, "MySQL autocommit PK UPDATE", "", n, func(int) error {
-		_, err := b.db.ExecContext(ctx, "UPDATE "+table+" SET fence = fence WHERE name = 'bench-floor'")
-		return err
-	})
+	// The row is created once; each UPDATE then changes it, so that every
+	// statement commits a write.
+	if _, err := b.db.ExecContext(ctx, `INSERT IGNORE INTO `+table+` (name, token, fence, acquired_at, expires_at)
+VALUES ('bench-floor', ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, make([]byte, 16)); err != nil {
+		b.rows = append(b.rows, Row{Section: s, Name: "MySQL autocommit PK UPDATE", Note: "error: " + err.Error()})
+	} else {
+		b.latency(s, "MySQL autocommit PK UPDATE", "", n, func(int) error {
+			r, err := b.db.ExecContext(ctx, "UPDATE "+table+" SET fence = fence + 1 WHERE name = 'bench-floor'")
+			if err != nil {
+				return err
+			}
+			if n, err := r.RowsAffected(); err != nil || n != 1 {
+				return fmt.Errorf("UPDATE changed %d rows (%v), want 1", n, err)
+			}
+			return nil
+		})
+	}
 	if b.pg != nil {
 		b.latency(s, "PostgreSQL SELECT 1", "", n, func(int) error {
 			_, err := b.pg.Exec(ctx, "SELECT 1")
@@ -469,7 +571,7 @@ func (b *bench) floors(ctx context.Context) {
 		})
 	}
 	if b.etcd != nil {
-		b.latency(s, "etcd one put", "", n, func(int) error {
+		b.latency(s, etcdFloor, "", n, func(int) error {
 			_, err := b.etcd.Put(ctx, "bench-floor", "x")
 			return err
 		})
@@ -573,10 +675,10 @@ const redisScriptsFloor = "raw dlock Redis scripts (acquire.lua + release.lua)"
 func (b *bench) redisScripts(ctx context.Context) {
 	be, err := redislock.New(b.rdb, nil)
 	if err != nil {
-		b.rows = append(b.rows, Row{Section: "floor", Name: redisScriptsFloor, Note: "error: " + err.Error()})
+		b.rows = append(b.rows, Row{Section: secFloor, Name: redisScriptsFloor, Note: "error: " + err.Error()})
 		return
 	}
-	b.latency("floor", redisScriptsFloor, "", b.c.iterations, func(int) error {
+	b.latency(secFloor, redisScriptsFloor, "", b.c.iterations, func(int) error {
 		tok := dlock.NewToken()
 		r, err := be.Acquire(ctx, dlock.Request{Key: "bench-raw-scripts", Token: tok, TTL: 30 * time.Second})
 		if err != nil {
@@ -590,14 +692,14 @@ func (b *bench) redisScripts(ctx context.Context) {
 }
 
 func (b *bench) uncontended(ctx context.Context) {
-	const s = "uncontended acquire+release"
+	const s = secUncontended
 	n := b.c.iterations
 	// Each backend alone, without the Locker: the Locker's own cost is the
 	// difference.
 	for _, st := range b.strategies() {
 		be := st.make()
 		key := "bench/backend/" + st.name
-		b.latency("backend alone (no Locker)", st.name+" backend", "", n, func(int) error {
+		b.latency(secBackend, st.name+" backend", "", n, func(int) error {
 			tok := dlock.NewToken()
 			r, err := be.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: dlock.DefaultTTL})
 			if err != nil {
@@ -643,7 +745,7 @@ func (b *bench) uncontended(ctx context.Context) {
 const workers = 8
 
 func (b *bench) contended(ctx context.Context) {
-	const s = "8 contenders, one key"
+	const s = secContended
 	for _, st := range b.strategies() {
 		lockers := make([]*dlock.Locker, workers)
 		for i := range lockers {
@@ -822,36 +924,51 @@ func (b *bench) peerContend(ctx context.Context, acquire func(worker int) (func(
 
 func (b *bench) addContended(section, name, floor string, st locktest.ContentionStats, err error) {
 	r := Row{Section: section, Name: name, P50us: us(st.WaitPercentile(50)), P99us: us(st.WaitPercentile(99)),
-		OpsPerS: st.AcquisitionsPerSec(), Handoffs: st.HandoffsPerSec(), MinShare: st.MinShare,
-		Floor: floor}
+		OpsPerS: st.AcquisitionsPerSec(), Handoffs: st.HandoffsPerSec(), Floor: floor}
+	if st.Acquisitions > 0 {
+		fair := float64(st.Acquisitions) / float64(len(st.Shares))
+		lo, hi := float64(slices.Min(st.Shares))/fair, float64(slices.Max(st.Shares))/fair
+		r.Shares, r.MinShare, r.MaxShare = st.Shares, &lo, &hi
+	}
 	if err != nil {
 		r.Note = "error: " + err.Error()
 	}
 	b.rows = append(b.rows, r)
 }
 
+// manySkipped names the strategies the many-locks run leaves out, and why.
+var manySkipped = map[string]string{
+	mysqlRowLock: "not run: one connection per held lock by design",
+	sqliteLease:  "not run: one local file, no server connections or round trips to count",
+	etcdStrategy: "not run: a lease per lock, ~3 ms each to acquire",
+	zkStrategy:   "not run: a node write per lock and per renewal",
+}
+
 // many holds b.c.manyLocks keys at once through one Locker and measures
 // connections, heap, goroutines and statements per renewal period.
 func (b *bench) many(ctx context.Context) {
-	const s = "many locks held at once"
 	for _, st := range b.strategies() {
-		if strings.Contains(st.name, "rowlock") || strings.Contains(st.name, "sqlite") || strings.Contains(st.name, "etcd") || strings.Contains(st.name, "zk") {
-			continue // rowlock: one connection per lock by design; sqlite: one file; etcd: a lease per lock, ~3 ms each; zk: a node write per lock and renewal
+		if why, ok := manySkipped[st.name]; ok {
+			b.rows = append(b.rows, Row{Section: secMany, Name: st.name, Note: why})
+			continue
 		}
-		b.manyOne(ctx, s, st.name, st.make)
+		b.manyOne(ctx, secMany, st.name, st.make)
 	}
 }
 
-func (b *bench) manyOne(ctx context.Context, section, name string, make func() dlock.Backend) {
-	const ttl = 6 * time.Second
+func (b *bench) manyOne(ctx context.Context, section, name string, newBackend func() dlock.Backend) {
+	const (
+		ttl     = 6 * time.Second
+		periods = 3 // the Locker renews every TTL/3
+	)
 	runtime.GC()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	g0 := runtime.NumGoroutine()
-	b.lastPool, b.lastStmts = nil, nil
-	l := dlock.New(make(), nil)
+	b.lastProbe = nil
+	l := dlock.New(newBackend(), nil)
 	defer l.Close(ctx)
-	pool, stmts := b.lastPool, b.lastStmts
+	p := b.lastProbe
 	var locks []*dlock.Lock
 	for i := range b.c.manyLocks {
 		lk, err := l.TryAcquire(ctx, "bench/many/"+name+"/"+strconv.Itoa(i), dlock.WithTTL(ttl))
@@ -864,11 +981,18 @@ func (b *bench) manyOne(ctx context.Context, section, name string, make func() d
 	runtime.GC()
 	runtime.ReadMemStats(&m1)
 	g1 := runtime.NumGoroutine()
-	var s0 int64
-	if stmts != nil {
-		s0 = stmts.Load()
+	var sent0, trips0, evals0 int64
+	evalsErr := errors.New("not a Redis client")
+	if p != nil {
+		sent0 = p.sent.Load()
+		if p.trips != nil {
+			trips0 = p.trips.Load()
+		}
+		if p.redis {
+			evals0, evalsErr = b.redisEvals(ctx)
+		}
 	}
-	time.Sleep(ttl) // three renewal periods
+	time.Sleep(ttl)
 	lost, why := 0, ""
 	for _, lk := range locks {
 		if err := lk.Err(); err != nil {
@@ -878,14 +1002,59 @@ func (b *bench) manyOne(ctx context.Context, section, name string, make func() d
 			lost++
 		}
 	}
-	note := fmt.Sprintf("%d locks: %.0f B heap per lock, %d goroutines added", len(locks),
-		float64(m1.HeapAlloc-m0.HeapAlloc)/float64(len(locks)), g1-g0)
-	if pool != nil {
-		note += fmt.Sprintf(", %d connections open, %.0f statements per renewal period",
-			pool.Stats().OpenConnections, float64(stmts.Load()-s0)/3)
+	m := &Many{Locks: len(locks), HeapPerLock: float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / float64(len(locks)),
+		Goroutines: g1 - g0, Lost: lost}
+	note := fmt.Sprintf("%d locks: %.0f B heap per lock, %d goroutines added", m.Locks, m.HeapPerLock, m.Goroutines)
+	if p != nil {
+		if p.conns != nil {
+			conns := p.conns()
+			m.Conns = &conns
+			note += fmt.Sprintf(", %d connections open", conns)
+		}
+		per := float64(p.sent.Load()-sent0) / periods
+		m.PerPeriod, m.Unit = &per, p.unit
+		note += fmt.Sprintf(", %.0f %s per renewal period", per, p.unit)
+		if p.trips != nil {
+			t := float64(p.trips.Load()-trips0) / periods
+			m.TripsPerPeriod = &t
+			note += fmt.Sprintf(" in %.0f round trips", t)
+		}
+		if evalsErr == nil {
+			if evals1, err := b.redisEvals(ctx); err == nil {
+				e := float64(evals1-evals0) / periods
+				m.ServerEvalsPerPeriod = &e
+				note += fmt.Sprintf(" (the server counted %.0f EVALSHA/EVAL)", e)
+			}
+		}
 	}
 	note += fmt.Sprintf(", %d lost%s", lost, why)
-	b.rows = append(b.rows, Row{Section: section, Name: name, Note: note})
+	b.rows = append(b.rows, Row{Section: section, Name: name, Many: m, Note: note})
+}
+
+// redisEvals returns the EVALSHA and EVAL calls the Redis server has
+// counted since it started (INFO commandstats), from every client.
+func (b *bench) redisEvals(ctx context.Context) (int64, error) {
+	info, err := b.rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for line := range strings.Lines(info) {
+		name, stats, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
+			continue
+		}
+		for kv := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				c, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("INFO commandstats: %q: %w", line, err)
+				}
+				n += c
+			}
+		}
+	}
+	return n, nil
 }
 
 func (b *bench) report(w io.Writer) {
@@ -898,11 +1067,11 @@ func (b *bench) report(w io.Writer) {
 		if r.Section != section {
 			section = r.Section
 			fmt.Fprintf(w, "\n### %s\n\n", section)
-			switch {
-			case strings.HasPrefix(section, "8 contenders"):
-				fmt.Fprintln(w, "| | acquisitions/s | true handoffs/s | × floor | floor | wait p50 | wait p99 | min share |")
-				fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
-			case strings.HasPrefix(section, "many"):
+			switch section {
+			case secContended:
+				fmt.Fprintln(w, "| | acquisitions/s | true handoffs/s | × floor | floor | wait p50 | wait p99 | min share | max share |")
+				fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+			case secMany:
 				fmt.Fprintln(w, "| | |")
 				fmt.Fprintln(w, "|---|---|")
 			default:
@@ -913,7 +1082,7 @@ func (b *bench) report(w io.Writer) {
 		ratio := ""
 		if f, ok := byName[r.Floor]; ok && r.Floor != r.Name {
 			switch {
-			case strings.HasPrefix(section, "8 contenders") && f.Handoffs > 0:
+			case section == secContended && f.Handoffs > 0:
 				b.rows[i].Ratio = r.Handoffs / f.Handoffs
 				ratio = fmt.Sprintf("%.2f×", b.rows[i].Ratio)
 			case f.P50us > 0:
@@ -922,12 +1091,12 @@ func (b *bench) report(w io.Writer) {
 			}
 		}
 		switch {
-		case r.Note != "" && strings.HasPrefix(r.Note, "error"):
+		case strings.HasPrefix(r.Note, "error") || r.Note != "" && r.OpsPerS == 0 && r.Many == nil:
 			fmt.Fprintf(w, "| %s | %s |\n", r.Name, r.Note)
-		case strings.HasPrefix(section, "8 contenders"):
-			fmt.Fprintf(w, "| %s | %.0f | %.0f | %s | %s | %s | %s | %.2f |\n", r.Name, r.OpsPerS, r.Handoffs, ratio,
-				r.Floor, dur(r.P50us), dur(r.P99us), r.MinShare)
-		case strings.HasPrefix(section, "many"):
+		case section == secContended:
+			fmt.Fprintf(w, "| %s | %.0f | %.0f | %s | %s | %s | %s | %s | %s |\n", r.Name, r.OpsPerS, r.Handoffs, ratio,
+				r.Floor, dur(r.P50us), dur(r.P99us), share(r.MinShare), share(r.MaxShare))
+		case section == secMany:
 			fmt.Fprintf(w, "| %s | %s |\n", r.Name, r.Note)
 		default:
 			fmt.Fprintf(w, "| %s | %s | %s | %.0f | %s |\n", r.Name, dur(r.P50us), dur(r.P99us), r.OpsPerS, ratio)
@@ -935,11 +1104,17 @@ func (b *bench) report(w io.Writer) {
 	}
 }
 
+func share(s *float64) string {
+	if s == nil {
+		return ""
+	}
+	return fmt.Sprintf("%.2f", *s)
+}
+
 func dur(us float64) string {
 	return time.Duration(us * 1e3).Round(time.Microsecond).String()
 }
 
-// startRedis starts a redis-server on a free loopback port.
 // startRedis starts redis-server on a free loopback port and returns its
 // address and a function that stops it.
 func startRedis() (string, func(), error) {
