@@ -101,3 +101,34 @@ func TestRenewalRetriesBackOff(t *testing.T) {
 		t.Errorf("%d renewal attempts in one lease's life, want 2–20 (a retry, without a burst)", n)
 	}
 }
+
+// okBackend grants every acquisition and confirms every renewal.
+type okBackend struct{ waitingBackend }
+
+func (okBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	return Result{Acquired: true, Fence: 1}, nil
+}
+
+// TestDefaultLeaseSchedule: with no TTL anywhere a lease lasts DefaultTTL
+// (30 s), is renewed TTL/3 after it was sent, and is reported lost at
+// TTL − margin (margin TTL/10 + 100 ms) unless renewed.
+func TestDefaultLeaseSchedule(t *testing.T) {
+	l := New(okBackend{}, nil)
+	defer l.Close(context.Background())
+	if _, err := l.TryAcquire(context.Background(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	ls := l.held["k"]
+	ttl, renew, deadline := ls.ttl, ls.renewAt.Sub(ls.acquiredAt), ls.deadline.Sub(ls.acquiredAt)
+	l.mu.Unlock()
+	if ttl != 30*time.Second {
+		t.Errorf("default TTL %s, want 30s", ttl)
+	}
+	if renew != 10*time.Second {
+		t.Errorf("first renewal %s after sending, want TTL/3 = 10s", renew)
+	}
+	if d := deadline; d != 30*time.Second-3100*time.Millisecond {
+		t.Errorf("safe deadline %s after sending, want TTL − margin = 26.9s", d)
+	}
+}
