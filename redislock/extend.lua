@@ -1,13 +1,20 @@
--- extend.lua renews a lease if the token still holds it. An expired lease is
--- gone from Redis, so it is never revived.
+-- extend.lua renews the leases of a batch of locks, each if its token still
+-- holds it. An expired lease is gone from Redis, so it is never revived.
+-- One call per lock on Redis Cluster (its keys live in different slots); one
+-- call for many locks on a single server.
 --
--- KEYS[1]  the lock
--- ARGV[1]  owner token
--- ARGV[2]  lease in milliseconds
+-- KEYS[i]      a lock
+-- ARGV[2i-1]   its owner token
+-- ARGV[2i]     its lease in milliseconds
 --
--- Returns 1 if renewed, 0 if the token does not hold the lock.
-if redis.call('hget', KEYS[1], 'token') == ARGV[1] then
-  redis.call('pexpire', KEYS[1], ARGV[2])
-  return 1
+-- Returns an array: 1 where renewed, 0 where the token does not hold the lock.
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('hget', key, 'token') == ARGV[2 * i - 1] then
+    redis.call('pexpire', key, ARGV[2 * i])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
 end
-return 0
+return out

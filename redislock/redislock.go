@@ -104,6 +104,10 @@ type Backend struct {
 	clockFloor bool
 	// classicPubSub is set once the server refused SSUBSCRIBE (Redis < 7).
 	classicPubSub atomic.Bool
+	// oneNode is set for a client of one server (*redis.Client, also
+	// Sentinel's): its renewals go in scripts of many keys each, which
+	// Redis Cluster would refuse (the keys live in different slots).
+	oneNode bool
 }
 
 var (
@@ -157,7 +161,8 @@ func newBackend(c Client, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{c: c, prefix: prefix}, nil
+	_, oneNode := c.(*redis.Client)
+	return &Backend{c: c, prefix: prefix, oneNode: oneNode}, nil
 }
 
 func checkPrefix(p string) (string, error) {
@@ -257,22 +262,45 @@ func parseHolder(key string, v []any, now time.Time) (dlock.LockInfo, time.Durat
 	return h, remaining
 }
 
-// Extend implements dlock.Backend: one script call per lease, all in one
-// pipeline (which a cluster client splits by node).
+// extendChunk bounds the leases one extend script renews on a single
+// server. A script runs atomically: 1,000 leases hold the server for well
+// under a millisecond.
+const extendChunk = 1000
+
+// Extend implements dlock.Backend, in one pipeline: on a single server
+// (oneNode) one script call per 1,000 leases, on other clients (Redis
+// Cluster, Ring) one call per lease, which the client routes by slot.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
-	cmds := b.runEach(ctx, extendScript, len(leases), func(i int) ([]string, []any) {
-		return []string{b.lockKey(leases[i].Key)}, []any{leases[i].Token.String(), leases[i].TTL.Milliseconds()}
+	per := 1
+	if b.oneNode {
+		per = extendChunk
+	}
+	span := func(j int) (lo, hi int) { return j * per, min((j+1)*per, len(leases)) }
+	cmds := b.runEach(ctx, extendScript, (len(leases)+per-1)/per, func(j int) ([]string, []any) {
+		lo, hi := span(j)
+		keys, argv := make([]string, 0, hi-lo), make([]any, 0, 2*(hi-lo))
+		for _, l := range leases[lo:hi] {
+			keys = append(keys, b.lockKey(l.Key))
+			argv = append(argv, l.Token.String(), l.TTL.Milliseconds())
+		}
+		return keys, argv
 	})
 	errs := make([]error, len(leases))
 	failed := 0
-	for i, c := range cmds {
-		n, err := c.Int64()
-		switch {
-		case err != nil:
-			errs[i] = fmt.Errorf("redislock: extend %q: %w", leases[i].Key, err)
-			failed++
-		case n == 0:
-			errs[i] = dlock.ErrNotHeld
+	for j, c := range cmds {
+		lo, hi := span(j)
+		renewed, err := c.Int64Slice()
+		if err == nil && len(renewed) != hi-lo {
+			err = fmt.Errorf("script returned %d results for %d leases", len(renewed), hi-lo)
+		}
+		for i := lo; i < hi; i++ {
+			switch {
+			case err != nil:
+				errs[i] = fmt.Errorf("redislock: extend %q: %w", leases[i].Key, err)
+				failed++
+			case renewed[i-lo] == 0:
+				errs[i] = dlock.ErrNotHeld
+			}
 		}
 	}
 	if failed > 0 && failed == len(leases) {

@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -552,5 +553,68 @@ func TestWaiterSurvivesRestart(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("the waiter was not woken by its resubscription after a restart")
+	}
+}
+
+// TestExtendBatchOnOneServer renews 2,500 leases, some of them not ours, on
+// a single server: each lease gets its own answer across the 1,000-lease
+// script chunks, only ours are renewed, and the whole batch costs a handful
+// of script calls rather than one per lease.
+func TestExtendBatchOnOneServer(t *testing.T) {
+	srv := startServer(t)
+	c := newClient(t, srv.addr())
+	b := newBackend(t, c, nil)
+	ctx := ctxT(t, 60*time.Second)
+	const n = 2500
+	base := locktest.UniqueKey("batch")
+	leases := make([]dlock.Lease, n)
+	for i := range leases {
+		leases[i] = dlock.Lease{Key: fmt.Sprintf("%s-%d", base, i), Token: dlock.NewToken(), TTL: 20 * time.Second}
+		res, err := b.Acquire(ctx, dlock.Request{Key: leases[i].Key, Token: leases[i].Token, TTL: 5 * time.Second})
+		if err != nil || !res.Acquired {
+			t.Fatalf("Acquire %d: %+v %v", i, res, err)
+		}
+		if i%7 == 0 {
+			leases[i].Token = dlock.NewToken() // not the holder's
+		}
+	}
+	calls := func() int64 {
+		var total int64
+		for _, cmd := range []string{"evalsha", "eval"} {
+			s, err := c.Do(ctx, "INFO", "commandstats").Text()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, rest, ok := strings.Cut(s, "cmdstat_"+cmd+":calls="); ok {
+				v, _, _ := strings.Cut(rest, ",")
+				x, _ := strconv.ParseInt(v, 10, 64)
+				total += x
+			}
+		}
+		return total
+	}
+	before := calls()
+	errs, err := b.Extend(ctx, leases)
+	if err != nil || len(errs) != n {
+		t.Fatalf("Extend: %d results, %v", len(errs), err)
+	}
+	if d := calls() - before; d > 6 { // 3 chunks, each possibly resent once after NOSCRIPT
+		t.Errorf("%d script calls to renew %d leases, want ≤ 6 (one per 1,000)", d, n)
+	}
+	for i, l := range leases {
+		pttl, err := c.PTTL(ctx, "dlock:{"+l.Key+"}").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case i%7 == 0 && !errors.Is(errs[i], dlock.ErrNotHeld):
+			t.Errorf("lease %d (not ours): %v, want ErrNotHeld", i, errs[i])
+		case i%7 == 0 && pttl > 5*time.Second:
+			t.Errorf("lease %d (not ours) was renewed: pttl %s", i, pttl)
+		case i%7 != 0 && errs[i] != nil:
+			t.Errorf("lease %d: %v", i, errs[i])
+		case i%7 != 0 && pttl <= 5*time.Second:
+			t.Errorf("lease %d not renewed: pttl %s", i, pttl)
+		}
 	}
 }
