@@ -95,7 +95,8 @@ func (a *app) releaseCmd() *cobra.Command {
 		Short: "Free a lock whoever holds it (administrative)",
 		Long: `release frees KEY whoever holds it. The next holder gets a larger fencing
 token, so a stale holder is fenced out; the holder's dlock notices at its next
-renewal and stops its command. It refuses without --force.`,
+renewal and stops its command. It refuses without --force (exit 64), and
+exits 1 when KEY is not held.`,
 		Example: `  dlock release --force nightly-report`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {

@@ -119,7 +119,7 @@ Stores (--db or $DLOCK_DB):
 		},
 	}
 	root.PersistentFlags().StringVar(&a.db, "db", "", "lock store URL (default $DLOCK_DB, else the embedded SQLite store)")
-	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log renewals failures and losses to stderr")
+	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log renewal failures and lock losses to stderr")
 	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.versionCmd())
 	return root
 }

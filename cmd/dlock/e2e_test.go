@@ -50,21 +50,9 @@ func stores(t *testing.T) map[string]env {
 	out := map[string]env{
 		"embedded": {"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="},
 	}
-	dsn := "root@tcp(127.0.0.1:3306)/test"
-	db, _ := sql.Open("mysql", dsn)
-	defer db.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("MariaDB on 127.0.0.1:3306 is required (CI=true): %v", err)
-		}
-		t.Logf("SKIPPING the MySQL store: %v", err)
+	e := mysqlStore(t)
+	if e == nil {
 		return out
-	}
-	e := env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test"}
-	if r := run(t, e, "migrate"); r.code != 0 {
-		t.Fatalf("migrate: %d %s", r.code, r.stderr)
 	}
 	if addr := startRedis(t); addr != "" {
 		out["redis"] = env{"DLOCK_DB=redis://" + addr + "/0"}
@@ -80,6 +68,28 @@ func stores(t *testing.T) map[string]env {
 	out["mysql-getlock"] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=getlock"}
 	out["mysql-rowlock"] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=rowlock"}
 	return out
+}
+
+// mysqlStore migrates and returns the MariaDB store on 127.0.0.1:3306, or nil
+// (failing under CI=true) when there is none.
+func mysqlStore(t *testing.T) env {
+	dsn := "root@tcp(127.0.0.1:3306)/test"
+	db, _ := sql.Open("mysql", dsn)
+	defer db.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("MariaDB on 127.0.0.1:3306 is required (CI=true): %v", err)
+		}
+		t.Logf("SKIPPING the MySQL store: %v", err)
+		return nil
+	}
+	e := env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test"}
+	if r := run(t, e, "migrate"); r.code != 0 {
+		t.Fatalf("migrate: %d %s", r.code, r.stderr)
+	}
+	return e
 }
 
 type result struct {
@@ -214,9 +224,10 @@ func TestRunPassesExitStatusAndEnvironment(t *testing.T) {
 		if r := run(t, e, "run", key, "--", "sh", "-c", "exit 7"); r.code != 7 {
 			t.Errorf("exit status %d, want 7 (%s)", r.code, r.stderr)
 		}
-		r := run(t, e, "run", "--owner", "ci-7", key, "--", "sh", "-c", `echo "$DLOCK_KEY|$DLOCK_OWNER|$DLOCK_TOKEN"`)
+		// DLOCK_DB may hold a password: the child must not see it.
+		r := run(t, e, "run", "--owner", "ci-7", key, "--", "sh", "-c", `echo "$DLOCK_KEY|$DLOCK_OWNER|$DLOCK_TOKEN|${DLOCK_DB+DLOCK_DB is set}"`)
 		parts := strings.Split(strings.TrimSpace(r.stdout), "|")
-		if r.code != 0 || len(parts) != 3 || parts[0] != key || parts[1] != "ci-7" || parts[2] == "" || parts[2] == "0" {
+		if r.code != 0 || len(parts) != 4 || parts[0] != key || parts[1] != "ci-7" || parts[2] == "" || parts[2] == "0" || parts[3] != "" {
 			t.Errorf("child environment %q (exit %d, %s)", r.stdout, r.code, r.stderr)
 		}
 		if r := run(t, e, "run", key, "--", "sh", "-c", "kill -TERM $$"); r.code != 128+15 {
@@ -237,8 +248,8 @@ func TestRunConflictAndList(t *testing.T) {
 		if r := run(t, e, "run", "-q", "--wait", "0", "--conflict-exit-code", "9", key, "--", "true"); r.code != 9 || r.stderr != "" {
 			t.Errorf("--conflict-exit-code 9 -q: exit %d stderr %q", r.code, r.stderr)
 		}
-		if r := run(t, e, "run", "--wait", "300ms", key, "--", "true"); r.code != 75 {
-			t.Errorf("--wait 300ms on a held key: exit %d, want 75", r.code)
+		if r := run(t, e, "run", "--wait", "300ms", key, "--", "true"); r.code != 75 || !strings.Contains(r.stderr, "gave up after 300ms") || !strings.Contains(r.stderr, "alice") {
+			t.Errorf("--wait 300ms on a held key: exit %d (%q), want 75 saying it gave up after 300ms, naming the holder", r.code, r.stderr)
 		}
 		r := run(t, e, "list", "--json", key)
 		var got []struct {
@@ -330,6 +341,8 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "--db", "memcached://x", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?strategy=nope", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?color=red", "k", "--", "true"},
+		{"run", "--db", "mysql:u:hunter2@h/db", "k", "--", "true"}, // no "//": an opaque URL
+		{"run", "--db", "u:hunter2@tcp(h:3306)/db", "k", "--", "true"},
 		{"list", "a", "b"},
 		{"frobnicate"},
 	} {
@@ -344,6 +357,12 @@ func TestUsageErrors(t *testing.T) {
 	if r := run(t, env{"DLOCK_DB=mysql://root:hunter2@127.0.0.1:1/test"}, "list"); r.code != 70 || strings.Contains(r.stderr, "hunter2") || !strings.Contains(r.stderr, "cannot reach") {
 		t.Errorf("unreachable store: exit %d %q", r.code, r.stderr)
 	}
+	if r := run(t, e, "list", "--db", "mysql:u:hunter2@h/db"); !strings.Contains(r.stderr, "mysql://") {
+		t.Errorf("a store URL without // : %q, want advice to write mysql://", r.stderr)
+	}
+	if r := run(t, env{"DLOCK_DB=postgres://u@127.0.0.1:1/test?password=hunter2&sslmode=disable"}, "list"); r.code != 70 || strings.Contains(r.stderr, "hunter2") {
+		t.Errorf("unreachable store with ?password=: exit %d %q", r.code, r.stderr)
+	}
 	if r := run(t, env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_never_migrated"}, "list"); r.code != 70 || !strings.Contains(r.stderr, "dlock migrate") {
 		t.Errorf("missing table: exit %d %q, want advice to run dlock migrate", r.code, r.stderr)
 	}
@@ -355,6 +374,20 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if r := run(t, e, "run", "--help"); r.code != 0 || !strings.Contains(r.stdout, "crontab") {
 		t.Errorf("run --help: %d %q", r.code, r.stdout)
+	}
+}
+
+// TestEmbeddedStorePath checks that the embedded store is in
+// $XDG_STATE_HOME/dlock/locks.db even when that path would not survive being
+// read as a URL.
+func TestEmbeddedStorePath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state #1?%zz")
+	e := env{"XDG_STATE_HOME=" + dir, "DLOCK_DB="}
+	if r := run(t, e, "run", "k", "--", "true"); r.code != 0 {
+		t.Fatalf("dlock run with XDG_STATE_HOME=%q: exit %d %s", dir, r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dlock", "locks.db")); err != nil {
+		t.Errorf("the embedded store is not in $XDG_STATE_HOME/dlock/locks.db: %v", err)
 	}
 }
 

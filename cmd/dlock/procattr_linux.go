@@ -2,9 +2,9 @@ package main
 
 import "syscall"
 
-// childAttr puts the command in its own process group, so that signals reach
-// the whole job, and has the kernel kill it if dlock dies, so that it never
-// runs without the lock.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+// childAttr has the kernel kill the command if dlock dies, so that it never
+// runs without the lock, and with newGroup puts it in its own process group,
+// so that signals reach the whole job.
+func childAttr(newGroup bool) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: newGroup, Pdeathsig: syscall.SIGKILL}
 }

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,16 +35,22 @@ func (a *app) runCmd() *cobra.Command {
 		Long: `run acquires KEY, runs COMMAND, and releases KEY when COMMAND exits.
 
 COMMAND gets DLOCK_KEY, DLOCK_TOKEN (the fencing token: strictly larger for
-every new holder of KEY) and DLOCK_OWNER in its environment. Its exit status is
-dlock's. SIGINT, SIGTERM and SIGHUP are forwarded to it. If the lock is lost
-while COMMAND runs, COMMAND gets SIGTERM, then SIGKILL after --grace, and dlock
-exits with 76. If dlock itself dies, COMMAND is killed (Linux parent-death
-signal).
+every new holder of KEY) and DLOCK_OWNER in its environment, and not DLOCK_DB
+(it may hold a password). Its exit status is dlock's. SIGINT, SIGTERM and
+SIGHUP are forwarded to its process group. At a terminal, COMMAND stays in
+dlock's process group so that it can read the terminal: Ctrl-C reaches it
+directly, and dlock signals COMMAND alone, not its children. If the lock is
+lost while COMMAND runs, COMMAND gets SIGTERM, then SIGKILL after --grace, and
+dlock exits with 76. If dlock itself dies, COMMAND is killed (Linux
+parent-death signal).
 
-Exit status: COMMAND's; 75 (or --conflict-exit-code) when the lock was not
-obtained; 76 when the lock was lost; 64 on bad usage; 70 when the store failed.`,
+Exit status: COMMAND's (128+N if signal N killed it); 75 (or
+--conflict-exit-code) when the lock was not obtained within --wait; 128+N when
+signal N interrupted the wait; 76 when the lock was lost; 64 on bad usage; 70
+when the store failed.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
-  */5 * * * * dlock run --db mysql://cron:secret@db:3306/ops --wait 0 nightly-report -- /usr/local/bin/report
+  # (-q: a run skipped because another machine has the lock sends no mail)
+  */5 * * * * dlock run -q --db mysql://cron:secret@db:3306/ops --wait 0 nightly-report -- /usr/local/bin/report
 
   # wait up to a minute for the lock
   dlock run --wait 1m deploy -- ./deploy.sh`,
@@ -65,7 +73,7 @@ obtained; 76 when the lock was lost; 64 on bad usage; 70 when the store failed.`
 	f.DurationVar(&r.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
 	f.StringVar(&r.owner, "owner", "", "owner identity shown by `dlock list` and exported as DLOCK_OWNER (default: none; the metadata names host and pid)")
 	f.IntVar(&r.conflictCode, "conflict-exit-code", exitConflict, "exit status when the lock was not obtained")
-	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no conflict message")
+	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no message when the lock is not obtained")
 	return cmd
 }
 
@@ -96,25 +104,30 @@ func (r *runCmd) run(key string, argv []string) error {
 
 	lk, err := r.acquire(ctx, locker, key, sigs)
 	if err != nil {
-		var he *dlock.HeldError
-		switch {
-		case errors.As(err, &he) || errors.Is(err, dlock.ErrNotAcquired):
-			if !r.quiet {
-				fmt.Fprintln(r.a.stderr, "dlock: "+conflictMessage(key, err))
-			}
-			return &exitError{code: r.conflictCode}
-		default:
-			return failure(s.explain(err))
+		var ee *exitError
+		if errors.As(err, &ee) {
+			return err
 		}
+		return failure(s.explain(err))
 	}
 	return r.supervise(lk, argv, sigs)
 }
 
 // acquire takes the lock, showing a status line on a terminal while waiting.
+// When the lock is not obtained, or a signal interrupts the wait, it says so
+// (unless -q) and returns an *exitError with the exit status.
 func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, sigs <-chan os.Signal) (*dlock.Lock, error) {
 	opts := []dlock.AcquireOption{dlock.WithOwner(r.owner)}
 	if r.wait == 0 {
-		return locker.TryAcquire(ctx, key, opts...)
+		lk, err := locker.TryAcquire(ctx, key, opts...)
+		var he *dlock.HeldError
+		switch {
+		case errors.As(err, &he):
+			return nil, r.notObtained("%q is held%s (not waiting)", key, holderDetails(he.Holder))
+		case errors.Is(err, dlock.ErrNotAcquired):
+			return nil, r.notObtained("%q is held (not waiting)", key)
+		}
+		return lk, err
 	}
 	if r.wait > 0 {
 		var cancel context.CancelFunc
@@ -123,17 +136,105 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
+
+	var mu sync.Mutex
+	var holder *dlock.LockInfo // the last holder reported, if any
+	lastHolder := func() *dlock.LockInfo {
+		mu.Lock()
+		defer mu.Unlock()
+		return holder
+	}
+	status := newStatusLine(r.a.stderr, r.quiet)
+	opts = append(opts, dlock.WithWaitFunc(func(h dlock.LockInfo) {
+		mu.Lock()
+		// A report that says nothing of the holder (a store may not tell
+		// after a wait in the server) keeps the last one that did.
+		if holder == nil || holderDetails(h) != "" {
+			holder = &h
+		}
+		h = *holder
+		mu.Unlock()
+		status.show(waitMessage(key, h))
+	}))
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var sig os.Signal // the signal that interrupted the wait; read after wg.Wait
+	wg.Go(func() {
 		select {
-		case <-sigs:
+		case sig = <-sigs:
 			cancel()
 		case <-ctx.Done():
+		case <-stop:
 		}
-	}()
-	status := newStatusLine(r.a.stderr, r.quiet)
-	defer status.clear()
-	opts = append(opts, dlock.WithWaitFunc(func(h dlock.LockInfo) { status.show(waitMessage(key, h)) }))
-	return locker.Acquire(ctx, key, opts...)
+	})
+	if status.w != nil {
+		// Stores that wait in the server report the holder once per wait
+		// (up to 30 s with MySQL): count the lease down in between.
+		wg.Go(func() {
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					if h := lastHolder(); h != nil {
+						status.show(waitMessage(key, *h))
+					}
+				case <-stop:
+					return
+				}
+			}
+		})
+	}
+	lk, err := locker.Acquire(ctx, key, opts...)
+	close(stop)
+	wg.Wait()
+	status.clear()
+
+	details := ""
+	if h := lastHolder(); h != nil && holderDetails(*h) != "" {
+		details = ", held" + holderDetails(*h)
+	}
+	switch {
+	case sig != nil:
+		if lk != nil { // obtained as the signal came: do not start COMMAND
+			lk.Release(context.Background())
+		}
+		return nil, r.interrupted(sig.(syscall.Signal), "interrupted by %s while waiting for %q%s", signalName(sig), key, details)
+	case errors.Is(err, dlock.ErrNotAcquired):
+		return nil, r.notObtained("gave up after %s waiting for %q%s", r.wait, key, details)
+	}
+	return lk, err
+}
+
+// notObtained says (unless -q) that the lock was not obtained, and returns
+// the conflict exit code.
+func (r *runCmd) notObtained(format string, args ...any) error {
+	if !r.quiet {
+		fmt.Fprintf(r.a.stderr, "dlock: "+format+"\n", args...)
+	}
+	return &exitError{code: r.conflictCode}
+}
+
+// interrupted says (unless -q) that signal sig ended the wait, and returns
+// 128+sig, the status of a command that sig killed.
+func (r *runCmd) interrupted(sig syscall.Signal, format string, args ...any) error {
+	if !r.quiet {
+		fmt.Fprintf(r.a.stderr, "dlock: "+format+"\n", args...)
+	}
+	return &exitError{code: 128 + int(sig)}
+}
+
+func signalName(sig os.Signal) string {
+	switch sig {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	}
+	return sig.String()
 }
 
 // supervise runs COMMAND and the single select over its exit, signals and
@@ -142,19 +243,41 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal)
 	defer lk.Release(context.Background())
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
-	child.Env = append(os.Environ(),
+	child.Env = append(childEnviron(),
 		"DLOCK_KEY="+lk.Key(),
 		"DLOCK_TOKEN="+strconv.FormatUint(lk.Token(), 10),
 		"DLOCK_OWNER="+lk.Owner())
-	// Its own process group, so that signals reach the whole job; and killed
-	// if dlock dies, so that it never runs without the lock.
-	child.SysProcAttr = childAttr()
+	// Run from cron, systemd or a script, COMMAND gets its own process group,
+	// so that forwarded signals and the SIGTERM and SIGKILL of a lost lock
+	// reach the whole job, grandchildren included.
+	//
+	// At a terminal (stdin is one, and dlock's group is its foreground group)
+	// a new group would be a background group, and a COMMAND that reads the
+	// terminal would stop with SIGTTIN. There COMMAND stays in dlock's group,
+	// as with `timeout --foreground`: it reads the terminal, gets the
+	// terminal's Ctrl-C itself, and Ctrl-Z and fg stop and resume dlock and
+	// COMMAND together. The price: dlock signals COMMAND alone, not its
+	// children. Making COMMAND's group the foreground one instead (Foreground
+	// in SysProcAttr) would keep group signals, but Ctrl-Z would stop COMMAND
+	// alone while the shell waits for dlock, and the other commands of dlock's
+	// pipeline (`dlock run … | less`) could no longer read the terminal.
+	//
+	// Either way COMMAND is killed if dlock dies (Linux), so that it never
+	// runs without the lock.
+	interactive := foregroundTTY()
+	child.SysProcAttr = childAttr(!interactive)
 	if err := child.Start(); err != nil {
 		return failure(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
-	signalJob := func(sig syscall.Signal) { _ = syscall.Kill(-child.Process.Pid, sig) }
+	signalJob := func(sig syscall.Signal) {
+		if interactive {
+			_ = child.Process.Signal(sig)
+			return
+		}
+		_ = syscall.Kill(-child.Process.Pid, sig)
+	}
 
 	var lost bool
 	var kill <-chan time.Time
@@ -167,6 +290,11 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal)
 			}
 			return &exitError{code: exitCode(err)}
 		case sig := <-sigs:
+			if interactive && sig == syscall.SIGINT {
+				// The terminal's Ctrl-C reached COMMAND with dlock, as they
+				// share a group; forwarding it would deliver it twice.
+				continue
+			}
 			signalJob(sig.(syscall.Signal))
 		case <-done:
 			lost, done = true, nil
@@ -177,6 +305,18 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal)
 			signalJob(syscall.SIGKILL)
 		}
 	}
+}
+
+// childEnviron is dlock's environment for COMMAND, without DLOCK_DB: the
+// store URL may carry a password.
+func childEnviron() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DLOCK_DB=") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // exitCode maps a child's end to dlock's exit status: its own status, or
@@ -195,34 +335,31 @@ func exitCode(err error) int {
 	return exitFailure
 }
 
-func conflictMessage(key string, err error) string {
-	var he *dlock.HeldError
-	if errors.As(err, &he) {
-		return fmt.Sprintf("%s (not waiting)", describeHolder(key, he.Holder))
-	}
-	return fmt.Sprintf("gave up waiting for %q", key)
-}
-
 func waitMessage(key string, h dlock.LockInfo) string {
-	return "waiting: " + describeHolder(key, h)
+	return fmt.Sprintf("waiting: %q is held%s", key, holderDetails(h))
 }
 
-func describeHolder(key string, h dlock.LockInfo) string {
-	s := fmt.Sprintf("%q is held", key)
+// holderDetails is "[ by OWNER][, lease expires in D]": what is known of the
+// holder h.
+func holderDetails(h dlock.LockInfo) string {
+	s := ""
 	if h.Owner != "" {
 		s += " by " + h.Owner
 	} else if h.Metadata != "" {
 		s += " by " + h.Metadata
 	}
 	if !h.ExpiresAt.IsZero() {
-		s += fmt.Sprintf(", lease expires in %s", time.Until(h.ExpiresAt).Round(time.Second))
+		// Not below 0: a lease that ran out may have been renewed since.
+		s += fmt.Sprintf(", lease expires in %s", max(time.Until(h.ExpiresAt), 0).Round(time.Second))
 	}
 	return s
 }
 
-// statusLine is a one-line status on a terminal, rewritten in place.
+// statusLine is a one-line status on a terminal, rewritten in place. It is
+// safe for concurrent use.
 type statusLine struct {
 	w    *os.File
+	mu   sync.Mutex
 	used bool
 }
 
@@ -241,11 +378,15 @@ func (s *statusLine) show(msg string) {
 	if s.w == nil {
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.used = true
 	fmt.Fprintf(s.w, "\r\033[K%s", msg)
 }
 
 func (s *statusLine) clear() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.used {
 		fmt.Fprint(s.w, "\r\033[K")
 	}

@@ -30,15 +30,8 @@ type store struct {
 	close   func() error
 }
 
-// storeURL returns the store URL: --db, else $DLOCK_DB, else the embedded
-// default.
-func (a *app) storeURL() (string, error) {
-	if a.db != "" {
-		return a.db, nil
-	}
-	if env := os.Getenv("DLOCK_DB"); env != "" {
-		return env, nil
-	}
+// embeddedPath returns the file of the embedded default store.
+func embeddedPath() (string, error) {
 	dir := os.Getenv("XDG_STATE_HOME")
 	if dir == "" {
 		home, err := os.UserHomeDir()
@@ -47,20 +40,33 @@ func (a *app) storeURL() (string, error) {
 		}
 		dir = filepath.Join(home, ".local", "state")
 	}
-	return "sqlite://" + filepath.Join(dir, "dlock", "locks.db"), nil
+	return filepath.Join(dir, "dlock", "locks.db"), nil
 }
 
-// openStore opens the store named by the flags. The embedded SQLite store
-// creates its table on open; a MySQL store must be migrated once with
-// `dlock migrate`.
+// openStore opens the store named by --db, else $DLOCK_DB, else the embedded
+// default. The embedded SQLite store creates its table on open; a MySQL store
+// must be migrated once with `dlock migrate`.
 func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
-	raw, err := a.storeURL()
-	if err != nil {
-		return nil, usageError("%w", err)
+	raw := a.db
+	if raw == "" {
+		raw = os.Getenv("DLOCK_DB")
+	}
+	if raw == "" {
+		// A path, not a URL: a state directory may contain '#', '?' or '%'.
+		path, err := embeddedPath()
+		if err != nil {
+			return nil, usageError("%w", err)
+		}
+		return openSQLite(ctx, path, forMigrate)
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, usageError("bad store URL: %v (want mysql://user:pass@host:3306/db or sqlite:///path/file.db)", redactErr(err))
+	}
+	if u.Opaque != "" {
+		// scheme:user:pass@host/db parses as a scheme and an opaque part,
+		// which Redacted does not hide: show the scheme alone.
+		return nil, usageError("bad store URL %s:… (the rest is not shown: it may hold a password): write %s://… as in mysql://user:pass@host:3306/db", u.Scheme, u.Scheme)
 	}
 	switch u.Scheme {
 	case "sqlite":
@@ -68,18 +74,7 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 		if u.Host != "" { // sqlite://relative/path
 			path = filepath.Join(u.Host, u.Path)
 		}
-		b, err := sqlitelock.Open(path)
-		if err != nil {
-			return nil, failure(err)
-		}
-		s := &store{name: "sqlite://" + path, backend: b, migrate: b.Migrate, schema: sqlitelock.Schema(), close: b.Close}
-		if !forMigrate {
-			if err := b.Migrate(ctx); err != nil {
-				b.Close()
-				return nil, failure(fmt.Errorf("embedded store %s: %w", path, err))
-			}
-		}
-		return s, nil
+		return openSQLite(ctx, path, forMigrate)
 	case "mysql":
 		return openMySQL(u)
 	case "redis", "rediss":
@@ -91,8 +86,25 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 	case "zk", "zookeeper":
 		return openZooKeeper(u)
 	default:
-		return nil, usageError("unknown store %q in %s (want mysql://, postgres://, redis://, etcd://, zk:// or sqlite://)", u.Scheme, u.Redacted())
+		return nil, usageError("unknown store %q in %s (want mysql://, postgres://, redis://, etcd://, zk:// or sqlite://)", u.Scheme, redacted(u))
 	}
+}
+
+// openSQLite opens the SQLite store in the file path, creating its table
+// unless this is for `dlock migrate`.
+func openSQLite(ctx context.Context, path string, forMigrate bool) (*store, error) {
+	b, err := sqlitelock.Open(path)
+	if err != nil {
+		return nil, failure(err)
+	}
+	s := &store{name: "sqlite://" + path, backend: b, migrate: b.Migrate, schema: sqlitelock.Schema(), close: b.Close}
+	if !forMigrate {
+		if err := b.Migrate(ctx); err != nil {
+			b.Close()
+			return nil, failure(fmt.Errorf("embedded store %s: %w", path, err))
+		}
+	}
+	return s, nil
 }
 
 func openMySQL(u *url.URL) (*store, error) {
@@ -111,7 +123,7 @@ func openMySQL(u *url.URL) (*store, error) {
 	opts := &mysqllock.Options{Table: q.Get("table")}
 	for k := range q {
 		if k != "table" && k != "strategy" {
-			return nil, usageError("unknown parameter %q in %s (known: strategy, table)", k, u.Redacted())
+			return nil, usageError("unknown parameter %q in %s (known: strategy, table)", k, redacted(u))
 		}
 	}
 	strategy := q.Get("strategy")
@@ -121,11 +133,11 @@ func openMySQL(u *url.URL) (*store, error) {
 		return nil, usageError("unknown strategy %q (want lease, getlock or rowlock)", strategy)
 	}
 	if cfg.DBName == "" {
-		return nil, usageError("no database in %s (want mysql://user:pass@host:3306/db)", u.Redacted())
+		return nil, usageError("no database in %s (want mysql://user:pass@host:3306/db)", redacted(u))
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, usageError("%s: %v", u.Redacted(), err)
+		return nil, usageError("%s: %v", redacted(u), err)
 	}
 	db := sql.OpenDB(connector)
 	lease, err := mysqllock.New(db, opts)
@@ -149,7 +161,7 @@ func openMySQL(u *url.URL) (*store, error) {
 	}
 	schema, _ := mysqllock.Schema(opts.Table)
 	closeAll := func() error { return errors.Join(backend.Close(), lease.Close(), db.Close()) }
-	return &store{name: u.Redacted(), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
+	return &store{name: redacted(u), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
 }
 
 func trimSlash(p string) string {
@@ -157,6 +169,20 @@ func trimSlash(p string) string {
 		p = p[1:]
 	}
 	return p
+}
+
+// redacted is u for messages, without the password of its user info or of
+// the password and sslpassword parameters (which pgx accepts).
+func redacted(u *url.URL) string {
+	q := u.Query()
+	u2 := *u
+	for _, k := range []string{"password", "sslpassword"} {
+		if q.Has(k) {
+			q.Set(k, "xxxxx")
+			u2.RawQuery = q.Encode()
+		}
+	}
+	return u2.Redacted()
 }
 
 // redactErr drops a *url.Error's URL, which may carry a password.
@@ -193,7 +219,7 @@ func openRedis(raw string, u *url.URL) (*store, error) {
 	u2.RawQuery = q.Encode()
 	opts, err := redis.ParseURL(u2.String())
 	if err != nil {
-		return nil, usageError("%s: %v", u.Redacted(), redactErr(err))
+		return nil, usageError("%s: %v", redacted(u), redactErr(err))
 	}
 	c := redis.NewClient(opts)
 	b, err := redislock.New(c, &redislock.Options{Prefix: prefix})
@@ -201,7 +227,7 @@ func openRedis(raw string, u *url.URL) (*store, error) {
 		c.Close()
 		return nil, usageError("%w", err)
 	}
-	return &store{name: u.Redacted(), backend: b, migrate: noMigrate,
+	return &store{name: redacted(u), backend: b, migrate: noMigrate,
 		schema: "-- Redis needs no schema.", close: c.Close}, nil
 }
 
@@ -228,11 +254,11 @@ func openPostgres(ctx context.Context, u *url.URL) (*store, error) {
 	u2.RawQuery = q.Encode()
 	cfg, err := pgxpool.ParseConfig(u2.String())
 	if err != nil {
-		return nil, usageError("%s: %v", u.Redacted(), redactErr(err))
+		return nil, usageError("%s: %v", redacted(u), redactErr(err))
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, usageError("%s: %v", u.Redacted(), redactErr(err))
+		return nil, usageError("%s: %v", redacted(u), redactErr(err))
 	}
 	lease, err := pglock.New(pool, opts)
 	if err != nil {
@@ -255,5 +281,5 @@ func openPostgres(ctx context.Context, u *url.URL) (*store, error) {
 		pool.Close()
 		return err
 	}
-	return &store{name: u.Redacted(), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
+	return &store{name: redacted(u), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
 }

@@ -19,7 +19,7 @@ func endpoints(u *url.URL, port string) ([]string, error) {
 	var out []string
 	for _, h := range strings.Split(u.Host, ",") {
 		if h == "" {
-			return nil, usageError("no server in %s", u.Redacted())
+			return nil, usageError("no server in %s", redacted(u))
 		}
 		if !strings.Contains(h, ":") {
 			h += ":" + port
@@ -34,7 +34,7 @@ func openEtcd(u *url.URL) (*store, error) {
 	q := u.Query()
 	for k := range q {
 		if k != "prefix" {
-			return nil, usageError("unknown parameter %q in %s (known: prefix)", k, u.Redacted())
+			return nil, usageError("unknown parameter %q in %s (known: prefix)", k, redacted(u))
 		}
 	}
 	eps, err := endpoints(u, "2379")
@@ -48,14 +48,14 @@ func openEtcd(u *url.URL) (*store, error) {
 	}
 	c, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, failure(fmt.Errorf("%s: %w", u.Redacted(), err))
+		return nil, failure(fmt.Errorf("%s: %w", redacted(u), err))
 	}
 	b, err := etcdlock.New(c, &etcdlock.Options{Prefix: q.Get("prefix")})
 	if err != nil {
 		c.Close()
 		return nil, usageError("%w", err)
 	}
-	return &store{name: u.Redacted(), backend: b, migrate: noMigrate, schema: "-- etcd needs no schema.", close: c.Close}, nil
+	return &store{name: redacted(u), backend: b, migrate: noMigrate, schema: "-- etcd needs no schema.", close: c.Close}, nil
 }
 
 // openZooKeeper opens zk://host:2181[,host2:2181…][?root=/dlock&session=30s].
@@ -69,11 +69,11 @@ func openZooKeeper(u *url.URL) (*store, error) {
 		case "session":
 			d, err := time.ParseDuration(q.Get(k))
 			if err != nil || d <= 0 {
-				return nil, usageError("bad session timeout %q in %s", q.Get(k), u.Redacted())
+				return nil, usageError("bad session timeout %q in %s", q.Get(k), redacted(u))
 			}
 			session = d
 		default:
-			return nil, usageError("unknown parameter %q in %s (known: root, session)", k, u.Redacted())
+			return nil, usageError("unknown parameter %q in %s (known: root, session)", k, redacted(u))
 		}
 	}
 	servers, err := endpoints(u, "2181")
@@ -82,7 +82,7 @@ func openZooKeeper(u *url.URL) (*store, error) {
 	}
 	c, _, err := zk.Connect(servers, session, zk.WithLogInfo(false), zk.WithLogger(quietZK{}))
 	if err != nil {
-		return nil, failure(fmt.Errorf("%s: %w", u.Redacted(), err))
+		return nil, failure(fmt.Errorf("%s: %w", redacted(u), err))
 	}
 	b, err := zklock.New(c, &zklock.Options{SessionTimeout: session, Root: q.Get("root")})
 	if err != nil {
@@ -90,7 +90,7 @@ func openZooKeeper(u *url.URL) (*store, error) {
 		return nil, usageError("%w", err)
 	}
 	closeConn := func() error { c.Close(); return nil }
-	return &store{name: u.Redacted(), backend: b, migrate: noMigrate, schema: "-- ZooKeeper needs no schema.", close: closeConn}, nil
+	return &store{name: redacted(u), backend: b, migrate: noMigrate, schema: "-- ZooKeeper needs no schema.", close: closeConn}, nil
 }
 
 // quietZK drops the ZooKeeper client's connection chatter.

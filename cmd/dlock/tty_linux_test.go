@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+// The terminal tests run dlock as a shell at a prompt does: as the leader of
+// a session on a new pseudo-terminal, in its foreground process group.
+
+// terminal is the master side of a pseudo-terminal and what was read from it.
+type terminal struct {
+	ptm *os.File
+	mu  sync.Mutex
+	out bytes.Buffer
+}
+
+// startOnTerminal starts `dlock args...` on a new pseudo-terminal; it is
+// killed when the test ends.
+func startOnTerminal(t *testing.T, e env, args ...string) (*holder, *terminal) {
+	t.Helper()
+	ptm, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("SKIPPING: no pseudo-terminals: %v", err)
+	}
+	t.Cleanup(func() { ptm.Close() })
+	var n uint32
+	var ioctlErr syscall.Errno
+	rc, err := ptm.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = rc.Control(func(fd uintptr) {
+		var unlock int32
+		if _, _, ioctlErr = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCSPTLCK, uintptr(unsafe.Pointer(&unlock))); ioctlErr == 0 {
+			_, _, ioctlErr = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCGPTN, uintptr(unsafe.Pointer(&n)))
+		}
+	})
+	if err != nil || ioctlErr != 0 {
+		t.Fatalf("pseudo-terminal: %v %v", err, ioctlErr)
+	}
+	pts, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, _, stderr := command(e, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = pts, pts, pts
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	err = cmd.Start()
+	pts.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := &terminal{ptm: ptm}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := ptm.Read(buf) // EIO once nobody has the slave side open
+			term.mu.Lock()
+			term.out.Write(buf[:n])
+			term.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	h := &holder{cmd: cmd, stderr: stderr, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(h.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-h.done
+		if t.Failed() {
+			t.Logf("terminal: %q", term.output())
+		}
+	})
+	return h, term
+}
+
+func (term *terminal) output() string {
+	term.mu.Lock()
+	defer term.mu.Unlock()
+	return term.out.String()
+}
+
+// waitFor waits up to d for the terminal to show s.
+func (term *terminal) waitFor(t *testing.T, s string, d time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !strings.Contains(term.output(), s); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal did not show %q within %s: %q", s, d, term.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestRunReadsTerminal checks that COMMAND can read the terminal dlock runs
+// in the foreground of (it used to stop with SIGTTIN in a background process
+// group, and dlock waited for ever).
+func TestRunReadsTerminal(t *testing.T) {
+	e := env{"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="}
+	h, term := startOnTerminal(t, e, "run", uniqueKey(t), "--", "sh", "-c", `read x; echo "got $x"; exit 3`)
+	if _, err := term.ptm.WriteString("hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	if !h.exited(20 * time.Second) {
+		t.Fatalf("dlock run did not exit within 20 s: COMMAND could not read the terminal? %q", term.output())
+	}
+	if code := h.cmd.ProcessState.ExitCode(); code != 3 || !strings.Contains(term.output(), "got hello") {
+		t.Errorf("exit %d, terminal %q; want 3 and COMMAND's \"got hello\"", code, term.output())
+	}
+}
+
+// TestWaitOnTerminal checks the status line while waiting on a terminal: it
+// counts the holder's lease down every second, also on stores that wait in
+// the server and report the holder rarely (MySQL lease: once per lease), and
+// Ctrl-C ends the wait with 130, not the conflict code.
+func TestWaitOnTerminal(t *testing.T) {
+	e := mysqlStore(t)
+	if e == nil {
+		e = env{"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="}
+	}
+	key := uniqueKey(t)
+	alice := startHolder(t, e, "run", "--owner", "alice", "--ttl", "30s", key, "--", "sleep", "30")
+	waitHeld(t, e, key, alice)
+
+	h, term := startOnTerminal(t, e, "run", key, "--", "true")
+	term.waitFor(t, "waiting: ", 20*time.Second)
+	time.Sleep(3500 * time.Millisecond)
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile(`lease expires in (\d+s)`).FindAllStringSubmatch(term.output(), -1) {
+		seen[m[1]] = true
+	}
+	if len(seen) < 2 {
+		t.Errorf("the status line showed the lease expiring in %v over 3.5 s; want it counted down", seen)
+	}
+	if !strings.Contains(term.output(), "alice") {
+		t.Errorf("the status line does not name the holder: %q", term.output())
+	}
+
+	if _, err := term.ptm.WriteString("\x03"); err != nil { // Ctrl-C
+		t.Fatal(err)
+	}
+	if !h.exited(10 * time.Second) {
+		t.Fatal("dlock run kept waiting after Ctrl-C")
+	}
+	if code := h.cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(term.output(), "interrupted by SIGINT") {
+		t.Errorf("Ctrl-C while waiting: exit %d, terminal %q; want 130 saying it was interrupted", code, term.output())
+	}
+}
