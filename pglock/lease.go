@@ -88,6 +88,13 @@ type leaseQueries struct {
 // leaves the queue. The final SELECT reads the holder from the statement's
 // snapshot, for the Result when the row was not taken.
 //
+// The renewal's new expiry counts from its statement's start (no earlier
+// than the client sent it), but whether the lease is still live is checked
+// with clock_timestamp() at the row: a renewal that waited for the row while
+// a release ended the lease would otherwise compare the release's later
+// instant with its own start, find the lease live and revive it (found by
+// the fault harness; TestExtendRacingReleaseDoesNotRevive).
+//
 // The release's NOTIFY names the key and the first live waiter in its queue,
 // which the listener wakes at once; the key's other waiters are woken after
 // the grace period, in case that waiter is gone.
@@ -131,7 +138,7 @@ FROM c LEFT JOIN ` + l + ` h ON h.name = $1`,
 		extend: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
 UPDATE ` + l + ` AS l SET expires_at = c.now + x.ttl * interval '1 microsecond'
 FROM c, unnest($1::bytea[], $2::bytea[], $3::bigint[]) AS x(name, token, ttl)
-WHERE l.name = x.name AND l.token = x.token AND l.expires_at > c.now
+WHERE l.name = x.name AND l.token = x.token AND l.expires_at > clock_timestamp()
 RETURNING l.name, l.token`,
 		release: `WITH r AS (
   UPDATE ` + l + ` SET expires_at = clock_timestamp()

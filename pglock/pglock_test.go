@@ -138,7 +138,7 @@ func TestConformanceLease(t *testing.T) {
 }
 
 func TestConformanceAdvisory(t *testing.T) {
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newAdvisory(t, nil) }, locktest.CrashFreesWithin(time.Second))
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newAdvisory(t, nil) }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint())
 }
 
 // The fair-share tests run 8 processes on one key for 3 s each: no process
@@ -606,5 +606,78 @@ func TestAdvisoryKeys(t *testing.T) {
 	}
 	if a1 == a3 && b1 == b3 {
 		t.Error("distinct keys hash alike")
+	}
+}
+
+// TestExtendRacingReleaseDoesNotRevive: a renewal of two leases starts,
+// then waits for the first one's row (held by another transaction); the
+// second lease is released meanwhile, at an instant later than the
+// renewal's start. When the renewal reaches the second row it must see the
+// release: a renewal that rechecked "still live" against its own start time
+// found the released lease live and renewed it for a holder that had let it
+// go (the fault harness's long run saw it once: "expired lease extended").
+func TestExtendRacingReleaseDoesNotRevive(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := open(t, "")
+	b := newLease(t, pool)
+	base := fmt.Sprintf("revive/%d", time.Now().UnixNano())
+	leases := []dlock.Lease{
+		{Key: base + "/a", Token: dlock.NewToken(), TTL: 10 * time.Second},
+		{Key: base + "/b", Token: dlock.NewToken(), TTL: 10 * time.Second},
+	}
+	for _, l := range leases {
+		if res, err := b.Acquire(ctx, dlock.Request{Key: l.Key, Token: l.Token, TTL: l.TTL}); err != nil || !res.Acquired {
+			t.Fatalf("Acquire: %+v %v", res, err)
+		}
+	}
+	table := `"` + testTable() + `"`
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT FROM `+table+` WHERE name = $1 FOR UPDATE`, []byte(leases[0].Key)); err != nil {
+		t.Fatal(err)
+	}
+	type extended struct {
+		errs []error
+		err  error
+	}
+	renewed := make(chan extended, 1)
+	go func() {
+		errs, err := b.Extend(ctx, leases)
+		renewed <- extended{errs, err}
+	}()
+	for i := 0; ; i++ { // until the renewal waits for the first row
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%' || $1 || '%'`, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if i == 500 {
+			t.Fatal("the renewal never waited for the row")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.Release(ctx, leases[1].Key, leases[1].Token); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-renewed
+	if r.err != nil || len(r.errs) != 2 || r.errs[0] != nil || !errors.Is(r.errs[1], dlock.ErrNotHeld) {
+		t.Errorf("renewal of a held lease and of one released while it waited: %v %v, want [nil ErrNotHeld]", r.errs, r.err)
+	}
+	var live bool
+	if err := pool.QueryRow(ctx, `SELECT expires_at > clock_timestamp() FROM `+table+` WHERE name = $1`, []byte(leases[1].Key)).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if live {
+		t.Error("the released lease is live again")
 	}
 }
