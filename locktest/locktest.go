@@ -41,14 +41,21 @@ func InProcess() Option { return func(s *suite) { s.inProcess = true } }
 // strategies, whose server ends the session at once, promise less.
 func CrashFreesWithin(d time.Duration) Option { return func(s *suite) { s.crashBound = d } }
 
+// NoRemainingHint declares a session strategy, whose failed attempts cannot
+// say how long the holder will keep the lock (Result.Remaining is 0). Lease
+// backends must report the holder's remaining lease, which the Locker's
+// backoff never sleeps past.
+func NoRemainingHint() Option { return func(s *suite) { s.noRemaining = true } }
+
 // ttl is the lease used by the suite: the shortest allowed, so that expiry
 // cases finish quickly.
 const ttl = dlock.MinTTL
 
 type suite struct {
-	newBackend func(t *testing.T) dlock.Backend
-	inProcess  bool
-	crashBound time.Duration
+	newBackend  func(t *testing.T) dlock.Backend
+	inProcess   bool
+	crashBound  time.Duration
+	noRemaining bool
 }
 
 // Run runs the conformance suite against backends made by newBackend. Each
@@ -302,8 +309,11 @@ func (s *suite) ownership(t *testing.T) {
 	if err != nil || res2.Acquired {
 		t.Fatalf("rule: exclusion at the backend; second Acquire: %+v %v", res2, err)
 	}
-	if res2.Remaining < 0 || res2.Remaining > ttl { // 0: unknown (session locks)
-		t.Errorf("Remaining hint %s, want in [0, %s]", res2.Remaining, ttl)
+	switch {
+	case s.noRemaining && res2.Remaining != 0:
+		t.Errorf("Remaining hint %s from a session strategy, want 0 (unknown)", res2.Remaining)
+	case !s.noRemaining && (res2.Remaining <= 0 || res2.Remaining > ttl):
+		t.Errorf("rule: a failed attempt reports the holder's remaining lease; Remaining %s, want in (0, %s]", res2.Remaining, ttl)
 	}
 	if err := b.Release(ctx, k, theirs); !errors.Is(err, dlock.ErrNotHeld) {
 		t.Errorf("rule: only the holder releases; Release by another token: %v, want ErrNotHeld", err)

@@ -1,5 +1,54 @@
 package mysqllock
 
+import (
+	"context"
+
+	"github.com/dlock-dev/dlock"
+)
+
 // ReleaseQuery exposes the lease release statement (arguments: key, token),
 // for a test that runs it inside a transaction of its own.
 func ReleaseQuery(b *Backend) string { return b.q.release }
+
+// CheckGalera runs g's Galera check under ctx on a connection pinned without
+// it, as if ctx ended while the check's query ran.
+func CheckGalera(ctx context.Context, g *GetLock) error {
+	c, err := g.db.Conn(context.Background())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return g.s.checkGalera(ctx, c)
+}
+
+// Doorbells returns the lease strategy's doorbells (nil without them).
+func Doorbells(b *Backend) *GetLock { return b.bell }
+
+// HoldsDoorbell reports whether tok holds key's doorbell.
+func HoldsDoorbell(b *Backend, key string, tok dlock.Token) bool {
+	return b.bell.sessionOf(key, tok) != 0
+}
+
+// MainWaitTimeout reads @@session.wait_timeout on g's shared session.
+func MainWaitTimeout(ctx context.Context, g *GetLock) (secs int, err error) {
+	g.mu.Lock()
+	ss := g.main
+	g.mu.Unlock()
+	err = ss.queryRow(ctx, "SELECT @@session.wait_timeout", nil, &secs)
+	return secs, err
+}
+
+// RowLockWaitTimeout reads @@session.wait_timeout on the session where r
+// holds key.
+func RowLockWaitTimeout(ctx context.Context, r *RowLock, key string) (secs int, err error) {
+	r.mu.Lock()
+	h := r.held[key]
+	r.mu.Unlock()
+	h.ss.mu.Lock()
+	defer h.ss.mu.Unlock()
+	err = h.tx.QueryRowContext(ctx, "SELECT @@session.wait_timeout").Scan(&secs)
+	return secs, err
+}
+
+// LockBusy exposes rowlock's "not acquired" error classification.
+var LockBusy = lockBusy

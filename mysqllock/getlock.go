@@ -19,8 +19,9 @@ import (
 // moment it is released (no client polling). A holder that crashes loses its
 // session and the server frees its locks at once; a holder that stops
 // talking (paused, partitioned) is dropped by the server after its session's
-// wait_timeout, which is set to the lease TTL (rounded up to seconds), while
-// renewal checks the lock every TTL/3 and reports a loss before that.
+// wait_timeout, which is kept at the largest TTL of the locks on that session
+// (rounded up to seconds), while renewal checks the lock every TTL/3 and
+// reports a loss before that.
 // Uncontended locks share one session however many there are; each blocked
 // waiter and each lock handed over by a wait uses a session of its own until
 // released. Keys longer than 58 characters are hashed into the server's
@@ -73,46 +74,84 @@ func (g *GetLock) Close() error {
 	return nil
 }
 
-// mainSession returns the shared session, opening it if needed.
-func (g *GetLock) mainSession(ctx context.Context, ttl time.Duration) (*session, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.main == nil || g.main.broken.Load() {
-		ss, err := g.s.open(ctx, ttl)
-		if err != nil {
-			return nil, err
+// mainSession reserves req.Key on the shared session, opening it if needed,
+// and sets the session's wait_timeout to what its locks need; false if the
+// session holds the key already. Reserving and setting under g.mu keeps a
+// concurrent acquisition from lowering wait_timeout below a TTL it has not
+// seen. A session found gone is replaced once.
+func (g *GetLock) mainSession(ctx context.Context, req dlock.Request) (*session, bool, error) {
+	for try := 0; ; try++ {
+		g.mu.Lock()
+		if g.main == nil || g.main.broken.Load() {
+			ss, err := g.s.open(ctx, req.TTL)
+			if err != nil {
+				g.mu.Unlock()
+				return nil, false, err
+			}
+			g.main = ss
 		}
-		g.main = ss
+		ss := g.main
+		if !g.reserveLocked(ss, req) {
+			g.mu.Unlock()
+			return nil, false, nil
+		}
+		sctx, cancel := detached(ctx)
+		err := g.s.cover(sctx, ss, ss.need())
+		cancel()
+		g.mu.Unlock()
+		if err == nil {
+			return ss, true, nil
+		}
+		if !sessionLost(err) {
+			g.forget(ss, req.Key, err)
+			return nil, false, err
+		}
+		g.dropSession(ss)
+		if try > 0 {
+			return nil, false, err
+		}
 	}
-	return g.main, g.s.cover(ctx, g.main, ttl)
 }
 
-// reserve marks key as being taken on ss; false if ss holds it already
+// reserve marks req.Key as being taken on ss; false if ss holds it already
 // (GET_LOCK is re-entrant per session, so a second GET_LOCK would succeed).
-func (g *GetLock) reserve(ss *session, key string, tok dlock.Token) bool {
+func (g *GetLock) reserve(ss *session, req dlock.Request) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if _, ok := ss.keys[key]; ok {
+	return g.reserveLocked(ss, req)
+}
+
+// reserveLocked is reserve for a caller that holds g.mu.
+func (g *GetLock) reserveLocked(ss *session, req dlock.Request) bool {
+	if _, ok := ss.keys[req.Key]; ok {
 		return false
 	}
-	ss.keys[key] = tok
+	ss.add(req.Key, req.Token, req.TTL)
 	if g.byToken == nil {
 		g.byToken = make(map[dlock.Token]*session)
 	}
-	g.byToken[tok] = ss
+	g.byToken[req.Token] = ss
 	return true
 }
 
-// forget drops key from ss; a session left holding nothing (other than the
+// forget drops key from ss and lowers the session's wait_timeout to what
+// its other locks need; a session left holding nothing (other than the
 // main one) goes back to the pool, a broken one is discarded.
 func (g *GetLock) forget(ss *session, key string, err error) {
 	g.mu.Lock()
-	if tok, ok := ss.keys[key]; ok {
-		delete(g.byToken, tok)
+	if h, ok := ss.keys[key]; ok {
+		delete(g.byToken, h.token)
+		ss.remove(key)
 	}
-	delete(ss.keys, key)
 	if sessionLost(err) {
 		ss.broken.Store(true)
+	}
+	if len(ss.keys) > 0 && !ss.broken.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+		if err := g.s.cover(ctx, ss, ss.need()); sessionLost(err) {
+			ss.broken.Store(true) // its holders learn it at their next renewal
+		}
+		cancel()
 	}
 	done := ss != g.main && len(ss.keys) == 0 || ss.broken.Load()
 	if ss.broken.Load() && ss == g.main {
@@ -129,11 +168,11 @@ func (g *GetLock) forget(ss *session, key string, err error) {
 // after their wait_timeout), it is replaced and the attempt made once more.
 func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	for try := 0; ; try++ {
-		ss, err := g.mainSession(ctx, req.TTL)
+		ss, ok, err := g.mainSession(ctx, req)
 		if err != nil {
 			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 		}
-		if !g.reserve(ss, req.Key, req.Token) {
+		if !ok {
 			return g.notAcquired(ctx, req.Key), nil
 		}
 		res, err := g.take(ctx, ss, req, 0, time.Now())
@@ -155,7 +194,7 @@ func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	if err != nil {
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	}
-	g.reserve(ss, req.Key, req.Token)
+	g.reserve(ss, req)
 	wait := maxWait
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d))
@@ -241,7 +280,7 @@ func (g *GetLock) kill(id int64) { killQuery(g.db, id) }
 func (g *GetLock) holding(key string, tok dlock.Token) *session {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if ss := g.byToken[tok]; ss != nil && ss.keys[key] == tok && !ss.broken.Load() {
+	if ss := g.byToken[tok]; ss != nil && ss.keys[key].token == tok && !ss.broken.Load() {
 		return ss
 	}
 	return nil
@@ -304,10 +343,11 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 func (g *GetLock) dropSession(ss *session) {
 	g.mu.Lock()
 	ss.broken.Store(true)
-	for _, tok := range ss.keys {
-		delete(g.byToken, tok)
+	for _, h := range ss.keys {
+		delete(g.byToken, h.token)
 	}
 	clear(ss.keys)
+	clear(ss.secs)
 	if g.main == ss {
 		g.main = nil
 	}

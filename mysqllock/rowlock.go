@@ -57,6 +57,13 @@ const (
 	errLockNowait      = 3572 // MySQL 8's answer to NOWAIT
 )
 
+// lockBusy reports whether err says that a locking read could not have the
+// row: not acquired, as opposed to failed.
+func lockBusy(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == errLockWaitTimeout || me.Number == errLockNowait)
+}
+
 // NewRowLock returns the rowlock strategy over db, whose connections it pins
 // for held locks. It does no I/O; Migrate creates the tables. Call Close to
 // roll back what is still held and return the connections.
@@ -154,8 +161,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		_ = tx.Rollback()
 		ss.broken.Store(sessionLost(err))
 		r.s.close(ss)
-		var me *mysql.MySQLError
-		if errors.As(err, &me) && (me.Number == errLockWaitTimeout || me.Number == errLockNowait) {
+		if lockBusy(err) {
 			return r.s.notAcquired(ctx, req.Key), nil
 		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
@@ -306,11 +312,10 @@ func (r *RowLock) ForceRelease(ctx context.Context, key string) error {
 	var name []byte
 	err = tx.QueryRowContext(ctx, `SELECT name FROM `+r.rows+` WHERE name = ? FOR UPDATE NOWAIT`, key).Scan(&name)
 	_ = tx.Rollback()
-	var me *mysql.MySQLError
 	switch {
 	case err == nil || errors.Is(err, sql.ErrNoRows):
 		return dlock.ErrNotHeld
-	case !errors.As(err, &me) || (me.Number != errLockWaitTimeout && me.Number != errLockNowait):
+	case !lockBusy(err):
 		return wrapErr(r.rows, "rowlock force release", err)
 	}
 	var id int64

@@ -27,15 +27,52 @@ var ErrGalera = errors.New("mysqllock: session locks are unsafe on Galera (wsrep
 type session struct {
 	idleSince   time.Time // when it was parked in sessions.idle
 	conn        *sql.Conn
-	id          int64                  // CONNECTION_ID()
-	keys        map[string]dlock.Token // getlock: keys held or being taken on this session
-	waitTimeout int                    // seconds, as set on the session
-	broken      atomic.Bool            // the connection is gone or dubious
+	id          int64              // CONNECTION_ID()
+	keys        map[string]keyHold // getlock: keys held or being taken on this session
+	secs        map[int]int        // getlock: how many of keys need each wait_timeout
+	waitTimeout int                // seconds, as set on the session
+	broken      atomic.Bool        // the connection is gone or dubious
 	// mu serializes statements on conn: database/sql lets two goroutines
 	// use one *sql.Conn at once, and the driver then breaks the connection
 	// (a renewal check racing an acquisition would drop every lock of the
 	// session). Blocking waits run on sessions of their own, without it.
 	mu sync.Mutex
+}
+
+// keyHold is a key held or being taken on a session.
+type keyHold struct {
+	token dlock.Token
+	secs  int // the wait_timeout that its TTL needs
+}
+
+// waitSecs is the wait_timeout that a lease of ttl needs: whole seconds,
+// rounded up, at least 1.
+func waitSecs(ttl time.Duration) int { return max(1, int(math.Ceil(ttl.Seconds()))) }
+
+// add records key, held by tok for ttl, on the session.
+func (ss *session) add(key string, tok dlock.Token, ttl time.Duration) {
+	n := waitSecs(ttl)
+	ss.keys[key] = keyHold{tok, n}
+	ss.secs[n]++
+}
+
+// remove forgets key.
+func (ss *session) remove(key string) {
+	n := ss.keys[key].secs
+	delete(ss.keys, key)
+	if ss.secs[n]--; ss.secs[n] <= 0 {
+		delete(ss.secs, n)
+	}
+}
+
+// need is the wait_timeout that the session's locks need: the largest TTL
+// (whole seconds), or 0 when it holds nothing.
+func (ss *session) need() int {
+	n := 0
+	for s := range ss.secs {
+		n = max(n, s)
+	}
+	return n
 }
 
 // ExecContext runs a statement on the session, serialized with its others.
@@ -67,41 +104,52 @@ type sessions struct {
 	// galeraOK skips the Galera check (rowlock: row locks work there, with
 	// Galera's write-conflict aborts).
 	galeraOK bool
-	galera   struct {
-		once sync.Once
-		err  error
-	}
+	// galeraKnown and galera (under mu) are the Galera check's answer once
+	// the server has given one. An error is no answer: it fails that
+	// check's caller only, and the next session checks again.
+	galeraKnown, galera bool
 }
 
 func newSessions(db *sql.DB, table string) *sessions {
 	return &sessions{db: db, table: table, all: make(map[*session]struct{})}
 }
 
-// checkGalera refuses to run on Galera, once per backend.
+// checkGalera refuses to run on Galera. The server is asked until it
+// answers, then never again.
 func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
 	if s.galeraOK {
 		return nil
 	}
-	s.galera.once.Do(func() {
+	s.mu.Lock()
+	known, galera := s.galeraKnown, s.galera
+	s.mu.Unlock()
+	if !known {
 		var on sql.NullString
 		err := c.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on)
 		var me *mysql.MySQLError
 		switch {
 		case errors.As(err, &me) && me.Number == 1193: // unknown variable: not MariaDB/Galera
 		case err != nil:
-			s.galera.err = err
-		case on.String == "1" || on.String == "ON":
-			s.galera.err = ErrGalera
+			return err
+		default:
+			galera = on.String == "1" || on.String == "ON"
 		}
-	})
-	return s.galera.err
+		s.mu.Lock()
+		s.galeraKnown, s.galera = true, galera
+		s.mu.Unlock()
+	}
+	if galera {
+		return ErrGalera
+	}
+	return nil
 }
 
-// open pins a new session whose wait_timeout covers ttl, so that the server
-// drops it (and its locks) if the holder stops talking for longer.
+// open pins a session whose wait_timeout is ttl, so that the server drops
+// it (and its locks) if the holder stops talking for longer: a parked one,
+// or a new one.
 func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error) {
 	if ss := s.reuse(); ss != nil {
-		if err := s.cover(ctx, ss, ttl); err == nil {
+		if err := s.cover(ctx, ss, waitSecs(ttl)); err == nil {
 			return ss, nil
 		}
 		ss.broken.Store(true)
@@ -111,7 +159,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 	if err != nil {
 		return nil, err
 	}
-	ss := &session{conn: c, keys: make(map[string]dlock.Token)}
+	ss := &session{conn: c, keys: make(map[string]keyHold), secs: make(map[int]int)}
 	if err := s.checkGalera(ctx, c); err != nil {
 		c.Close()
 		return nil, err
@@ -120,7 +168,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		c.Close()
 		return nil, err
 	}
-	if err := s.cover(ctx, ss, ttl); err != nil {
+	if err := s.cover(ctx, ss, waitSecs(ttl)); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -130,10 +178,10 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 	return ss, nil
 }
 
-// cover raises the session's wait_timeout to ttl (whole seconds, rounded up).
-func (s *sessions) cover(ctx context.Context, ss *session, ttl time.Duration) error {
-	secs := int(math.Ceil(ttl.Seconds()))
-	if s.keepTimeout || secs <= ss.waitTimeout {
+// cover sets the session's wait_timeout to secs (0: leave it). The caller
+// makes sure that no lock on the session needs more.
+func (s *sessions) cover(ctx context.Context, ss *session, secs int) error {
+	if s.keepTimeout || secs == 0 || secs == ss.waitTimeout {
 		return nil
 	}
 	if _, err := ss.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", secs)); err != nil {
