@@ -618,3 +618,64 @@ func TestSessionWaitTimeoutFollowsTTL(t *testing.T) {
 		release(t, rl, r)
 	})
 }
+
+// TestCancelledWaitLeavesNoStrayGrant races a waiter's cancellation with the
+// holder's release, many times, on the strategies that wait in the server:
+// whatever the waiter's Acquire returns, the key must not stay taken by it.
+// A GET_LOCK or locking read granted just as its wait was abandoned would
+// otherwise hold the key on a session nobody uses.
+func TestCancelledWaitLeavesNoStrayGrant(t *testing.T) {
+	for name, nb := range map[string]func(t *testing.T) dlock.Backend{
+		"getlock": func(t *testing.T) dlock.Backend { return newGetLock(t, "") },
+		"rowlock": func(t *testing.T) dlock.Backend { return newRowLock(t, "") },
+		"lease":   func(t *testing.T) dlock.Backend { return newBackend(t, "") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			holder := locktest.NewLocker(t, nb(t))
+			waiter := locktest.NewLocker(t, nb(t))
+			third := locktest.NewLocker(t, nb(t))
+			k := locktest.UniqueKey("stray-" + name)
+			for round := range 30 {
+				lk, err := holder.Acquire(t.Context(), k, dlock.WithTTL(5*time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				got := make(chan *dlock.Lock, 1)
+				go func() {
+					w, _ := waiter.Acquire(ctx, k, dlock.WithTTL(5*time.Second))
+					got <- w
+				}()
+				time.Sleep(time.Duration(20+round%5) * time.Millisecond) // the waiter is waiting
+				go cancel()
+				if err := lk.Release(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if w := <-got; w != nil { // the grant won the race: a real holder
+					if err := w.Release(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				cancel()
+				// Free again: at once for the session strategies; the lease's
+				// doorbell may keep a released key for the first in line for
+				// up to 100 ms.
+				var tk *dlock.Lock
+				for try := 0; tk == nil && try < 50; try++ {
+					if tk, err = third.TryAcquire(t.Context(), k); err != nil && !errors.Is(err, dlock.ErrNotAcquired) {
+						t.Fatal(err)
+					}
+					if tk == nil {
+						time.Sleep(10 * time.Millisecond)
+					}
+				}
+				if tk == nil {
+					t.Fatalf("round %d: the key stayed taken after a cancelled wait raced the release: %v", round, err)
+				}
+				if err := tk.Release(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
