@@ -281,3 +281,31 @@ func TestFencingSurvivesRestart(t *testing.T) {
 		t.Errorf("release after the restart: %v", err)
 	}
 }
+
+// TestAcquireWaitKeepsItsBoundOnAFrozenServer freezes the only member while
+// a waiter calls AcquireWait. The call must come back (not acquired, no
+// error: the Locker calls again) after about its bound, TTL/3 plus one
+// request's timeout, not after the retries of its requests have run out
+// (about 5.5 s): the fault harness saw waiters' calls of 5.5 and 8.5 s.
+func TestAcquireWaitKeepsItsBoundOnAFrozenServer(t *testing.T) {
+	c := startCluster(t, 1)
+	eps := c.endpoints()
+	b := newBackend(t, eps)
+	k := locktest.UniqueKey("frozen")
+	ctx := ctxT(t, 30*time.Second)
+	if res, err := b.Acquire(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 5 * time.Second}); err != nil || !res.Acquired {
+		t.Fatalf("Acquire: %+v %v", res, err)
+	}
+	c.members[0].stop()
+	start := time.Now()
+	res, err := b.AcquireWait(ctxT(t, 20*time.Second), dlock.Request{Key: k, Token: dlock.NewToken(), TTL: time.Second})
+	took := time.Since(start)
+	c.members[0].cont()
+	if err != nil || res.Acquired {
+		t.Errorf("AcquireWait against a frozen server: %+v %v, want not acquired and no error", res, err)
+	}
+	// The bound is 333 ms + 250 ms; the retries alone would take ~5.5 s.
+	if took > 3*time.Second {
+		t.Errorf("AcquireWait took %s against a frozen server; its bound is TTL/3 plus one request's timeout", took)
+	}
+}

@@ -47,17 +47,29 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	began := time.Now()
 	bound := time.NewTimer(req.TTL / 3)
 	defer bound.Stop()
-	e, err := b.enter(ctx, req)
+	// The call's requests get the same bound, plus one attempt's timeout:
+	// against a slow member the retries around each request (up to ~5.5 s)
+	// would otherwise hold the call, and its entry's place, far past it
+	// (the fault harness saw calls of 5.5 and 8.5 s). A call cut short
+	// returns Acquired=false like one whose bound fired.
+	ictx, cancel := context.WithDeadline(ctx, began.Add(req.TTL/3+b.timeout))
+	defer cancel()
+	cut := func() bool { return ctx.Err() == nil && ictx.Err() != nil }
+	e, err := b.enter(ictx, req)
 	if err == nil && e == nil {
 		err = errors.New("entry vanished while it was being written")
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || cut() {
 			return dlock.Result{}, nil
 		}
 		return dlock.Result{}, fmt.Errorf("etcdlock: acquire %q: %w", req.Key, err)
 	}
-	held, err := b.wait(ctx, e, bound.C)
+	held, err := b.wait(ictx, e, bound.C)
+	if err != nil && cut() {
+		b.park(e) // still queued (or gone: the next call finds out)
+		return dlock.Result{}, nil
+	}
 	switch {
 	case held:
 		// Renew the entry's lease at the grant, so that the Locker can time
