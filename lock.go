@@ -220,8 +220,13 @@ func (l *Locker) expire(ls *lease) {
 		ls.timer.Reset(d)
 		return
 	}
-	l.loseLocked(ls, fmt.Errorf("%w: %q: renewal not confirmed within ttl %s minus margin %s",
-		ErrLockLost, ls.key, ls.ttl, ls.margin), true)
+	l.loseLocked(ls, deadlineLoss(ls), true)
+}
+
+// deadlineLoss is the loss of a lease whose renewal was not confirmed by its
+// safe deadline (sent + TTL − margin).
+func deadlineLoss(ls *lease) error {
+	return fmt.Errorf("%w: %q: renewal not confirmed within ttl %s minus margin %s", ErrLockLost, ls.key, ls.ttl, ls.margin)
 }
 
 // loseLocked ends a lease that is no longer held. If the store may still
@@ -358,8 +363,7 @@ func (l *Locker) renew(batch []*lease) {
 				cause = errs[i]
 			}
 			if !now.Before(ls.deadline) { // no time left to retry in
-				l.loseLocked(ls, fmt.Errorf("%w: %q: renewal not confirmed within ttl %s minus margin %s: %w",
-					ErrLockLost, ls.key, ls.ttl, ls.margin, cause), true)
+				l.loseLocked(ls, fmt.Errorf("%w: %w", deadlineLoss(ls), cause), true)
 				continue
 			}
 			// Retry soon, but keep trying until the deadline timer gives up.
