@@ -142,13 +142,19 @@ func startHolder(t *testing.T, e env, args ...string) *holder {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	return watch(t, cmd, stderr, func() string { return "holder stderr: " + stderr.String() })
+}
+
+// watch makes the started cmd a holder: it is killed when the test ends, and
+// what report returns is logged if the test failed.
+func watch(t *testing.T, cmd *exec.Cmd, stderr *bytes.Buffer, report func() string) *holder {
 	h := &holder{cmd: cmd, stderr: stderr, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(h.done) }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		<-h.done
 		if t.Failed() {
-			t.Logf("holder stderr: %s", stderr)
+			t.Log(report())
 		}
 	})
 	return h

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 )
 
 type runCmd struct {
@@ -123,9 +124,9 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, 
 		var he *dlock.HeldError
 		switch {
 		case errors.As(err, &he):
-			return nil, r.notObtained("%q is held%s (not waiting)", key, holderDetails(he.Holder))
+			return nil, r.notObtained(r.conflictCode, "%q is held%s (not waiting)", key, holderDetails(he.Holder))
 		case errors.Is(err, dlock.ErrNotAcquired):
-			return nil, r.notObtained("%q is held (not waiting)", key)
+			return nil, r.notObtained(r.conflictCode, "%q is held (not waiting)", key)
 		}
 		return lk, err
 	}
@@ -200,41 +201,21 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, 
 		if lk != nil { // obtained as the signal came: do not start COMMAND
 			lk.Release(context.Background())
 		}
-		return nil, r.interrupted(sig.(syscall.Signal), "interrupted by %s while waiting for %q%s", signalName(sig), key, details)
+		sn := sig.(syscall.Signal)
+		return nil, r.notObtained(128+int(sn), "interrupted by %s while waiting for %q%s", unix.SignalName(sn), key, details)
 	case errors.Is(err, dlock.ErrNotAcquired):
-		return nil, r.notObtained("gave up after %s waiting for %q%s", r.wait, key, details)
+		return nil, r.notObtained(r.conflictCode, "gave up after %s waiting for %q%s", r.wait, key, details)
 	}
 	return lk, err
 }
 
-// notObtained says (unless -q) that the lock was not obtained, and returns
-// the conflict exit code.
-func (r *runCmd) notObtained(format string, args ...any) error {
+// notObtained says (unless -q) why the lock was not obtained, and returns an
+// *exitError with code: the conflict code, or 128+N after signal N.
+func (r *runCmd) notObtained(code int, format string, args ...any) error {
 	if !r.quiet {
 		fmt.Fprintf(r.a.stderr, "dlock: "+format+"\n", args...)
 	}
-	return &exitError{code: r.conflictCode}
-}
-
-// interrupted says (unless -q) that signal sig ended the wait, and returns
-// 128+sig, the status of a command that sig killed.
-func (r *runCmd) interrupted(sig syscall.Signal, format string, args ...any) error {
-	if !r.quiet {
-		fmt.Fprintf(r.a.stderr, "dlock: "+format+"\n", args...)
-	}
-	return &exitError{code: 128 + int(sig)}
-}
-
-func signalName(sig os.Signal) string {
-	switch sig {
-	case syscall.SIGINT:
-		return "SIGINT"
-	case syscall.SIGTERM:
-		return "SIGTERM"
-	case syscall.SIGHUP:
-		return "SIGHUP"
-	}
-	return sig.String()
+	return &exitError{code: code}
 }
 
 // supervise runs COMMAND and the single select over its exit, signals and

@@ -10,7 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // The terminal tests run dlock as a shell at a prompt does: as the leader of
@@ -32,19 +33,18 @@ func startOnTerminal(t *testing.T, e env, args ...string) (*holder, *terminal) {
 		t.Skipf("SKIPPING: no pseudo-terminals: %v", err)
 	}
 	t.Cleanup(func() { ptm.Close() })
-	var n uint32
-	var ioctlErr syscall.Errno
+	var n int
+	var ioctlErr error
 	rc, err := ptm.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = rc.Control(func(fd uintptr) {
-		var unlock int32
-		if _, _, ioctlErr = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCSPTLCK, uintptr(unsafe.Pointer(&unlock))); ioctlErr == 0 {
-			_, _, ioctlErr = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCGPTN, uintptr(unsafe.Pointer(&n)))
+		if ioctlErr = unix.IoctlSetPointerInt(int(fd), unix.TIOCSPTLCK, 0); ioctlErr == nil { // unlock
+			n, ioctlErr = unix.IoctlGetInt(int(fd), unix.TIOCGPTN)
 		}
 	})
-	if err != nil || ioctlErr != 0 {
+	if err != nil || ioctlErr != nil {
 		t.Fatalf("pseudo-terminal: %v %v", err, ioctlErr)
 	}
 	pts, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
@@ -72,16 +72,7 @@ func startOnTerminal(t *testing.T, e env, args ...string) (*holder, *terminal) {
 			}
 		}
 	}()
-	h := &holder{cmd: cmd, stderr: stderr, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(h.done) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-h.done
-		if t.Failed() {
-			t.Logf("terminal: %q", term.output())
-		}
-	})
-	return h, term
+	return watch(t, cmd, stderr, func() string { return fmt.Sprintf("terminal: %q", term.output()) }), term
 }
 
 func (term *terminal) output() string {
