@@ -73,12 +73,28 @@ type Adapter struct {
 	// watch). It runs in the harness after Prepare and before the workers
 	// start, and returns the function that stops the recording and returns
 	// it; that replaces History. Optional.
-	Record func(ctx context.Context, env *Env, store string) (stop func(ctx context.Context) ([]LeaseEvent, error), err error)
+	Record func(ctx context.Context, env *Env, store string) (*Recording, error)
 
 	// Restart kills the store's server with SIGKILL, starts it again and
 	// returns once it serves, with the Mono() times of the kill and of
 	// readiness. Optional: nil for embedded stores.
 	Restart func(ctx context.Context, env *Env) (killed, ready int64, err error)
+}
+
+// A Recording is a store record in progress (Adapter.Record).
+type Recording struct {
+	// Stop ends the recording and returns the history.
+	Stop func(ctx context.Context) ([]LeaseEvent, error)
+	// Sync returns once every change the store applied before the call is
+	// in the record. Optional; with it, the harness takes the store away
+	// from the workers (their fault proxies refuse connections) and syncs
+	// before it kills the server, so that no change is lost from the
+	// record with the server, and gives it back after Restarted.
+	Sync func(ctx context.Context) error
+	// Restarted tells the recording that the server was killed at killedUs
+	// (Unix µs, this host) and serves again, and returns once the record
+	// follows the new server. Optional.
+	Restarted func(ctx context.Context, killedUs int64) error
 }
 
 // ErrNoHistory means that the store's record is not available in this setup
@@ -96,6 +112,7 @@ type Env struct {
 	RedisAddr, EtcdAddr, ZKAddr string
 	ZKDataDir                   string // the ZooKeeper's dataDir, if the harness can read it
 	TTL                         time.Duration
+	relaunched                  *relaunched // servers the restart fault started as the harness's children
 }
 
 // OpenArgs is what a worker hands Adapter.Open.
@@ -116,6 +133,9 @@ type LeaseEvent struct {
 	AtUs    int64 // store clock (Unix µs): the "now" of the statement that made the change
 	ExpUs   int64 // the lease's expiry after the change
 	Release bool  // the change ended the lease
+	// Lost: the store forgot the lease (a server without persistence was
+	// killed) at AtUs; with Release. Nobody can be told before that.
+	Lost bool
 	// Open: the store records grants only (a session lock ends with its
 	// session, which leaves no row behind); the lease's end is unknown.
 	Open bool

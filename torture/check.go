@@ -115,6 +115,7 @@ type lease struct {
 	grantUs int64
 	expUs   int64 // the last expiry the store set (the planned end)
 	relUs   int64 // when released, or 0
+	lostUs  int64 // when the store forgot it with a killed server (relUs too), or 0
 	open    bool  // the store does not record the end (session locks)
 	nextUs  int64 // the next grant of the key, or 0
 	hold    *hold
@@ -302,6 +303,9 @@ func (c *checker) buildLeases() {
 		}
 		if e.Release {
 			l.relUs = e.AtUs
+			if e.Lost {
+				l.lostUs = e.AtUs
+			}
 		} else {
 			l.expUs = e.ExpUs
 		}
@@ -473,6 +477,13 @@ func (c *checker) checkNotification() {
 			continue
 		}
 		l := h.lease
+		if l.lostUs > 0 {
+			// The server forgot the lease when it was killed: no holder can
+			// be told before that. The figure is how soon it stopped
+			// believing it held the lock; fencing covers the gap.
+			c.fault(FaultDBRestart).LossNotice.add(float64(h.end()-c.mono(l.lostUs)) / 1e6)
+			continue
+		}
 		// The store's end of the lease: its expiry, or for a session lock
 		// the next grant (an upper bound, so a negative lead is still
 		// certain).
@@ -560,6 +571,11 @@ func (c *checker) faultFigures() {
 			}
 		}
 		if f.Kind == FaultDBRestart {
+			for _, h := range c.holds {
+				if h.restarted == f {
+					fs.HitHolder++
+				}
+			}
 			fs.Downtime.add(float64(f.End-f.Start) / 1e6)
 			first := int64(0)
 			for _, h := range c.holds {

@@ -241,3 +241,45 @@ func TestMarkReleases(t *testing.T) {
 		t.Errorf("release instants %d, %d", evs[2].AtUs, evs[6].AtUs)
 	}
 }
+
+// A lease the store forgot when its server was killed (Redis without
+// persistence) ends at the kill: the next grant is no violation, the holder
+// (told later, it cannot be earlier) is no late notice but a loss-notice
+// figure, and a fence that does not go up across the restart is flagged.
+func TestCheckLeaseLostWithTheServer(t *testing.T) {
+	in := base()
+	// w1's lease (live until 1090 ms) is forgotten at a kill at 300 ms; w2
+	// is granted at 640 ms; w1 is told at 600 ms.
+	in.History[1] = LeaseEvent{Seq: 2, Key: "k", Fence: 1, Token: in.History[0].Token, AtUs: 300_000, ExpUs: 1_090_000, Release: true, Lost: true}
+	ev := in.Workers[0].Events
+	ev[3] = Event{T: 600 * ms, Ev: "done", K: "k", F: 1, OK: true, Err: "dlock: lock lost"}
+	ev[4] = Event{T0: 600 * ms, T: 601 * ms, Ev: "rel", K: "k", F: 1, Err: "dlock: not held"}
+	in.Faults = []FaultRecord{{Kind: FaultDBRestart, Slot: -1, Start: 300 * ms, End: 350 * ms}}
+	r := check(in)
+	if r.Verdict != "PASS" {
+		t.Fatalf("%s %v %v", r.Verdict, r.ViolationList, r.Problems)
+	}
+	var fs *FaultStats
+	for _, f := range r.Faults {
+		if f.Kind == FaultDBRestart {
+			fs = f
+		}
+	}
+	if fs == nil || fs.LossNotice.N != 1 || fs.LossNotice.Min != 300 || fs.HitHolder != 1 {
+		t.Fatalf("dbrestart figures: %+v", fs)
+	}
+	// Without the Lost mark the same history is a late notice.
+	in.History[1].Lost = false
+	in.History[1].Release = false
+	in.History[1].AtUs, in.History[1].ExpUs = 300_000, 300_000
+	wantViolation(t, in, vLateNotice)
+	// A fence that went down across the restart is caught.
+	in = base()
+	in.History[1].Lost = true
+	in.History[2].Fence, in.History[3].Fence = 0, 0
+	in.Workers[1].Events[0].F = 0
+	for i := range in.Workers[1].Events {
+		in.Workers[1].Events[i].F = 0
+	}
+	wantViolation(t, in, vFenceNotUp)
+}

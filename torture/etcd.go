@@ -122,6 +122,9 @@ var etcdLease = &Adapter{
 		return b, cli.Close, nil
 	},
 	Record: recordEtcd,
+	Restart: func(ctx context.Context, env *Env) (int64, int64, error) {
+		return restartListener(ctx, env, env.EtcdAddr, etcdReady(env.EtcdAddr), nil)
+	},
 }
 
 // etcdClient returns a client of the etcd at addr, configured as etcdlock's
@@ -151,7 +154,7 @@ type etcdChange struct {
 
 // recordEtcd watches the prefix store from the revision after Prepare until
 // the returned stop is called (see etcdLease).
-func recordEtcd(ctx context.Context, env *Env, store string) (func(context.Context) ([]LeaseEvent, error), error) {
+func recordEtcd(ctx context.Context, env *Env, store string) (*Recording, error) {
 	cli, err := etcdClient(env.EtcdAddr)
 	if err != nil {
 		return nil, err
@@ -186,6 +189,18 @@ func recordEtcd(ctx context.Context, env *Env, store string) (func(context.Conte
 		cli.Close()
 		return nil, fmt.Errorf("etcd-lease record: watch not created: %v", w.failure())
 	}
+	// sync writes and deletes the sync mark and waits until the watch has
+	// received the deletion: every change before it is then in the record.
+	sync := func(ctx context.Context) error {
+		if _, err := cli.Put(ctx, etcdSyncMark(store), ""); err != nil {
+			return err
+		}
+		resp, err := cli.Delete(ctx, etcdSyncMark(store))
+		if err != nil {
+			return err
+		}
+		return w.waitFor(ctx, resp.Header.Revision, 10*time.Second)
+	}
 	stop := func(ctx context.Context) ([]LeaseEvent, error) {
 		defer cli.Close()
 		defer func() { cancel(); <-w.done }()
@@ -198,7 +213,7 @@ func recordEtcd(ctx context.Context, env *Env, store string) (func(context.Conte
 		}
 		cancel()
 		<-w.done
-		changes := w.upTo(end)
+		changes := slices.DeleteFunc(w.upTo(end), func(c etcdChange) bool { return c.Name == etcdSyncMark(store) })
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		_, _ = cli.Delete(dctx, etcdEndMark(store)) // tidy; the next Prepare would remove it
 		dcancel()
@@ -218,8 +233,24 @@ func recordEtcd(ctx context.Context, env *Env, store string) (func(context.Conte
 		}
 		return hist, nil
 	}
-	return stop, nil
+	// A restart ends the watch's connection; the client resumes the watch
+	// from the revision after the last one received, and sync waits for it.
+	return &Recording{Stop: stop, Sync: sync, Restarted: func(ctx context.Context, _ int64) error {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		for {
+			err := sync(sctx)
+			if err == nil || w.failure() != nil || sctx.Err() != nil {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond) // the client reconnects
+		}
+	}}, nil
 }
+
+// etcdSyncMark is the key Sync writes (and deletes) under the prefix to
+// learn that the watch is up to date; it lies in no lock's directory.
+func etcdSyncMark(store string) string { return store + "~sync" }
 
 // etcdEndMark is the key stop writes under the prefix once the run is over:
 // its change marks the end of the record. It lies in no lock's directory

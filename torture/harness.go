@@ -50,19 +50,25 @@ var (
 
 // Config is one harness invocation.
 type Config struct {
-	Strategies     []string      // adapter names; empty means all
-	Duration       time.Duration // per strategy
-	Workers        int           // worker processes per strategy
-	Keys           int           // lock keys
-	TTL            time.Duration // lease
-	Seed           uint64        // fault schedule and worker choices
-	Faults         []string      // holder fault kinds to inject
-	FaultEvery     time.Duration // mean interval between holder faults
-	LongFrac       float64       // share of holds up to 2×TTL (the rest up to 50 ms)
-	DBRestart      bool          // also kill -9 and restart the database server (disruptive)
-	DBRestartEvery time.Duration // interval between server restarts
-	NoFencing      bool          // the whole run is a positive control
-	ClockSkew      float64       // workers' clocks run at 1−skew (even slots) or 1+skew (odd)
+	Strategies []string      // adapter names; empty means all
+	Duration   time.Duration // per strategy
+	Workers    int           // worker processes per strategy
+	Keys       int           // lock keys
+	TTL        time.Duration // lease
+	Seed       uint64        // fault schedule and worker choices
+	Faults     []string      // holder fault kinds to inject
+	FaultEvery time.Duration // mean interval between holder faults
+	LongFrac   float64       // share of holds up to 2×TTL (the rest up to 50 ms)
+	// DBRestart also kills the store's server with SIGKILL and starts it
+	// again, every DBRestartEvery, for each strategy that has a restart
+	// (Adapter.Restart: the mysql, redis, etcd and zk ones), or only for
+	// those in RestartOnly if it is not empty. Disruptive: every other user
+	// of the server sees it die.
+	DBRestart      bool
+	DBRestartEvery time.Duration
+	RestartOnly    []string
+	NoFencing      bool    // the whole run is a positive control
+	ClockSkew      float64 // workers' clocks run at 1−skew (even slots) or 1+skew (odd)
 	// Netns runs the workers of networked strategies in network namespaces
 	// of their own (root, ip and nft needed), which the partition fault
 	// requires.
@@ -189,6 +195,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := checkServers(ctx, cfg.Strategies, &env); err != nil {
 		return nil, err
 	}
+	env.relaunched = &relaunched{}
+	defer env.relaunched.killAll()
 	rep := &Report{Config: reportConfig(cfg), Started: time.Now().UTC()}
 	if cfg.DBRestart {
 		// Whatever happens, leave the server running.
@@ -211,7 +219,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		modes = append(modes, mode{adapter: a, noFencing: cfg.NoFencing, control: cfg.NoFencing, faults: faults,
 			faultEvery: cfg.FaultEvery, duration: cfg.Duration, longFrac: cfg.LongFrac,
-			dbRestart: cfg.DBRestart && a.Restart != nil, name: name})
+			dbRestart: cfg.DBRestart && a.Restart != nil && (len(cfg.RestartOnly) == 0 || slices.Contains(cfg.RestartOnly, a.Name)),
+			name:      name})
 		if cfg.Control > 0 && !cfg.NoFencing {
 			modes = append(modes, mode{adapter: a, noFencing: true, control: true, faults: []string{FaultStop},
 				faultEvery: cfg.TTL, duration: cfg.Control, longFrac: 1, name: a.Name + "-control"})
@@ -285,8 +294,9 @@ type runner struct {
 	rng   *rand.Rand    // fault choices; used by the scheduler goroutine only
 	ns    *namespaces   // with Config.Netns, for networked stores
 	rp    *faultProxies // the workers' way to the resource, in namespaces (never faulted)
-	// stopRecord ends the adapter's recording (Adapter.Record); collect
-	// calls it once and clears it.
+	// rec is the adapter's recording (Adapter.Record); collect stops it
+	// and clears stopRecord.
+	rec        *Recording
 	stopRecord func(ctx context.Context) ([]LeaseEvent, error)
 	clock      clockSampler
 
@@ -361,11 +371,11 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 	}
 	r.store = store
 	if m.adapter.Record != nil {
-		stop, err := m.adapter.Record(ctx, r.env, store)
+		rec, err := m.adapter.Record(ctx, r.env, store)
 		if err != nil {
 			return nil, fmt.Errorf("record the store: %w", err)
 		}
-		r.stopRecord = stop
+		r.rec, r.stopRecord = rec, rec.Stop
 		defer func() {
 			if r.stopRecord != nil { // not collected: an early return
 				_, _ = r.stopRecord(context.Background())
@@ -760,19 +770,55 @@ func (r *runner) restarts(ctx context.Context) {
 		if !sleepCtx(ctx, r.cfg.DBRestartEvery) {
 			return
 		}
-		f := FaultRecord{Kind: FaultDBRestart, Slot: -1}
 		fmt.Fprintln(r.cfg.Log, "   dbrestart: kill -9 of the server")
-		killed, ready, err := r.m.adapter.Restart(context.Background(), r.env)
-		f.Start, f.End = killed, ready
-		if err != nil {
-			f.Err = err.Error()
-			if f.End == 0 {
-				f.End = Mono()
-			}
-		}
+		f := r.restart()
 		fmt.Fprintf(r.cfg.Log, "   dbrestart: serving again after %s %s\n", time.Duration(f.End-f.Start).Round(time.Millisecond), f.Err)
 		r.recordFault(f)
 	}
+}
+
+// restart kills the store's server and starts it again. With a recording
+// that must see every change (Recording.Sync), the workers' way to the store
+// is cut first and the record synced, and both are restored afterwards: the
+// clients see their connections drop a few milliseconds before the kill
+// instead of at it.
+func (r *runner) restart() FaultRecord {
+	f := FaultRecord{Kind: FaultDBRestart, Slot: -1}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var errs []error
+	quiet := r.rec != nil && r.rec.Sync != nil && r.fp != nil
+	if quiet {
+		r.fp.takeAway()
+		// A request the proxy passed on just before may still be in the
+		// server's socket buffer: let it run before the sync.
+		time.Sleep(20 * time.Millisecond)
+		if err := r.rec.Sync(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("sync the record: %w", err))
+		}
+	}
+	killed, ready, err := r.m.adapter.Restart(ctx, r.env)
+	f.Start, f.End = killed, ready
+	errs = append(errs, err)
+	if killed > 0 && r.rec != nil && r.rec.Restarted != nil {
+		killedUs := (killed + wallMinusMono()) / 1000
+		if err := r.rec.Restarted(ctx, killedUs); err != nil {
+			errs = append(errs, fmt.Errorf("record after the restart: %w", err))
+		}
+	}
+	if quiet {
+		errs = append(errs, r.fp.giveBack())
+	}
+	if err := errors.Join(errs...); err != nil {
+		f.Err = err.Error()
+	}
+	if f.Start == 0 {
+		f.Start = Mono()
+	}
+	if f.End == 0 {
+		f.End = Mono()
+	}
+	return f
 }
 
 // sleepCtx sleeps d and reports whether ctx is still live.

@@ -2,9 +2,11 @@ package torture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
@@ -15,6 +17,10 @@ import (
 type faultProxies struct {
 	srv *toxiproxy.ApiServer
 	ps  []*toxiproxy.Proxy
+
+	mu   sync.Mutex
+	cuts map[int]bool // slots cut by a holder fault
+	down bool         // every slot is cut for a server restart (takeAway)
 }
 
 // newFaultProxies starts n proxies to upstream; listen gives slot i's
@@ -57,14 +63,58 @@ func (fp *faultProxies) removeToxic(slot int, name string) {
 }
 
 // cut closes every connection of a slot and refuses new ones until mend.
-func (fp *faultProxies) cut(slot int) { fp.ps[slot].Stop() }
+func (fp *faultProxies) cut(slot int) {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	if fp.cuts == nil {
+		fp.cuts = map[int]bool{}
+	}
+	fp.cuts[slot] = true
+	fp.ps[slot].Stop()
+}
 
-// mend listens again on the slot's address (after cut).
+// mend listens again on the slot's address (after cut), unless the store is
+// taken away from every slot (then giveBack does).
 func (fp *faultProxies) mend(slot int) error {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	delete(fp.cuts, slot)
+	if fp.down {
+		return nil
+	}
+	return fp.start(slot)
+}
+
+func (fp *faultProxies) start(slot int) error {
 	if err := fp.ps[slot].Start(); err != nil && err != toxiproxy.ErrProxyAlreadyStarted {
 		return err
 	}
 	return nil
+}
+
+// takeAway cuts every slot (a server restart): no worker's request reaches
+// the store until giveBack.
+func (fp *faultProxies) takeAway() {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	fp.down = true
+	for _, p := range fp.ps {
+		p.Stop()
+	}
+}
+
+// giveBack undoes takeAway, except for slots a holder fault still cuts.
+func (fp *faultProxies) giveBack() error {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	fp.down = false
+	var errs []error
+	for i := range fp.ps {
+		if !fp.cuts[i] {
+			errs = append(errs, fp.start(i))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (fp *faultProxies) close() {

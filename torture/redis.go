@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,53 +67,80 @@ var redisLease = &Adapter{
 		return b, rdb.Close, nil
 	},
 	Record: recordRedis,
+	Restart: func(ctx context.Context, env *Env) (int64, int64, error) {
+		return restartListener(ctx, env, env.RedisAddr, redisReady(env.RedisAddr), redisArgv(env.RedisAddr))
+	},
 }
 
 // recordRedis starts a MONITOR feed of the Redis at env.RedisAddr (a direct
-// connection, no fault proxy) and returns the function that ends it and
-// turns the feed into the run's history.
+// connection, no fault proxy) and returns the recording that turns the feed
+// into the run's history.
 //
 // The feed is read from a plain connection: go-redis's MonitorCmd hands the
 // connection back to its pool while a goroutine still reads from it (a data
 // race under -race), and MONITOR's protocol is one status line per command.
-func recordRedis(ctx context.Context, env *Env, prefix string) (func(context.Context) ([]LeaseEvent, error), error) {
-	d := net.Dialer{Timeout: 5 * time.Second}
-	conn, err := d.DialContext(ctx, "tcp", env.RedisAddr)
-	if err != nil {
-		return nil, fmt.Errorf("redis MONITOR at %s: %w", env.RedisAddr, err)
-	}
-	if _, err := conn.Write([]byte("MONITOR\r\n")); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("redis MONITOR at %s: %w", env.RedisAddr, err)
-	}
+//
+// A restart of the server (the restart fault) ends the feed's connection:
+// Sync, called with the workers cut off before the kill, makes sure the feed
+// holds every command executed until then; Restarted adds a line
+// "RESTART <µs>" (the kill's instant: a server without persistence forgets
+// every lock then) and follows the new server with a new MONITOR.
+func recordRedis(ctx context.Context, env *Env, prefix string) (*Recording, error) {
 	ctl := redis.NewClient(&redis.Options{Addr: env.RedisAddr})
 	var (
-		mu      sync.Mutex
-		feed    []string
-		readErr error
+		mu       sync.Mutex
+		feed     []string
+		readErr  error
+		conn     net.Conn
+		readDone chan struct{}
 	)
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		rd := bufio.NewReaderSize(conn, 1<<16)
-		for {
-			line, err := rd.ReadString('\n')
-			mu.Lock()
-			if err != nil {
-				readErr = err
-				mu.Unlock()
-				return
-			}
-			line = strings.TrimSuffix(line, "\r\n")
-			if strings.HasPrefix(line, "-") {
-				readErr = errors.New(line)
-				mu.Unlock()
-				return
-			}
-			feed = append(feed, strings.TrimPrefix(line, "+"))
-			mu.Unlock()
+	// attach starts a MONITOR feed on a new connection.
+	attach := func(ctx context.Context) error {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		c, err := d.DialContext(ctx, "tcp", env.RedisAddr)
+		if err != nil {
+			return err
 		}
-	}()
+		if _, err := c.Write([]byte("MONITOR\r\n")); err != nil {
+			c.Close()
+			return err
+		}
+		done := make(chan struct{})
+		mu.Lock()
+		conn, readDone, readErr = c, done, nil
+		mu.Unlock()
+		go func() {
+			defer close(done)
+			rd := bufio.NewReaderSize(c, 1<<16)
+			for {
+				line, err := rd.ReadString('\n')
+				mu.Lock()
+				if err != nil {
+					readErr = err
+					mu.Unlock()
+					return
+				}
+				line = strings.TrimSuffix(line, "\r\n")
+				if strings.HasPrefix(line, "-") {
+					readErr = errors.New(line)
+					mu.Unlock()
+					return
+				}
+				feed = append(feed, strings.TrimPrefix(line, "+"))
+				mu.Unlock()
+			}
+		}()
+		return nil
+	}
+	detach := func() {
+		mu.Lock()
+		c, done := conn, readDone
+		mu.Unlock()
+		if c != nil {
+			c.Close()
+			<-done
+		}
+	}
 	// mark sends a marker through another connection and waits until the
 	// feed shows it: every command executed before it is then in the feed.
 	mark := func(ctx context.Context, what string) error {
@@ -140,22 +168,38 @@ func recordRedis(ctx context.Context, env *Env, prefix string) (func(context.Con
 		}
 		return fmt.Errorf("the MONITOR feed did not show the %s marker within 5 s", what)
 	}
-	closeAll := func() {
-		conn.Close()
-		<-readDone
+	fail := func(err error) error {
+		detach()
 		ctl.Close()
+		return fmt.Errorf("redis MONITOR at %s: %w", env.RedisAddr, err)
+	}
+	if err := attach(ctx); err != nil {
+		return nil, fail(err)
 	}
 	if err := mark(ctx, "start"); err != nil {
-		closeAll()
-		return nil, fmt.Errorf("redis MONITOR at %s: %w", env.RedisAddr, err)
+		return nil, fail(err)
 	}
-	return func(ctx context.Context) ([]LeaseEvent, error) {
-		err := mark(ctx, "end")
-		closeAll()
-		if err != nil {
-			return nil, fmt.Errorf("redis MONITOR: %w", err)
-		}
-		return redisHistory(feed, prefix)
+	return &Recording{
+		Stop: func(ctx context.Context) ([]LeaseEvent, error) {
+			err := mark(ctx, "end")
+			detach()
+			ctl.Close()
+			if err != nil {
+				return nil, fmt.Errorf("redis MONITOR: %w", err)
+			}
+			return redisHistory(feed, prefix)
+		},
+		Sync: func(ctx context.Context) error { return mark(ctx, "sync") },
+		Restarted: func(ctx context.Context, killedUs int64) error {
+			detach()
+			mu.Lock()
+			feed = append(feed, fmt.Sprintf("RESTART %d", killedUs))
+			mu.Unlock()
+			if err := attach(ctx); err != nil {
+				return fmt.Errorf("redis MONITOR after the restart: %w", err)
+			}
+			return mark(ctx, "restarted")
+		},
 	}, nil
 }
 
@@ -171,6 +215,30 @@ func redisHistory(lines []string, prefix string) ([]LeaseEvent, error) {
 	cur := map[string]*state{}
 	var out []LeaseEvent
 	for i, line := range lines {
+		if us, ok := strings.CutPrefix(line, "RESTART "); ok {
+			// The server was killed: it forgot every lock at that instant.
+			at, err := strconv.ParseInt(us, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("feed line %d: %q", i+1, line)
+			}
+			keys := make([]string, 0, len(cur))
+			for k, s := range cur {
+				if s.live {
+					keys = append(keys, k)
+				}
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				s := cur[k]
+				if s.grant >= 0 && out[s.grant].ExpUs == 0 {
+					return nil, fmt.Errorf("grant of %s fence %d has no PEXPIRE before the restart", k, s.fence)
+				}
+				out = append(out, LeaseEvent{Seq: int64(i), Key: k, Fence: s.fence, Token: s.token, AtUs: at,
+					ExpUs: s.expUs, Release: true, Lost: true})
+				s.live, s.grant = false, -1
+			}
+			continue
+		}
 		if line == "" || line[0] < '0' || line[0] > '9' {
 			continue // MONITOR's own "OK"
 		}

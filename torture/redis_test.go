@@ -61,3 +61,42 @@ func TestRedisHistory(t *testing.T) {
 		t.Error("a grant without PEXPIRE gave no error")
 	}
 }
+
+// A restart of the server (the feed's RESTART line) ends every live lease at
+// the kill, as lost: a Redis without persistence forgets them.
+func TestRedisHistoryRestart(t *testing.T) {
+	const tok = "000102030405060708090a0b0c0d0e0f"
+	feed := strings.Split(`1000.000103 [0 lua] "hset" "p:{a}" "token" "`+tok+`" "fence" "7" "acquired_us" "1000000101"
+1000.000104 [0 lua] "pexpire" "p:{a}" "1000"
+1000.100000 [0 lua] "hset" "p:{b}" "token" "`+tok+`" "fence" "3" "acquired_us" "1000100000"
+1000.100001 [0 lua] "pexpire" "p:{b}" "1000"
+1000.200000 [0 lua] "del" "p:{b}"
+RESTART 1000300000
+1000.400000 [0 lua] "pexpire" "p:{a}" "1000"
+1000.500000 [0 lua] "del" "p:{a}"
+1000.600000 [0 lua] "hset" "p:{a}" "token" "`+tok+`" "fence" "1000600000" "acquired_us" "1000600000"
+1000.600001 [0 lua] "pexpire" "p:{a}" "1000"`, "\n")
+	got, err := redisHistory(feed, "p:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []LeaseEvent{
+		{Key: "a", Fence: 7, AtUs: 1000000101, ExpUs: 1001001000},
+		{Key: "b", Fence: 3, AtUs: 1000100000, ExpUs: 1001101000},
+		{Key: "b", Fence: 3, AtUs: 1000200000, ExpUs: 1001101000, Release: true},
+		{Key: "a", Fence: 7, AtUs: 1000300000, ExpUs: 1001001000, Release: true, Lost: true},
+		{Key: "a", Fence: 1000600000, AtUs: 1000600000, ExpUs: 1001601000},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d events, want %d: %+v", len(got), len(want), got)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Key != w.Key || g.Fence != w.Fence || g.AtUs != w.AtUs || g.ExpUs != w.ExpUs || g.Release != w.Release || g.Lost != w.Lost {
+			t.Errorf("event %d: got %+v, want %+v", i, g, w)
+		}
+	}
+	if _, err := redisHistory([]string{"RESTART x"}, "p:"); err == nil {
+		t.Error("a bad RESTART line gave no error")
+	}
+}

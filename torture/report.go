@@ -89,6 +89,9 @@ type FaultStats struct {
 	Downtime         Stats  `json:"downtime"` // dbrestart: kill → serving
 	Recovery         Stats  `json:"recovery"` // dbrestart: serving → first acquisition
 	RecoveryUnseen   int    `json:"recovery_unseen,omitempty"`
+	// LossNotice: dbrestart of a server without persistence, which forgets
+	// the leases: its kill → the holder stops believing it holds the lock.
+	LossNotice Stats `json:"loss_notice"`
 }
 
 func (r *RunReport) verdict() {
@@ -96,7 +99,7 @@ func (r *RunReport) verdict() {
 		s.finish()
 	}
 	for _, f := range r.Faults {
-		for _, s := range []*Stats{&f.Takeover, &f.Lead, &f.PausedLate, &f.Downtime, &f.Recovery} {
+		for _, s := range []*Stats{&f.Takeover, &f.Lead, &f.PausedLate, &f.Downtime, &f.Recovery, &f.LossNotice} {
 			s.finish()
 		}
 	}
@@ -189,13 +192,13 @@ func (rep *Report) Markdown(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Per fault (times in ms; takeover = fault → next acquisition of the holder's key by a worker already waiting when the store freed it, target for kill/stop on lease strategies ≤ TTL+250 ms; lead = store expiry − holder's notification, must be ≥ 0; paused late = notification − store expiry for stopped holders, covered by fencing):")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| run | fault | injected | hit a holder | takeover p50/p99/max | over target | lead min / p50 | paused late p50/p99/max | stale ops refused / total | downtime p50/p99/max | recovery p50/p99/max |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| run | fault | injected | hit a holder | takeover p50/p99/max | over target | lead min / p50 | paused late p50/p99/max | stale ops refused / total | downtime p50/p99/max | recovery p50/p99/max | lease forgotten → holder stops p50/p99/max |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rep.Runs {
 		for _, f := range r.Faults {
-			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %d / %d | %s | %s |\n",
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %d / %d | %s | %s | %s |\n",
 				r.Name, f.Kind, f.Injected, f.HitHolder, f.Takeover.String(), f.TargetMissed, f.Lead.minString(),
-				f.PausedLate.String(), f.StaleRejected, f.StaleOps, f.Downtime.String(), f.Recovery.String())
+				f.PausedLate.String(), f.StaleRejected, f.StaleOps, f.Downtime.String(), f.Recovery.String(), f.LossNotice.String())
 		}
 	}
 	for _, r := range rep.Runs {

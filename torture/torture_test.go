@@ -109,7 +109,11 @@ func TestShortRun(t *testing.T) {
 		// the README's findings.)
 		ClockSkew: 0.02,
 		Control:   max(d/2, 10*time.Second),
-		MySQLDSN:  dsn, Out: out, Tag: tag, Log: &log,
+		// kill -9 and restart of the servers this test starts (not of the
+		// MariaDB and PostgreSQL that other tests share), twice per run.
+		DBRestart: true, DBRestartEvery: max(d/3, 5*time.Second),
+		RestartOnly: []string{"redis-lease", "etcd-lease", "zk-lease"},
+		MySQLDSN:    dsn, Out: out, Tag: tag, Log: &log,
 	}
 	// The partition fault needs network namespaces (root, ip, nft).
 	if err := netnsAvailable(); err == nil {
@@ -170,6 +174,20 @@ func TestShortRun(t *testing.T) {
 		ran = nil
 		for _, name := range cfg.Strategies {
 			ran = append(ran, adapterByName(name))
+		}
+	}
+	for _, r := range rep.Runs {
+		if r.Control || !slices.Contains(cfg.RestartOnly, r.Strategy) {
+			continue
+		}
+		restarts := 0
+		for _, f := range r.Faults {
+			if f.Kind == FaultDBRestart {
+				restarts = f.Injected - f.Errors
+			}
+		}
+		if restarts == 0 {
+			t.Errorf("%s: no server restart was done", r.Name)
 		}
 	}
 	for _, a := range ran {

@@ -91,6 +91,9 @@ var zkLease = &Adapter{
 		return b, func() error { conn.Close(); return nil }, nil
 	},
 	History: zkHistory,
+	Restart: func(ctx context.Context, env *Env) (int64, int64, error) {
+		return restartListener(ctx, env, env.ZKAddr, zkReady(env.ZKAddr), nil)
+	},
 }
 
 // errNoZKLog means zk-lease has no history: the harness cannot read the ZooKeeper's dataDir.
