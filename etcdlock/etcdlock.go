@@ -80,6 +80,18 @@
 // multiplexes everything) and never closes it. Each waiting acquisition
 // holds one watch on it. Renewal costs one KeepAliveOnce per lease (after
 // one read per 64 leases): etcd has no call renewing many leases at once.
+//
+// After an outage (a restarted member, a cut connection) the client redials
+// with gRPC's default backoff: 1 s, then 1.6 times longer at each failed
+// attempt, up to 2 minutes. Until it is connected again its waiters see
+// nothing and its holders cannot renew, so a lock can sit free for seconds
+// with a waiter in line, or be lost although etcd is back. For locks, give
+// the client a short reconnection backoff (the fault harness uses this):
+//
+//	clientv3.Config{Endpoints: …, DialOptions: []grpc.DialOption{
+//		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
+//			Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 250 * time.Millisecond}}),
+//	}}
 package etcdlock
 
 import (

@@ -79,6 +79,12 @@ type Adapter struct {
 	// returns once it serves, with the Mono() times of the kill and of
 	// readiness. Optional: nil for embedded stores.
 	Restart func(ctx context.Context, env *Env) (killed, ready int64, err error)
+
+	// StoreClock reads the store server's clock (Unix µs, as the history
+	// stamps instants). The harness samples it through the run when the
+	// store runs on a clock of its own (Config.StoreDSN) and maps the
+	// history's instants by the samples. Optional.
+	StoreClock func(ctx context.Context, env *Env) (int64, error)
 }
 
 // A Recording is a store record in progress (Adapter.Record).
@@ -105,9 +111,13 @@ var ErrNoHistory = errors.New("torture: no store history in this setup")
 type Env struct {
 	Tag      string  // run tag, part of every table name
 	Dir      string  // the run's output directory
-	MySQLDSN string  // the MariaDB server (resource, and the mysql strategies)
+	MySQLDSN string  // the MariaDB server of the resource
 	DB       *sql.DB // a direct pool on MySQLDSN
-	PGDSN    string  // the PostgreSQL server of the pg strategies (pgx syntax)
+	// The MariaDB server of the mysql strategies' lock tables, and a
+	// direct pool on it: MySQLDSN and DB unless Config.StoreDSN is set.
+	StoreDSN string
+	StoreDB  *sql.DB
+	PGDSN    string // the PostgreSQL server of the pg strategies (pgx syntax)
 	// The servers of the redis, etcd and zk strategies (host:port).
 	RedisAddr, EtcdAddr, ZKAddr string
 	ZKDataDir                   string // the ZooKeeper's dataDir, if the harness can read it
@@ -117,10 +127,11 @@ type Env struct {
 
 // OpenArgs is what a worker hands Adapter.Open.
 type OpenArgs struct {
-	DSN   string // Env.MySQLDSN
-	PGDSN string // Env.PGDSN
-	Store string // from Prepare
-	Addr  string // the worker's proxy for a networked store (replaces the DSN's address)
+	DSN      string // Env.MySQLDSN
+	StoreDSN string // Env.StoreDSN
+	PGDSN    string // Env.PGDSN
+	Store    string // from Prepare
+	Addr     string // the worker's proxy for a networked store (replaces the DSN's address)
 }
 
 // LeaseEvent is one change of a lease as the store applied it: a grant (new
@@ -205,7 +216,7 @@ func adapterByName(name string) *Adapter {
 var mysqlLease = &Adapter{
 	Name:      "mysql-lease",
 	Networked: true,
-	Upstream:  mysqlUpstream,
+	Upstream:  mysqlStoreUpstream,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
 		return prepareMySQL(ctx, env, "")
 	},
@@ -214,7 +225,7 @@ var mysqlLease = &Adapter{
 	},
 	History: func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error) {
 		const us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', %s)"
-		rows, err := env.DB.QueryContext(ctx, versionsQuery(store,
+		rows, err := env.StoreDB.QueryContext(ctx, versionsQuery(store,
 			fmt.Sprintf(us, "t.acquired_at")+", "+fmt.Sprintf(us, "t.expires_at")+", "+
 				"CAST(UNIX_TIMESTAMP(r.commit_timestamp) * 1000000 AS SIGNED)"))
 		if err != nil {
@@ -261,7 +272,8 @@ var mysqlLease = &Adapter{
 		markReleases(out)
 		return out, rows.Err()
 	},
-	Restart: restartMariaDB,
+	Restart:    restartMariaDB,
+	StoreClock: mysqlClock,
 }
 
 // mysqlGetLock and mysqlRowLock are mysqllock's session strategies. Their
@@ -280,7 +292,7 @@ func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.B
 	return &Adapter{
 		Name:        name,
 		Networked:   true,
-		Upstream:    mysqlUpstream,
+		Upstream:    mysqlStoreUpstream,
 		SessionHeld: true,
 		// A cut connection ends the session, and with it the lock, at once;
 		// the holder learns of it only when it next uses the connection (its
@@ -294,7 +306,7 @@ func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.B
 			return openMySQL(a, newB)
 		},
 		History: func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error) {
-			rows, err := env.DB.QueryContext(ctx, versionsQuery(store+"_session",
+			rows, err := env.StoreDB.QueryContext(ctx, versionsQuery(store+"_session",
 				"TIMESTAMPDIFF(MICROSECOND, '1970-01-01', t.acquired_at)"))
 			if err != nil {
 				return nil, err
@@ -318,8 +330,17 @@ func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.B
 			}
 			return out, rows.Err()
 		},
-		Restart: restartMariaDB,
+		Restart:    restartMariaDB,
+		StoreClock: mysqlClock,
 	}
+}
+
+// mysqlClock reads the lock server's clock as the history's instants are
+// computed (UTC_TIMESTAMP(6) is what mysqllock's statements use as now).
+func mysqlClock(ctx context.Context, env *Env) (int64, error) {
+	var us int64
+	err := env.StoreDB.QueryRowContext(ctx, "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))").Scan(&us)
+	return us, err
 }
 
 // versionsQuery selects every version of the system-versioned table (alias
@@ -336,20 +357,20 @@ func versionsQuery(table, cols string) string {
 // named by suffix (the lease table, or "_session").
 func prepareMySQL(ctx context.Context, env *Env, suffix string) (string, error) {
 	locks := mysqlTable(env.Tag)
-	b, err := mysqllock.New(env.DB, &mysqllock.Options{Table: locks})
+	b, err := mysqllock.New(env.StoreDB, &mysqllock.Options{Table: locks})
 	if err != nil {
 		return "", err
 	}
 	if c, ok := any(b).(interface{ Close() error }); ok {
 		defer c.Close()
 	}
-	if _, err := env.DB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows"); err != nil {
+	if _, err := env.StoreDB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows"); err != nil {
 		return "", fmt.Errorf("prepare: %w", err)
 	}
 	if err := b.Migrate(ctx); err != nil {
 		return "", err
 	}
-	if _, err := env.DB.ExecContext(ctx, "ALTER TABLE "+locks+suffix+
+	if _, err := env.StoreDB.ExecContext(ctx, "ALTER TABLE "+locks+suffix+
 		" ADD COLUMN row_start BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE,"+
 		" ADD COLUMN row_end BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE,"+
 		" ADD PERIOD FOR SYSTEM_TIME(row_start, row_end), ADD SYSTEM VERSIONING"); err != nil {
@@ -360,7 +381,11 @@ func prepareMySQL(ctx context.Context, env *Env, suffix string) (string, error) 
 
 // openMySQL opens a pool on the worker's proxy and a backend on it.
 func openMySQL(a OpenArgs, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend, error)) (dlock.Backend, func() error, error) {
-	cfg, err := mysql.ParseDSN(a.DSN)
+	dsn := a.StoreDSN
+	if dsn == "" {
+		dsn = a.DSN
+	}
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -470,9 +495,15 @@ func scanHistory(ctx context.Context, db *sql.DB, q string) ([]LeaseEvent, error
 	return out, rows.Err()
 }
 
-// mysqlUpstream returns the TCP address in env's MySQL DSN.
-func mysqlUpstream(env *Env) (string, error) {
-	cfg, err := mysql.ParseDSN(env.MySQLDSN)
+// mysqlStoreUpstream returns the TCP address of the mysql strategies' server.
+func mysqlStoreUpstream(env *Env) (string, error) { return dsnUpstream(env.StoreDSN) }
+
+// mysqlUpstream returns the TCP address of the resource's server.
+func mysqlUpstream(env *Env) (string, error) { return dsnUpstream(env.MySQLDSN) }
+
+// dsnUpstream returns the TCP address in a MySQL DSN.
+func dsnUpstream(dsn string) (string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return "", err
 	}

@@ -72,8 +72,11 @@ type checkInput struct {
 	ResLog           []logRow
 	Faults           []FaultRecord
 	Offset           int64 // wall minus mono, ns
-	OffsetSkew       int64 // spread of the offset samples, ns
-	Problems         []string
+	// StoreClock maps the store's instants when its server runs on a clock
+	// of its own (nil: this host's wall clock, by Offset).
+	StoreClock *clockMap
+	OffsetSkew int64 // spread of the offset samples, ns
+	Problems   []string
 }
 
 // hold is one acquisition as a worker saw it.
@@ -147,8 +150,16 @@ type checker struct {
 
 func kf(k string, f uint64) string { return k + "/" + fmt.Sprint(f) }
 
-// mono converts a store/resource instant (Unix µs) to Mono() ns.
-func (c *checker) mono(us int64) int64 { return us*1000 - c.in.Offset }
+// mono converts a store instant (Unix µs) to Mono() ns.
+func (c *checker) mono(us int64) int64 {
+	if c.in.StoreClock != nil {
+		return c.in.StoreClock.mono(us)
+	}
+	return us*1000 - c.in.Offset
+}
+
+// resMono converts a resource instant (Unix µs, this host's clock) to Mono() ns.
+func (c *checker) resMono(us int64) int64 { return us*1000 - c.in.Offset }
 
 // violateUnder records a violation of a hold hit by fault f, as a known
 // limitation if the strategy declares it one.
@@ -200,6 +211,9 @@ func check(in checkInput) *RunReport {
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
 		Problems: in.Problems,
+	}
+	if in.StoreClock != nil {
+		c.rep.StoreClock = in.StoreClock.String()
 	}
 	c.clockOK = in.OffsetSkew <= int64(2*time.Millisecond)
 	if !c.clockOK {
@@ -403,7 +417,7 @@ func (c *checker) checkResource() {
 		s.fenceOf[r.Fence] = r.Worker
 		// Stale: the store had ended this lease when the resource saw it.
 		stale := false
-		if l := c.byLF[kf(r.Key, r.Fence)]; l != nil && c.clockOK && r.AtUs > l.endUs() {
+		if l := c.byLF[kf(r.Key, r.Fence)]; l != nil && c.clockOK && l.endUs() < 1<<63-1 && c.resMono(r.AtUs) > c.mono(l.endUs()) {
 			stale = true
 		}
 		h := c.byKF[kf(r.Key, r.Fence)]
@@ -477,7 +491,7 @@ func (c *checker) checkNotification() {
 			continue
 		}
 		l := h.lease
-		if l.lostUs > 0 {
+		if l.lostUs > 0 && h.pausedBy == nil {
 			// The server forgot the lease when it was killed: no holder can
 			// be told before that. The figure is how soon it stopped
 			// believing it held the lock; fencing covers the gap.
@@ -488,6 +502,9 @@ func (c *checker) checkNotification() {
 		// the next grant (an upper bound, so a negative lead is still
 		// certain).
 		expiry, estimated := c.mono(l.expUs), false
+		if l.lostUs > 0 {
+			expiry = c.mono(l.lostUs) // a paused holder's lease the server forgot
+		}
 		if l.open {
 			if l.nextUs == 0 {
 				if h.lost {

@@ -23,6 +23,14 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 		Faults: r.faults,
 	}
 	in.Offset, in.OffsetSkew = r.clock.offset()
+	if r.storeClock != nil {
+		m, err := r.storeClock.mapping()
+		if err != nil {
+			in.Problems = append(in.Problems, err.Error())
+		} else {
+			in.StoreClock = m
+		}
+	}
 	killedAt := map[string]int64{}
 	for _, f := range r.faults {
 		if f.Kind == FaultKill {

@@ -20,6 +20,8 @@ import (
 	"github.com/dlock-dev/dlock/etcdlock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // etcdLease is etcdlock on the etcd at Env.EtcdAddr, under a key prefix of
@@ -139,6 +141,14 @@ func etcdClient(addr string) (*clientv3.Client, error) {
 		// abandoned sooner, after etcdlock's RequestTimeout).
 		DialKeepAliveTime:    time.Second,
 		DialKeepAliveTimeout: time.Second,
+		// Redial within a fraction of the TTL after an outage (a restart, a
+		// cut): gRPC's default backoff (1 s × 1.6 per failure) kept waiters
+		// disconnected for seconds after the server was back, and keys free
+		// with waiters in line (etcdlock's package doc).
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			MinConnectTimeout: time.Second,
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 250 * time.Millisecond},
+		})},
 	})
 }
 

@@ -72,17 +72,22 @@ type Config struct {
 	// Netns runs the workers of networked strategies in network namespaces
 	// of their own (root, ip and nft needed), which the partition fault
 	// requires.
-	Netns     bool
-	Control   time.Duration // after each strategy, a positive-control run this long (0: none)
-	MySQLDSN  string        // the MariaDB for the resource and the mysql strategies
-	PGDSN     string        // the PostgreSQL for the pg strategies (needed only for those)
-	RedisAddr string        // host:port of the Redis of redis-lease
-	EtcdAddr  string        // host:port (client URL) of the etcd of etcd-lease
-	ZKAddr    string        // host:port of the ZooKeeper of zk-lease
-	ZKDataDir string        // that ZooKeeper's dataDir (its transaction log is zk-lease's history)
-	Out       string        // output directory
-	Tag       string        // table-name tag: torture_<tag>_*
-	Log       io.Writer     // progress lines; nil discards
+	Netns    bool
+	Control  time.Duration // after each strategy, a positive-control run this long (0: none)
+	MySQLDSN string        // the MariaDB for the resource and the mysql strategies
+	// StoreDSN, if set, is another MariaDB for the mysql strategies' lock
+	// tables, whose clock need not be this host's (libfaketime): the
+	// harness samples it through the run and maps the store's instants by
+	// it. The resource stays on MySQLDSN.
+	StoreDSN  string
+	PGDSN     string    // the PostgreSQL for the pg strategies (needed only for those)
+	RedisAddr string    // host:port of the Redis of redis-lease
+	EtcdAddr  string    // host:port (client URL) of the etcd of etcd-lease
+	ZKAddr    string    // host:port of the ZooKeeper of zk-lease
+	ZKDataDir string    // that ZooKeeper's dataDir (its transaction log is zk-lease's history)
+	Out       string    // output directory
+	Tag       string    // table-name tag: torture_<tag>_*
+	Log       io.Writer // progress lines; nil discards
 }
 
 var tagRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
@@ -132,6 +137,13 @@ func (c *Config) check() error {
 		return errors.New("long-frac must be in [0,1]")
 	case c.ClockSkew < 0 || c.ClockSkew >= 1:
 		return errors.New("clock-skew must be in [0,1)")
+	}
+	if c.StoreDSN != "" && c.DBRestart {
+		for _, s := range c.Strategies {
+			if strings.HasPrefix(s, "mysql-") && (len(c.RestartOnly) == 0 || slices.Contains(c.RestartOnly, s)) {
+				return errors.New("a separate lock server (StoreDSN, -store-dsn) is not restarted by the restart fault: leave the mysql strategies out of it")
+			}
+		}
 	}
 	if c.DBRestartEvery <= 0 {
 		c.DBRestartEvery = 30 * time.Second
@@ -191,7 +203,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: MariaDB at %s: %v", ErrNoServer, cfg.MySQLDSN, err)
 	}
-	env := Env{MySQLDSN: dsn, DB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL}
+	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL}
+	if cfg.StoreDSN != "" {
+		sdsn, err := directDSN(cfg.StoreDSN)
+		if err != nil {
+			return nil, fmt.Errorf("store DSN: %w", err)
+		}
+		sdb, err := sql.Open("mysql", sdsn)
+		if err != nil {
+			return nil, err
+		}
+		defer sdb.Close()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = sdb.PingContext(pctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("%w: MariaDB of the locks at %s: %v", ErrNoServer, cfg.StoreDSN, err)
+		}
+		env.StoreDSN, env.StoreDB = sdsn, sdb
+	}
 	if err := checkServers(ctx, cfg.Strategies, &env); err != nil {
 		return nil, err
 	}
@@ -299,6 +329,7 @@ type runner struct {
 	rec        *Recording
 	stopRecord func(ctx context.Context) ([]LeaseEvent, error)
 	clock      clockSampler
+	storeClock *storeClock // with Config.StoreDSN and Adapter.StoreClock
 
 	mu       sync.Mutex
 	procs    []*proc // current process per slot
@@ -416,6 +447,17 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 	stopClock := make(chan struct{})
 	clockDone := make(chan struct{})
 	go func() { r.clock.run(stopClock); close(clockDone) }()
+	storeClockDone := make(chan struct{})
+	if cfg.StoreDSN != "" && m.adapter.StoreClock != nil {
+		r.storeClock = &storeClock{}
+		go func() {
+			r.storeClock.run(func(ctx context.Context) (int64, error) { return m.adapter.StoreClock(ctx, r.env) },
+				100*time.Millisecond, stopClock)
+			close(storeClockDone)
+		}()
+	} else {
+		close(storeClockDone)
+	}
 
 	// Workers: one supervisor per slot restarts killed workers.
 	var sup sync.WaitGroup
@@ -442,6 +484,7 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 	sup.Wait()
 	close(stopClock)
 	<-clockDone
+	<-storeClockDone
 
 	if m.dbRestart {
 		if err := waitReady(context.Background(), db, 120*time.Second); err != nil {
@@ -483,7 +526,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 	}
 	wc := workerConfig{
 		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, TTL: r.cfg.TTL,
-		Open:      OpenArgs{DSN: r.env.MySQLDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
+		Open:      OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
 		Resource:  resAddr,
 		Seed:      r.cfg.Seed ^ uint64(slot)<<32 ^ uint64(inc),
 		LongFrac:  r.m.longFrac,

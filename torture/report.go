@@ -31,6 +31,8 @@ type RunReport struct {
 	DurationS float64 `json:"duration_s"`
 	Workers   int     `json:"workers"`
 	TTLms     int64   `json:"ttl_ms"`
+	// StoreClock describes the store server's own clock (Config.StoreDSN).
+	StoreClock string `json:"store_clock,omitempty"`
 
 	Acquisitions      int     `json:"acquisitions"`       // confirmed to a worker
 	AcquireErrors     int     `json:"acquire_errors"`     // Acquire returned an error (outage, timeout)
@@ -199,6 +201,11 @@ func (rep *Report) Markdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %d / %d | %s | %s | %s |\n",
 				r.Name, f.Kind, f.Injected, f.HitHolder, f.Takeover.String(), f.TargetMissed, f.Lead.minString(),
 				f.PausedLate.String(), f.StaleRejected, f.StaleOps, f.Downtime.String(), f.Recovery.String(), f.LossNotice.String())
+		}
+	}
+	for _, r := range rep.Runs {
+		if r.StoreClock != "" {
+			fmt.Fprintf(w, "\n%s: %s\n", r.Name, r.StoreClock)
 		}
 	}
 	for _, r := range rep.Runs {

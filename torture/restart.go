@@ -345,8 +345,13 @@ func redisArgv(addr string) func(ctx context.Context) ([]string, error) {
 			}
 		}
 		exe := fields["executable"]
-		if !filepath.IsAbs(exe) {
-			return nil, fmt.Errorf("INFO server names no executable: %q", exe)
+		if _, err := os.Stat(exe); err != nil {
+			// Redis joins a relative argv[0] to its working directory: a
+			// server started as "redis-server" from $PATH names a file that
+			// does not exist.
+			if exe, err = exec.LookPath(filepath.Base(exe)); err != nil {
+				return nil, fmt.Errorf("INFO server's executable %q: %w", fields["executable"], err)
+			}
 		}
 		argv := []string{exe}
 		if cf := fields["config_file"]; cf != "" {

@@ -8,6 +8,7 @@
 //	go run ./torture/cmd/dlock-torture -duration 60s
 //	go run ./torture/cmd/dlock-torture -duration 30m -workers 8 -keys 8   # the long run
 //	go run ./torture/cmd/dlock-torture -db-restart -strategies mysql-lease
+//	go run ./torture/cmd/dlock-torture -db-restart -strategies redis-lease -redis 127.0.0.1:26379
 //	go run ./torture/cmd/dlock-torture -strategies pg-lease,pg-advisory
 //
 // See torture/README.md.
@@ -65,13 +66,14 @@ func run() int {
 	flag.StringVar(&faults, "faults", "kill,stop,blackhole,cut,latency", "holder faults to inject (network ones only on networked stores)")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 2*time.Second, "mean interval between holder faults")
 	flag.Float64Var(&cfg.LongFrac, "long-frac", 0.3, "share of holds lasting up to 2×TTL (the rest last up to 50 ms)")
-	flag.BoolVar(&cfg.DBRestart, "db-restart", false, "also kill -9 and restart the MariaDB server (disrupts every other user of it)")
+	flag.BoolVar(&cfg.DBRestart, "db-restart", false, "also kill -9 and restart the store's server: MariaDB for the mysql strategies, the Redis, etcd and ZooKeeper of theirs (disrupts every other user of them)")
 	flag.DurationVar(&cfg.DBRestartEvery, "db-restart-every", 30*time.Second, "interval between server restarts")
 	flag.Float64Var(&cfg.ClockSkew, "clock-skew", 0, "client clock rate error: even workers' Lockers time leases with a clock running at 1−skew, odd ones at 1+skew (0.05: ±5 %)")
 	flag.BoolVar(&cfg.Netns, "netns", false, "run the workers of networked strategies in network namespaces of their own (root, ip, nft); adds the partition fault to the default faults")
 	flag.BoolVar(&cfg.NoFencing, "no-fencing", false, "positive control: the resource accepts every write; the run must detect violations")
 	flag.DurationVar(&cfg.Control, "control", 20*time.Second, "after each strategy, a positive-control run (no fencing, SIGSTOP faults) this long; 0 for none")
 	flag.StringVar(&cfg.MySQLDSN, "dsn", dsn, "MariaDB DSN for the resource and the mysql strategies ($DLOCK_MYSQL_DSN)")
+	flag.StringVar(&cfg.StoreDSN, "store-dsn", "", "another MariaDB for the mysql strategies' locks (the resource stays on -dsn), e.g. one whose clock libfaketime skews: its clock is sampled through the run and the store's instants mapped by it")
 	flag.StringVar(&cfg.PGDSN, "pg-dsn", pgDSN, "PostgreSQL DSN for the pg strategies, used only by those ($DLOCK_PG_DSN)")
 	flag.StringVar(&cfg.Out, "out", "", "output directory (default torture-out/<time>)")
 	flag.StringVar(&cfg.Tag, "tag", "cli", "tag in table names: torture_<tag><n>_*")
