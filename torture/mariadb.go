@@ -1,85 +1,36 @@
 package torture
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
-	"syscall"
 	"time"
 )
 
-// mariadbd is the server binary the restart fault kills and starts.
+// mariadbd is the server binary ensureMariaDB starts when the harness leaves
+// the server down.
 const mariadbd = "/usr/sbin/mariadbd"
 
-// findServer returns the pid and arguments of the running mariadbd.
-func findServer() (int, []string, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, nil, err
-	}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil || exe != mariadbd {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		parts := bytes.Split(bytes.TrimRight(cmdline, "\x00"), []byte{0})
-		var args []string
-		for _, p := range parts[1:] {
-			args = append(args, string(p))
-		}
-		return pid, args, nil
-	}
-	return 0, nil, errors.New("no running " + mariadbd)
-}
-
-// restartMariaDB kills the local MariaDB with SIGKILL, starts it again with
-// the same arguments through start-stop-daemon, and waits (bounded) until it
-// answers queries.
+// restartMariaDB kills the MariaDB of the mysql strategies (the process
+// listening on the store DSN's address: with several servers on the host,
+// the one in use) with SIGKILL, starts the same command again (see
+// restartListener), and waits (bounded) until it answers queries.
 func restartMariaDB(ctx context.Context, env *Env) (killed, ready int64, err error) {
-	pid, args, err := findServer()
+	addr, err := mysqlStoreUpstream(env)
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return 0, 0, fmt.Errorf("kill mariadbd %d: %w", pid, err)
-	}
-	killed = Mono()
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		if time.Now().After(deadline) {
-			return killed, 0, fmt.Errorf("mariadbd %d did not die", pid)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := startMariaDB(ctx, args); err != nil {
-		return killed, 0, err
-	}
-	if err := waitReady(ctx, env.DB, 120*time.Second); err != nil {
-		return killed, 0, err
-	}
-	return killed, Mono(), nil
+	return restartListener(ctx, env, addr, func(ctx context.Context) error {
+		var one int
+		return env.StoreDB.QueryRowContext(ctx, "SELECT 1").Scan(&one)
+	}, nil)
 }
 
-func startMariaDB(ctx context.Context, args []string) error {
-	cmdArgs := append([]string{"--start", "--oknodo", "--background", "--exec", mariadbd}, "--")
-	cmdArgs = append(cmdArgs, args...)
-	if out, err := exec.CommandContext(ctx, "start-stop-daemon", cmdArgs...).CombinedOutput(); err != nil {
+// startMariaDB starts the default server as the machine does.
+func startMariaDB(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, "start-stop-daemon", "--start", "--oknodo", "--background", "--exec", mariadbd).CombinedOutput()
+	if err != nil {
 		return fmt.Errorf("start-stop-daemon: %v: %s", err, out)
 	}
 	return nil
@@ -103,19 +54,15 @@ func waitReady(ctx context.Context, db *sql.DB, bound time.Duration) error {
 	}
 }
 
-// ensureMariaDB starts MariaDB if it is not serving (used after a restart
-// mode run, whatever happened, so that the server is left running).
+// ensureMariaDB makes sure the MariaDB is serving after a run with restarts,
+// whatever happened: it waits for it (bounded), and if it does not come back
+// starts the default server through start-stop-daemon.
 func ensureMariaDB(db *sql.DB) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	err := db.PingContext(ctx)
-	cancel()
-	if err == nil {
+	if err := waitReady(context.Background(), db, 30*time.Second); err == nil {
 		return nil
 	}
-	if _, _, ferr := findServer(); ferr != nil {
-		if err := startMariaDB(context.Background(), nil); err != nil {
-			return err
-		}
+	if err := startMariaDB(context.Background()); err != nil {
+		return err
 	}
 	return waitReady(context.Background(), db, 120*time.Second)
 }

@@ -15,8 +15,9 @@ import (
 // faultProxies is an embedded toxiproxy with one proxy per worker slot in
 // front of the store, so that a network fault can hit one holder alone.
 type faultProxies struct {
-	srv *toxiproxy.ApiServer
-	ps  []*toxiproxy.Proxy
+	srv   *toxiproxy.ApiServer
+	ps    []*toxiproxy.Proxy
+	addrs []string // each proxy's address, read once: toxiproxy rewrites Proxy.Listen at every Start
 
 	mu   sync.Mutex
 	cuts map[int]bool // slots cut by a holder fault
@@ -37,13 +38,13 @@ func newFaultProxies(n int, upstream string, listen func(slot int) string) (*fau
 			fp.close()
 			return nil, fmt.Errorf("start proxy: %w", err)
 		}
-		fp.ps = append(fp.ps, p)
+		fp.ps, fp.addrs = append(fp.ps, p), append(fp.addrs, p.Listen)
 	}
 	return fp, nil
 }
 
 // addr returns the address a slot's worker connects to.
-func (fp *faultProxies) addr(slot int) string { return fp.ps[slot].Listen }
+func (fp *faultProxies) addr(slot int) string { return fp.addrs[slot] }
 
 // addToxic adds a toxic to both directions of a slot's proxy.
 func (fp *faultProxies) addToxic(slot int, name, typ, attrs string) error {

@@ -42,9 +42,26 @@ type serverProc struct {
 // relaunched are the servers the harness started again as its children; Run
 // kills them when it returns.
 type relaunched struct {
-	mu   sync.Mutex
-	cmds []*exec.Cmd
-	done []chan struct{}
+	mu      sync.Mutex
+	cmds    []*exec.Cmd
+	done    []chan struct{}
+	foreign map[int]bool // pids of servers relaunched for someone else (children of ours, but not to be killed)
+}
+
+// markForeign records that pid is someone else's server, relaunched.
+func (rl *relaunched) markForeign(pid int) {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.foreign == nil {
+		rl.foreign = map[int]bool{}
+	}
+	rl.foreign[pid] = true
+}
+
+func (rl *relaunched) isForeign(pid int) bool {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	return rl.foreign[pid]
 }
 
 func (rl *relaunched) add(cmd *exec.Cmd, done chan struct{}) {
@@ -206,7 +223,9 @@ func restartListener(ctx context.Context, env *Env, addr string, ready func(ctx 
 	}
 	cmd := &exec.Cmd{Path: sp.exe, Args: sp.argv}
 	cmd.Dir, cmd.Env = sp.dir, sp.env
-	ours := sp.ppid == os.Getpid()
+	// Ours: started by this process, and not as the relaunch of someone
+	// else's server.
+	ours := sp.ppid == os.Getpid() && (env.relaunched == nil || !env.relaunched.isForeign(pid))
 	if ours {
 		// Dies with the harness, as the original (a child of ours) would.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -225,8 +244,12 @@ func restartListener(ctx context.Context, env *Env, addr string, ready func(ctx 
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	if ours && env.relaunched != nil {
+	switch {
+	case env.relaunched == nil:
+	case ours:
 		env.relaunched.add(cmd, done)
+	default:
+		env.relaunched.markForeign(cmd.Process.Pid)
 	}
 	deadline := time.Now().Add(120 * time.Second)
 	for {
