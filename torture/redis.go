@@ -223,6 +223,9 @@ func redisHistory(lines []string, prefix string) ([]LeaseEvent, error) {
 			}
 			keys := make([]string, 0, len(cur))
 			for k, s := range cur {
+				if s.live && s.expUs <= at {
+					s.live = false // expired before the kill: it ended then
+				}
 				if s.live {
 					keys = append(keys, k)
 				}

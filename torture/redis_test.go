@@ -63,7 +63,9 @@ func TestRedisHistory(t *testing.T) {
 }
 
 // A restart of the server (the feed's RESTART line) ends every live lease at
-// the kill, as lost: a Redis without persistence forgets them.
+// the kill, as lost: a Redis without persistence forgets them. A lease that
+// expired before the kill ended then (the long run's first restart run
+// reported such a lease as revived).
 func TestRedisHistoryRestart(t *testing.T) {
 	const tok = "000102030405060708090a0b0c0d0e0f"
 	feed := strings.Split(`1000.000103 [0 lua] "hset" "p:{a}" "token" "`+tok+`" "fence" "7" "acquired_us" "1000000101"
@@ -71,6 +73,8 @@ func TestRedisHistoryRestart(t *testing.T) {
 1000.100000 [0 lua] "hset" "p:{b}" "token" "`+tok+`" "fence" "3" "acquired_us" "1000100000"
 1000.100001 [0 lua] "pexpire" "p:{b}" "1000"
 1000.200000 [0 lua] "del" "p:{b}"
+1000.200100 [0 lua] "hset" "p:{c}" "token" "`+tok+`" "fence" "4" "acquired_us" "1000200100"
+1000.200101 [0 lua] "pexpire" "p:{c}" "50"
 RESTART 1000300000
 1000.400000 [0 lua] "pexpire" "p:{a}" "1000"
 1000.500000 [0 lua] "del" "p:{a}"
@@ -84,6 +88,7 @@ RESTART 1000300000
 		{Key: "a", Fence: 7, AtUs: 1000000101, ExpUs: 1001001000},
 		{Key: "b", Fence: 3, AtUs: 1000100000, ExpUs: 1001101000},
 		{Key: "b", Fence: 3, AtUs: 1000200000, ExpUs: 1001101000, Release: true},
+		{Key: "c", Fence: 4, AtUs: 1000200100, ExpUs: 1000251000}, // expired before the kill: no loss
 		{Key: "a", Fence: 7, AtUs: 1000300000, ExpUs: 1001001000, Release: true, Lost: true},
 		{Key: "a", Fence: 1000600000, AtUs: 1000600000, ExpUs: 1001601000},
 	}

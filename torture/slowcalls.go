@@ -50,14 +50,20 @@ func (b *timedBackend) Release(ctx context.Context, key string, token dlock.Toke
 // AcquireWait through, so that the Locker waits in the store (doorbells,
 // LISTEN/NOTIFY, pub/sub, watches) as it would on the bare backend.
 // Embedding only dlock.Backend would hide the Waiter, and the Locker would
-// poll. Waiting is what AcquireWait is for, so its duration is not noted.
+// poll. Waiting is what AcquireWait is for, so a call is noted ("wait") only
+// when it lasts longer than the TTL: no backend waits that long in one call.
 type timedWaiter struct {
 	*timedBackend
 	w dlock.Waiter
 }
 
 func (b timedWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	return b.w.AcquireWait(ctx, req)
+	t0 := Mono()
+	res, err := b.w.AcquireWait(ctx, req)
+	if t := Mono(); time.Duration(t-t0) > req.TTL {
+		b.rec.rec(Event{T: t, T0: t0, Ev: "slow", Op: "wait", K: req.Key, Err: errString(err), OK: res.Acquired})
+	}
+	return res, err
 }
 
 // newTimedBackend wraps b, keeping its dlock.Waiter if it has one.
