@@ -214,6 +214,7 @@ func check(in checkInput) *RunReport {
 	}
 	if in.StoreClock != nil {
 		c.rep.StoreClock = in.StoreClock.String()
+		c.rep.StoreClockErrMs = float64(in.StoreClock.errorNs()) / 1e6
 	}
 	c.clockOK = in.OffsetSkew <= int64(2*time.Millisecond)
 	if !c.clockOK {
@@ -524,7 +525,11 @@ func (c *checker) checkNotification() {
 		if !l.open && l.relUs > 0 {
 			continue
 		}
-		if e := h.end(); e == 0 || e > expiry {
+		slack := int64(0)
+		if c.in.StoreClock != nil {
+			slack = c.in.StoreClock.errorNs()
+		}
+		if e := h.end(); e == 0 || e > expiry+slack {
 			if h.pausedBy != nil {
 				continue
 			}
@@ -556,6 +561,10 @@ func (c *checker) addLead(h *hold, leadMs float64, estimated bool) {
 		// Measured against an upper bound of the store's end: the true lead
 		// is smaller, so a negative estimate is a certain violation.
 		c.rep.LeadEstimated++
+	}
+	if leadMs < 0 && c.in.StoreClock != nil && -leadMs*1e6 <= float64(c.in.StoreClock.errorNs()) {
+		c.rep.LeadInClockError++ // the two instants' order is not known
+		return
 	}
 	if leadMs < 0 {
 		c.violateUnder(h.hitBy, vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, kind, -leadMs)

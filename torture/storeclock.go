@@ -88,6 +88,10 @@ type clockMap struct {
 	maxRTT  int64
 }
 
+// errorNs bounds the error of a mapped instant: a sample stands for the
+// middle of its round trip, and the server read its clock somewhere in it.
+func (m *clockMap) errorNs() int64 { return m.maxRTT/2 + 1 }
+
 // mono returns the Mono() instant of the store instant us: linear between
 // the two samples around it, and beyond the first or last sample along the
 // nearest pair's line.

@@ -79,4 +79,17 @@ func TestCheckSkewedStoreClock(t *testing.T) {
 	}
 	in.StoreClock = nil
 	wantViolation(t, in, vLateNotice)
+	// A negative lead within the mapping's error (samples 4 ms round trips:
+	// ±2 ms) is not judged; one beyond it is a violation.
+	for i := range sc.samples {
+		sc.samples[i].rtt = 4 * ms
+	}
+	m, _ = sc.mapping()
+	in.StoreClock = m
+	in.Workers[0].Events[3].T = 1091 * ms // 1 ms after the expiry
+	if r := check(in); r.Verdict != "PASS" || r.LeadInClockError != 1 {
+		t.Errorf("1 ms late with ±2 ms of clock error: %s %v in error %d", r.Verdict, r.ViolationList, r.LeadInClockError)
+	}
+	in.Workers[0].Events[3].T = 1093 * ms
+	wantViolation(t, in, vLateNotice)
 }
