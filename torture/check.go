@@ -145,8 +145,12 @@ type checker struct {
 	byKF    map[string]*hold    // key/fence → hold
 	leases  map[string][]*lease // key → leases in grant order
 	byLF    map[string]*lease   // key/fence → lease
+	slow    map[string][]span   // worker → its slow backend calls
 	clockOK bool
 }
+
+// span is a call's start and end, Mono() ns.
+type span struct{ t0, t int64 }
 
 func kf(k string, f uint64) string { return k + "/" + fmt.Sprint(f) }
 
@@ -206,7 +210,7 @@ func (c *checker) fault(kind string) *FaultStats {
 
 // check analyses one run.
 func check(in checkInput) *RunReport {
-	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}}
+	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}}
 	c.rep = &RunReport{
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
@@ -250,6 +254,8 @@ func (c *checker) buildHolds() {
 				c.holds = append(c.holds, h)
 			case "acqerr":
 				c.rep.AcquireErrors++
+			case "slow":
+				c.slow[w.ID] = append(c.slow[w.ID], span{e.T0, e.T})
 			case "done":
 				if h := open[kf(e.K, e.F)]; h != nil {
 					h.doneAt, h.lost = e.T, e.OK
@@ -658,7 +664,8 @@ func (c *checker) faultFigures() {
 // someone is waiting for it: from each lease's end at the store to the next
 // grant that a worker was told of (a backend may take and hand back a lease
 // on its own), if a worker that no fault touched was in Acquire for that key
-// across that instant. A waiter never sleeps past the holder's remaining
+// across that instant (a worker stuck in a backend call that began under a
+// fault of its own is not waiting in the store either). A waiter never sleeps past the holder's remaining
 // lease, so after an expiry the next grant should come within a round trip
 // (the figure FreeWait shows it; the takeover target is 250 ms); the hard
 // bound, set to flag stuck keys rather than slow machines, is TTL. After a
@@ -675,10 +682,27 @@ func (c *checker) liveness() {
 		c.inconclusive("liveness (free key with waiters) not checked: no store history or clock stepped")
 		return
 	}
-	faultedAt := func(worker string, a, b int64) bool {
+	// faultedAt: a fault touched the worker within [a, b] or a TTL before;
+	// or the worker was inside a slow backend call across [a, b] that began
+	// while a fault touched it (a call started under a partition or a cut
+	// can run on for seconds in the client's retries and TCP's
+	// retransmission backoff after the fault ends, and the waiter is not
+	// waiting in the store meanwhile).
+	inFault := func(worker string, a, b int64) bool {
 		for _, f := range c.in.Faults {
 			anyone := f.Kind == FaultDBRestart || (f.Kind == FaultStop && c.in.PauseStallsStore)
 			if (f.Worker == worker || anyone) && f.Start <= b && f.End+int64(c.in.TTL) >= a {
+				return true
+			}
+		}
+		return false
+	}
+	faultedAt := func(worker string, a, b int64) bool {
+		if inFault(worker, a, b) {
+			return true
+		}
+		for _, s := range c.slow[worker] {
+			if s.t0 <= b && s.t >= a && inFault(worker, s.t0, s.t0) {
 				return true
 			}
 		}

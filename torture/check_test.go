@@ -193,6 +193,36 @@ func TestCheckLiveness(t *testing.T) {
 	}
 }
 
+// A waiter inside a slow backend call that began while a fault touched it
+// is not waiting in the store: w1 releases at 2 s; w2's call from 300 ms
+// began under its own partition (200–400 ms) and ran on until 4 s, long
+// past the partition plus a TTL (1.4 s). Its wait from 2 s to its grant at
+// 4.05 s is excused; the same slow call begun without a fault of its own
+// is not.
+func TestCheckLivenessWaiterInItsOwnSlowCall(t *testing.T) {
+	in := base()
+	in.History[0].ExpUs = 2500_000
+	in.History[1].AtUs, in.History[1].ExpUs = 2000_000, 2000_000
+	in.Workers[0].Events[3].T = 2000 * ms
+	in.Workers[0].Events[4].T0, in.Workers[0].Events[4].T = 2000*ms, 2001*ms
+	in.History[2].AtUs, in.History[2].ExpUs = 4040_000, 5040_000
+	in.History[3].AtUs, in.History[3].ExpUs = 4300_000, 4300_000
+	in.Workers[1].Events[0].T = 4050 * ms
+	for i := 1; i < len(in.Workers[1].Events); i++ {
+		in.Workers[1].Events[i].T0 += 3400 * ms
+		in.Workers[1].Events[i].T += 3400 * ms
+	}
+	in.ResLog[2].AtUs, in.ResLog[3].AtUs = 4065_000, 4085_000
+	in.Workers[1].Events = append(in.Workers[1].Events, Event{T0: 300 * ms, T: 4000 * ms, Ev: "slow", Op: "acquire", K: "k"})
+	wantViolation(t, in, vLiveness) // a slow call alone excuses nothing
+	in.Faults = []FaultRecord{{Kind: FaultPartition, Worker: "w2", Start: 200 * ms, End: 400 * ms}}
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a waiter stuck in a call begun under its own fault: %v", r.ViolationList)
+	}
+	in.Faults[0].Worker = "w3" // someone else's fault: not an excuse
+	wantViolation(t, in, vLiveness)
+}
+
 // A short hold whose release the store records early (a lower bound, as
 // mysql-lease's) must not count as its own waiter: w2 takes the key at
 // 650 ms, releases it at 660 ms (recorded at 600 ms), and nobody waits until

@@ -203,6 +203,16 @@ func recordRedis(ctx context.Context, env *Env, prefix string) (*Recording, erro
 	}, nil
 }
 
+// isScriptCall reports whether a command runs a script (whose commands show
+// in MONITOR as "lua").
+func isScriptCall(cmd string) bool {
+	switch strings.ToLower(cmd) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		return true
+	}
+	return false
+}
+
 // redisHistory derives the lock changes from MONITOR lines (see redisLease).
 func redisHistory(lines []string, prefix string) ([]LeaseEvent, error) {
 	type state struct {
@@ -214,6 +224,7 @@ func redisHistory(lines []string, prefix string) ([]LeaseEvent, error) {
 	}
 	cur := map[string]*state{}
 	var out []LeaseEvent
+	callUs := int64(-1) // the time of the script call whose commands follow, or -1
 	for i, line := range lines {
 		if us, ok := strings.CutPrefix(line, "RESTART "); ok {
 			// The server was killed: it forgot every lock at that instant.
@@ -249,8 +260,26 @@ func redisHistory(lines []string, prefix string) ([]LeaseEvent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("MONITOR line %d: %w", i+1, err)
 		}
-		if source != "lua" || len(args) < 2 {
+		if source != "lua" {
+			// A client's command. MONITOR shows a script's call before the
+			// commands it runs, stamped before the script takes its time
+			// snapshot (Redis 7.0 bases a script's PEXPIRE on it, not on
+			// the instant its line shows): the call's time is a lower
+			// bound of the script's instant, and the deadlines are taken
+			// from it (at most ~1 ms early: a grant while the old lease
+			// was live by less than that goes unseen, never a false one).
+			callUs = -1
+			if len(args) > 0 && isScriptCall(args[0]) {
+				callUs = tsUs
+			}
 			continue
+		}
+		if len(args) < 2 {
+			continue
+		}
+		at := tsUs // the script's instant, as best the feed knows it
+		if callUs >= 0 {
+			at = callUs
 		}
 		key, ok := redisLockKey(args[1], prefix)
 		if !ok {
@@ -284,11 +313,11 @@ func redisHistory(lines []string, prefix string) ([]LeaseEvent, error) {
 			if err != nil {
 				return nil, fmt.Errorf("MONITOR line %d: %w", i+1, err)
 			}
-			exp := (tsUs/1000 + ms + 1) * 1000 // Redis: live through the deadline's millisecond
+			exp := (at/1000 + ms + 1) * 1000 // Redis: live through the deadline's millisecond
 			if s.grant >= 0 {
 				out[s.grant].ExpUs, s.grant = exp, -1
 			} else {
-				out = append(out, LeaseEvent{Seq: int64(i), Key: key, Fence: s.fence, Token: s.token, AtUs: tsUs, ExpUs: exp})
+				out = append(out, LeaseEvent{Seq: int64(i), Key: key, Fence: s.fence, Token: s.token, AtUs: at, ExpUs: exp})
 			}
 			s.expUs = exp
 		case "del":

@@ -26,8 +26,11 @@ func TestRedisHistory(t *testing.T) {
 1000.000102 [0 lua] "incr" "p:{k%7B1}:fence"
 1000.000103 [0 lua] "hset" "p:{k%7B1}" "token" "`+tok1+`" "owner" "" "fence" "7" "metadata" "" "acquired_us" "1000000101"
 1000.000104 [0 lua] "pexpire" "p:{k%7B1}" "1000"
+1000.399900 [0 127.0.0.1:1] "evalsha" "y" "1" "p:{k%7B1}"
 1000.400000 [0 lua] "hget" "p:{k%7B1}" "token"
 1000.400001 [0 lua] "pexpire" "p:{k%7B1}" "1000"
+1000.450000 [0 127.0.0.1:2] "PING"
+1000.450100 [0 lua] "pexpire" "p:{k%7B1}" "1000"
 1000.500000 [0 lua] "del" "p:{k%7B1}"
 1000.500001 [0 lua] "spublish" "p:{k%7B1}:released" "released"
 1000.600000 [0 lua] "del" "p:{k%7B1}"
@@ -40,8 +43,13 @@ func TestRedisHistory(t *testing.T) {
 	}
 	want := []LeaseEvent{
 		{Key: "k{1", Fence: 7, AtUs: 1000000101, ExpUs: 1001001000},
-		{Key: "k{1", Fence: 7, AtUs: 1000400001, ExpUs: 1001401000},
-		{Key: "k{1", Fence: 7, AtUs: 1000500000, ExpUs: 1001401000, Release: true},
+		// The script's PEXPIRE counts from the call (Redis 7.0's script
+		// time snapshot), not from its own line a millisecond later.
+		{Key: "k{1", Fence: 7, AtUs: 1000399900, ExpUs: 1001400000},
+		// No script call before it (another client's command between):
+		// its own line's time.
+		{Key: "k{1", Fence: 7, AtUs: 1000450100, ExpUs: 1001451000},
+		{Key: "k{1", Fence: 7, AtUs: 1000500000, ExpUs: 1001451000, Release: true},
 		{Key: "k{1", Fence: 8, AtUs: 1000800000, ExpUs: 1001801000},
 	}
 	if len(got) != len(want) {
@@ -53,8 +61,8 @@ func TestRedisHistory(t *testing.T) {
 			t.Errorf("event %d: got %+v, want %+v", i, g, w)
 		}
 	}
-	if got[0].Token[1] != 1 || got[3].Token[0] != 0xf0 || got[2].Token != got[0].Token {
-		t.Errorf("tokens: %x %x %x", got[0].Token, got[2].Token, got[3].Token)
+	if got[0].Token[1] != 1 || got[4].Token[0] != 0xf0 || got[3].Token != got[0].Token {
+		t.Errorf("tokens: %x %x %x", got[0].Token, got[3].Token, got[4].Token)
 	}
 	// A grant whose PEXPIRE the feed lacks is an error, not a lease without end.
 	if _, err := redisHistory(feed[:5], "p:"); err == nil {
