@@ -15,6 +15,7 @@
 //	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"localhost:2379"}})
 //	b, err := etcdlock.New(cli, nil)
 //	locker := dlock.New(b, nil)
+//	// at the end: locker.Close(ctx), b.Close(), cli.Close()
 //
 // # Leases and time
 //
@@ -50,7 +51,9 @@
 // A waiting acquisition (dlock.Waiter) creates its entry and watches only
 // the entry created just before it, so a release wakes exactly one waiter
 // (no thundering herd) and the lock is handed over in arrival order; a
-// waiter whose context ends deletes its entry at once. One AcquireWait call
+// waiter whose context ends deletes its entry at once (against an
+// unreachable member it returns after one request's timeout and the
+// deletion goes on in the background; Backend.Close waits for it). One AcquireWait call
 // waits at most a third of the TTL (the Locker counts the lease from the
 // call's start); it then leaves its entry queued for the Locker's next call,
 // which renews it and keeps the place in the queue. A waiter that crashes
@@ -159,6 +162,8 @@ type Backend struct {
 
 	mu     sync.Mutex
 	parked map[string][]*entry // waiting entries between two AcquireWait calls, by dlock key
+	closed bool                // Close was called: clean-up runs in the caller
+	bg     sync.WaitGroup      // background revocations; Add only under mu, before closed
 }
 
 var (
@@ -380,11 +385,62 @@ func (b *Backend) revoke(ctx context.Context, id clientv3.LeaseID) (bool, error)
 }
 
 // revokeLater revokes id with a context of its own: the caller's may have
-// ended, which is why the entry must go.
+// ended, which is why the entry must go. It waits for the revocation at most
+// one request's timeout: against an unreachable member the revocation runs
+// on in the background for up to cleanupTimeout (Close waits for it), and
+// the caller (a waiter that gave up, whose deadline has passed) returns. If
+// it fails, the lease expires with its TTL.
 func (b *Backend) revokeLater(ctx context.Context, id clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	_, _ = b.revoke(ctx, id) // if this fails too, the lease expires with its TTL
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		defer cancel()
+		_, _ = b.revoke(ctx, id)
+		return
+	}
+	b.bg.Add(1)
+	b.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer b.bg.Done()
+		defer close(done)
+		defer cancel()
+		_, _ = b.revoke(ctx, id)
+	}()
+	t := time.NewTimer(b.timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
+
+// Close removes the queue entries that waiters parked between two
+// AcquireWait calls and waits for the Backend's clean-up in the background
+// to end (revocations of entries that waiters left, each bounded by 5 s), so
+// that no goroutine of the Backend outlives it. It does not close the
+// client, and does not release held locks (the Locker's Close does): close
+// the Locker first, then the Backend, then the client. It always returns
+// nil.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	var parked []*entry
+	for _, es := range b.parked {
+		for _, e := range es {
+			if e.timer.Stop() {
+				parked = append(parked, e)
+			}
+		}
+	}
+	clear(b.parked)
+	b.closed = true
+	b.mu.Unlock()
+	for _, e := range parked {
+		b.revokeLater(context.Background(), e.lease)
+	}
+	b.bg.Wait()
+	return nil
 }
 
 // keepAlive renews lease id once. KeepAliveOnce repeats failures to reach a

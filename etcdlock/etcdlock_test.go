@@ -45,6 +45,7 @@ func newBackend(t testing.TB, eps []string) *etcdlock.Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() }) // before the client's (cleanups run last first)
 	return b
 }
 
@@ -307,5 +308,77 @@ func TestAcquireWaitKeepsItsBoundOnAFrozenServer(t *testing.T) {
 	// The bound is 333 ms + 250 ms; the retries alone would take ~5.5 s.
 	if took > 3*time.Second {
 		t.Errorf("AcquireWait took %s against a frozen server; its bound is TTL/3 plus one request's timeout", took)
+	}
+}
+
+// TestGivenUpWaitReturnsOnAFrozenServer: a waiter whose context ends while
+// the only member is frozen returns within one request's timeout. Its
+// entry's revocation cannot reach the member; it runs on in the background
+// instead of holding the caller for up to its 5 s clean-up bound (a timed
+// acquisition overran its deadline by 5 s), and removes the entry once the
+// member is back.
+func TestGivenUpWaitReturnsOnAFrozenServer(t *testing.T) {
+	c := startCluster(t, 1)
+	eps := c.endpoints()
+	b := newBackend(t, eps)
+	k := locktest.UniqueKey("giveup")
+	if res, err := b.Acquire(ctxT(t, 10*time.Second), dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second}); err != nil || !res.Acquired {
+		t.Fatalf("Acquire: %+v %v", res, err)
+	}
+	dir := etcdlock.DefaultPrefix + strings.ReplaceAll(k, "/", "%2F") + "/"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan time.Time, 1)
+	go func() {
+		_, _ = b.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Second})
+		done <- time.Now()
+	}()
+	cl := newClient(t, eps...)
+	waitFor(t, func() bool { return len(entries(t, cl, dir)) == 2 })
+	c.members[0].stop()
+	cancel()
+	gaveUp := time.Now()
+	select {
+	case at := <-done:
+		// The bound: one request's timeout (1 s), not the clean-up's 5 s.
+		if d := at.Sub(gaveUp); d > 3*time.Second {
+			c.members[0].cont()
+			t.Fatalf("AcquireWait returned %s after its context ended", d)
+		}
+	case <-time.After(20 * time.Second):
+		c.members[0].cont()
+		t.Fatal("AcquireWait did not return after its context ended")
+	}
+	// The revocation went on in the background: once the member is back,
+	// the waiter's entry goes, well before its 30 s lease would end.
+	c.members[0].cont()
+	waitFor(t, func() bool { return len(entries(t, cl, dir)) == 1 })
+}
+
+// TestCloseRemovesParkedEntries: an entry parked between two AcquireWait
+// calls goes at Close, not a second later or with its lease.
+func TestCloseRemovesParkedEntries(t *testing.T) {
+	eps := endpoints(t)
+	cl := newClient(t, eps...)
+	b := newBackend(t, eps)
+	k := locktest.UniqueKey("close")
+	dir := etcdlock.DefaultPrefix + strings.ReplaceAll(k, "/", "%2F") + "/"
+	ctx := ctxT(t, 10*time.Second)
+	if res, err := b.Acquire(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second}); err != nil || !res.Acquired {
+		t.Fatalf("Acquire: %+v %v", res, err)
+	}
+	// A third of the TTL: the call parks its entry and returns.
+	res, err := b.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Millisecond})
+	if err != nil || res.Acquired {
+		t.Fatalf("AcquireWait: %+v %v, want a parked entry", res, err)
+	}
+	if got := entries(t, cl, dir); len(got) != 2 {
+		t.Fatalf("directory %v, want the holder and the parked entry", got)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, cl, dir); len(got) != 1 {
+		t.Errorf("after Close the directory holds %v, want only the holder", got)
 	}
 }

@@ -27,6 +27,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer b.Close() // after the Locker, before the client
 	locker := dlock.New(b, &dlock.Options{TTL: 10 * time.Second})
 	defer locker.Close(context.Background())
 

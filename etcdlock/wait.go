@@ -243,15 +243,25 @@ func (b *Backend) waitDelete(ctx context.Context, name string, rev int64, bound 
 
 // park keeps e queued for the next AcquireWait call on its key, and removes
 // it if no call takes it over within parkTimeout.
+// After Close it removes e at once.
 func (b *Backend) park(e *entry) {
 	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		b.revokeLater(context.Background(), e.lease)
+		return
+	}
 	defer b.mu.Unlock()
 	b.parked[e.key] = append(b.parked[e.key], e)
 	e.timer = time.AfterFunc(parkTimeout, func() {
 		b.mu.Lock()
 		found := b.removeParkedLocked(e)
+		if found {
+			b.bg.Add(1) // before Close can see it gone: Close waits for it
+		}
 		b.mu.Unlock()
 		if found {
+			defer b.bg.Done()
 			b.revokeLater(context.Background(), e.lease)
 		}
 	})

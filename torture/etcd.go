@@ -121,7 +121,7 @@ var etcdLease = &Adapter{
 			cli.Close()
 			return nil, nil, err
 		}
-		return b, cli.Close, nil
+		return b, func() error { b.Close(); return cli.Close() }, nil
 	},
 	Record: recordEtcd,
 	Restart: func(ctx context.Context, env *Env) (int64, int64, error) {

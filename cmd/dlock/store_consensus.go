@@ -55,7 +55,8 @@ func openEtcd(u *url.URL) (*store, error) {
 		c.Close()
 		return nil, usageError("%w", err)
 	}
-	return &store{name: redacted(u), backend: b, migrate: noMigrate, schema: "-- etcd needs no schema.", close: c.Close}, nil
+	closeAll := func() error { b.Close(); return c.Close() } // the Backend waits for its clean-up, then the client goes
+	return &store{name: redacted(u), backend: b, migrate: noMigrate, schema: "-- etcd needs no schema.", close: closeAll}, nil
 }
 
 // openZooKeeper opens zk://host:2181[,host2:2181…][?root=/dlock&session=30s].

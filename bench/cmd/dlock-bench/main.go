@@ -412,6 +412,7 @@ func (b *bench) strategies() []strategy {
 			if err != nil {
 				panic(err)
 			}
+			b.closers = append(b.closers, func() { be.Close() }) // runs before the client's
 			return be
 		}})
 	}
