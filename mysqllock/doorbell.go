@@ -20,6 +20,15 @@ import (
 // it within a round trip, so a doorbell held longer is stale.
 const staleBell = 100 * time.Millisecond
 
+// recheck bounds one wait on a doorbell: a waiter behind the first in line
+// looks at the lease again at least this often. The first in line, woken by
+// the release, may stall before it takes the lease (a GC pause, a partition);
+// its doorbell then turns stale staleBell after the lease's end, but nothing
+// rings for the waiters queued behind it, who would otherwise sleep until
+// the released lease's old expiry (up to a TTL). The fault harness measured
+// that tail (finding 7). A re-check costs one statement per waiter per TTL/4.
+func recheck(ttl time.Duration) time.Duration { return max(ttl/4, 2*staleBell) }
+
 // bells reports whether doorbells are in use.
 func (b *Backend) bells() bool { return b.bell != nil && !b.noBell.Load() }
 
@@ -46,7 +55,7 @@ func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Res
 
 // AcquireWait implements dlock.Waiter: wait on the key's doorbell, bounded by
 // the holder's remaining lease (or by staleBell when the lease is already
-// free), then take the lease as the first in line. If the lease is still
+// free) and by recheck, then take the lease as the first in line. If the lease is still
 // held (its holder died, or took it without a doorbell), back off while
 // keeping the doorbell, never beyond the lease's end. Doorbell failures are
 // never errors: they only cost the wake-up.
@@ -63,7 +72,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	if res.Remaining > 0 {
 		wait = res.Remaining + time.Millisecond
 	}
-	wctx, cancel := context.WithTimeout(ctx, min(wait, maxWait))
+	wctx, cancel := context.WithTimeout(ctx, min(wait, recheck(req.TTL), maxWait))
 	r, err := b.bell.AcquireWait(wctx, req)
 	cancel()
 	var bo dlock.Backoff

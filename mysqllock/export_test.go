@@ -24,6 +24,9 @@ func CheckGalera(ctx context.Context, g *GetLock) error {
 // Doorbells returns the lease strategy's doorbells (nil without them).
 func Doorbells(b *Backend) *GetLock { return b.bell }
 
+// DoorbellName returns the named lock that is key's doorbell.
+func DoorbellName(b *Backend, key string) string { return b.bell.name(key) }
+
 // HoldsDoorbell reports whether tok holds key's doorbell.
 func HoldsDoorbell(b *Backend, key string, tok dlock.Token) bool {
 	return b.bell.sessionOf(key, tok) != 0
