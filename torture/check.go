@@ -42,7 +42,7 @@ const (
 )
 
 // resourceKinds are the violations a missing fence check produces.
-var resourceKinds = map[string]bool{vStaleAccepted: true, vLostUpdate: true, vInterleaved: true}
+var resourceKinds = map[string]bool{vStaleAccepted: true, vLostUpdate: true, vInterleaved: true, vNotLinearizable: true}
 
 // workerLog is one worker process's record.
 type workerLog struct {
@@ -229,6 +229,7 @@ func check(in checkInput) *RunReport {
 	c.matchHoldsLeases()
 	c.attributeFaults()
 	c.checkResource()
+	c.checkLinearizable()
 	c.checkNotification()
 	c.faultFigures()
 	c.liveness()

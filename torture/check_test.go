@@ -30,7 +30,7 @@ func base() checkInput {
 			}},
 			{ID: "w2", Events: []Event{
 				{T0: 200 * ms, T: 650 * ms, Ev: "acq", K: "k", F: 2},
-				{T0: 660 * ms, T: 670 * ms, Ev: "op", Op: "r", K: "k", F: 2, OK: true},
+				{T0: 660 * ms, T: 670 * ms, Ev: "op", Op: "r", K: "k", F: 2, OK: true, V: 1},
 				{T0: 680 * ms, T: 690 * ms, Ev: "op", Op: "w", K: "k", F: 2, OK: true},
 				{T: 900 * ms, Ev: "done", K: "k", F: 2, Err: "dlock: not held"},
 				{T0: 900 * ms, T: 901 * ms, Ev: "rel", K: "k", F: 2},

@@ -61,7 +61,7 @@ type Config struct {
 	LongFrac   float64       // share of holds up to 2×TTL (the rest up to 50 ms)
 	// DBRestart also kills the store's server with SIGKILL and starts it
 	// again, every DBRestartEvery, for each strategy that has a restart
-	// (Adapter.Restart: the mysql, redis, etcd and zk ones), or only for
+	// (Adapter.Restart: every networked one), or only for
 	// those in RestartOnly if it is not empty. Disruptive: every other user
 	// of the server sees it die.
 	DBRestart      bool

@@ -38,6 +38,7 @@ var pgLease = &Adapter{
 	Name:      "pg-lease",
 	Networked: true,
 	Upstream:  pgUpstream,
+	Restart:   restartPG,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
 		return preparePG(ctx, env, "", `IF TG_OP = 'INSERT' OR NEW.fence <> OLD.fence OR NEW.token <> OLD.token
     OR NEW.expires_at <> OLD.expires_at THEN
@@ -99,6 +100,7 @@ var pgAdvisory = &Adapter{
 	Name:        "pg-advisory",
 	Networked:   true,
 	Upstream:    pgUpstream,
+	Restart:     restartPG,
 	SessionHeld: true,
 	// As for mysql-getlock: a cut connection ends the session, and the
 	// server frees its locks at once; the holder learns of it only at its
@@ -280,6 +282,27 @@ func openPG(ctx context.Context, a OpenArgs, newB func(*pgxpool.Pool, *pglock.Op
 }
 
 // pgUpstream is the TCP address of the PostgreSQL in env.PGDSN.
+// restartPG kills the PostgreSQL server of the pg strategies (the postmaster
+// listening on the DSN's address) with SIGKILL, waits for its backends to
+// exit, starts the same command again as the same user (see
+// restartListener), and waits (bounded) until it answers queries: crash
+// recovery replays its WAL, so committed lock rows, fencing counters and the
+// trigger's history survive.
+func restartPG(ctx context.Context, env *Env) (killed, ready int64, err error) {
+	addr, err := pgUpstream(env)
+	if err != nil {
+		return 0, 0, err
+	}
+	return restartListener(ctx, env, addr, func(ctx context.Context) error {
+		c, err := pgconn.Connect(ctx, env.PGDSN)
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		return c.Ping(ctx)
+	}, nil)
+}
+
 func pgUpstream(env *Env) (string, error) {
 	if env.PGDSN == "" {
 		return "", errors.New("no PostgreSQL DSN (Config.PGDSN)")

@@ -50,8 +50,13 @@ type RunReport struct {
 	StaleOps          int   `json:"stale_ops"`          // accesses after the store ended the lease
 	StaleRejected     int   `json:"stale_rejected"`     // ... refused by fencing
 	StaleBeforeNewer  int   `json:"stale_before_newer"` // ... accepted before any newer holder reached the resource
-	Lead              Stats `json:"lead"`               // loss notification lead, running holders
-	LeadEstimated     int   `json:"lead_estimated"`
+	// LinearizableOps counts the work cycles porcupine checked (see
+	// linearize.go), LinearizableKeys the keys whose cycles it found
+	// linearizable.
+	LinearizableOps  int   `json:"linearizable_ops"`
+	LinearizableKeys int   `json:"linearizable_keys"`
+	Lead             Stats `json:"lead"` // loss notification lead, running holders
+	LeadEstimated    int   `json:"lead_estimated"`
 	// LeadInClockError counts negative leads no larger than the error of a
 	// store clock mapped by samples (Config.StoreDSN): not counted as
 	// violations, since the order of the two instants is not known.
@@ -188,12 +193,13 @@ func (rep *Report) WriteFiles(dir string) error {
 // Markdown writes the summary tables.
 func (rep *Report) Markdown(w io.Writer) {
 	fmt.Fprintf(w, "## dlock torture: %s\n\n", map[bool]string{true: "FAILED", false: "passed"}[rep.Failed])
-	fmt.Fprintln(w, "| run | fencing | s | verdict | violations | acquisitions | handoffs (cross-worker) | unconfirmed grants | ops ok / refused / failed | stale ops: refused / before newer | lead ms min / p50 | free key → next grant ms p50/p99/max | acquire wait ms p50/p99/max |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| run | fencing | s | verdict | violations | acquisitions | handoffs (cross-worker) | unconfirmed grants | ops ok / refused / failed | stale ops: refused / before newer | porcupine: cycles (keys linearizable) | lead ms min / p50 | free key → next grant ms p50/p99/max | acquire wait ms p50/p99/max |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rep.Runs {
-		fmt.Fprintf(w, "| %s | %v | %.0f | **%s** | %d | %d | %d (%d) | %d | %d / %d / %d | %d / %d | %s | %s | %s |\n",
+		fmt.Fprintf(w, "| %s | %v | %.0f | **%s** | %d | %d | %d (%d) | %d | %d / %d / %d | %d / %d | %d (%d) | %s | %s | %s |\n",
 			r.Name, r.Fencing, r.DurationS, r.Verdict, r.ViolationCount, r.Acquisitions, r.Handoffs, r.CrossHandoffs,
 			r.UnconfirmedGrants, r.OpsAccepted, r.OpsRejected, r.OpsFailed, r.StaleRejected, r.StaleBeforeNewer,
+			r.LinearizableOps, r.LinearizableKeys,
 			r.Lead.minString(), r.FreeWait.String(), r.AcquireWait.String())
 	}
 	fmt.Fprintln(w)

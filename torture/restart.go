@@ -37,6 +37,8 @@ type serverProc struct {
 	argv      []string // argv[0] too: redis-server is a link to redis-check-rdb, which reads its mode from argv[0]
 	dir       string
 	env       []string
+	cred      *syscall.Credential // its user and groups (PostgreSQL refuses to run as root)
+	children  []int               // its child processes (PostgreSQL's backends)
 }
 
 // relaunched are the servers the harness started again as its children; Run
@@ -155,18 +157,73 @@ func readServerProc(pid int) (serverProc, error) {
 	if s := strings.TrimRight(string(environ), "\x00"); s != "" {
 		sp.env = strings.Split(s, "\x00")
 	}
-	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if sp.ppid, err = readPPid(pid); err != nil {
+		return sp, err
+	}
+	status, err := os.ReadFile(filepath.Join(dir, "status"))
 	if err != nil {
 		return sp, err
+	}
+	if sp.cred, err = credential(string(status)); err != nil {
+		return sp, fmt.Errorf("%s/status: %w", dir, err)
+	}
+	sp.children = childrenOf(pid)
+	return sp, nil
+}
+
+// readPPid returns pid's parent.
+func readPPid(pid int) (int, error) {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
 	}
 	// pid (comm) state ppid …: comm may hold spaces and parentheses.
 	i := bytes.LastIndexByte(stat, ')')
 	fs := strings.Fields(string(stat[i+1:]))
 	if i < 0 || len(fs) < 2 {
-		return sp, fmt.Errorf("unreadable %s/stat", dir)
+		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
 	}
-	sp.ppid, err = strconv.Atoi(fs[1])
-	return sp, err
+	return strconv.Atoi(fs[1])
+}
+
+// credential reads the real user, group and supplementary groups from a
+// /proc/<pid>/status text.
+func credential(status string) (*syscall.Credential, error) {
+	ids := map[string][]uint32{}
+	for _, line := range strings.Split(status, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "Uid" && k != "Gid" && k != "Groups") {
+			continue
+		}
+		ids[k] = []uint32{}
+		for _, f := range strings.Fields(v) {
+			n, err := strconv.ParseUint(f, 10, 32)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %q", k, v)
+			}
+			ids[k] = append(ids[k], uint32(n))
+		}
+	}
+	if len(ids["Uid"]) == 0 || len(ids["Gid"]) == 0 {
+		return nil, errors.New("no Uid or Gid line")
+	}
+	return &syscall.Credential{Uid: ids["Uid"][0], Gid: ids["Gid"][0], Groups: ids["Groups"]}, nil
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if pp, err := readPPid(c); err == nil && pp == pid {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // gone reports whether pid has exited (a zombie counts as exited: its
@@ -215,11 +272,17 @@ func restartListener(ctx context.Context, env *Env, addr string, ready func(ctx 
 		return 0, 0, fmt.Errorf("kill server %d: %w", pid, err)
 	}
 	killed = Mono()
-	for deadline := time.Now().Add(30 * time.Second); !gone(pid); {
-		if time.Now().After(deadline) {
-			return killed, 0, fmt.Errorf("server %d did not die", pid)
+	// Its children too: PostgreSQL's backends exit when they notice their
+	// postmaster's death, and a new postmaster refuses to start while they
+	// still hold its shared memory.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range append([]int{pid}, sp.children...) {
+		for !gone(p) {
+			if time.Now().After(deadline) {
+				return killed, 0, fmt.Errorf("server %d (or its child %d) did not die", pid, p)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	cmd := &exec.Cmd{Path: sp.exe, Args: sp.argv}
 	cmd.Dir, cmd.Env = sp.dir, sp.env
@@ -232,6 +295,9 @@ func restartListener(ctx context.Context, env *Env, addr string, ready func(ctx 
 	} else {
 		// Someone else's server: it outlives the harness.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	}
+	if sp.cred.Uid != uint32(os.Getuid()) {
+		cmd.SysProcAttr.Credential = sp.cred
 	}
 	logf, err := os.Create(filepath.Join(env.Dir, fmt.Sprintf("server-%d.log", pid)))
 	if err != nil {
@@ -251,7 +317,7 @@ func restartListener(ctx context.Context, env *Env, addr string, ready func(ctx 
 	default:
 		env.relaunched.markForeign(cmd.Process.Pid)
 	}
-	deadline := time.Now().Add(120 * time.Second)
+	deadline = time.Now().Add(120 * time.Second)
 	for {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := ready(rctx)

@@ -66,7 +66,7 @@ func run() int {
 	flag.StringVar(&faults, "faults", "kill,stop,blackhole,cut,latency", "holder faults to inject (network ones only on networked stores)")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 2*time.Second, "mean interval between holder faults")
 	flag.Float64Var(&cfg.LongFrac, "long-frac", 0.3, "share of holds lasting up to 2×TTL (the rest last up to 50 ms)")
-	flag.BoolVar(&cfg.DBRestart, "db-restart", false, "also kill -9 and restart the store's server: MariaDB for the mysql strategies, the Redis, etcd and ZooKeeper of theirs (disrupts every other user of them)")
+	flag.BoolVar(&cfg.DBRestart, "db-restart", false, "also kill -9 and restart the store's server: MariaDB for the mysql strategies, PostgreSQL for the pg ones, the Redis, etcd and ZooKeeper of theirs (disrupts every other user of them)")
 	flag.DurationVar(&cfg.DBRestartEvery, "db-restart-every", 30*time.Second, "interval between server restarts")
 	flag.Float64Var(&cfg.ClockSkew, "clock-skew", 0, "client clock rate error: even workers' Lockers time leases with a clock running at 1−skew, odd ones at 1+skew (0.05: ±5 %)")
 	flag.BoolVar(&cfg.Netns, "netns", false, "run the workers of networked strategies in network namespaces of their own (root, ip, nft); adds the partition fault to the default faults")

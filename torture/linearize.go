@@ -1,0 +1,161 @@
+package torture
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// The linearizability check: the resource as the workers saw it, judged by
+// porcupine without the resource's own log. checkResource replays that log,
+// which the server wrote in commit order; this check trusts only what each
+// worker observed and when (its monotonic call and return instants), so a
+// defect in the log, in its replay, or in the harness's bookkeeping cannot
+// hide a violation from both.
+//
+// The specification is the one a lock promises its holder: each work cycle —
+// read the key's counter (value v), compute, write v+1 — happens atomically.
+// As porcupine operations, per key:
+//   - a cycle whose read and write were both accepted: one operation from
+//     the read's call to the write's return, valid only when the counter is
+//     v, which it sets to v+1;
+//   - an accepted read whose write was refused (a stale holder, fenced out):
+//     the read alone, valid when the counter is v, changing nothing;
+//   - an accepted read whose write's outcome is unknown (the write failed,
+//     or the worker died after the read): the read alone as above, plus a
+//     write still pending at the end of the history that either never took
+//     effect or took the counter from v to v+1;
+//   - refused and failed reads show nothing about the counter and are left
+//     out.
+//
+// With fencing every accepted write follows its own read with no accepted
+// access of another holder in between, so a correct run is linearizable; a
+// lost update (two holders both reading v and writing v+1, the positive
+// control's pauses) is not.
+
+// vNotLinearizable is the violation this check reports; like the other
+// resource kinds it is what the positive control must produce.
+const vNotLinearizable = "resource: not linearizable as the workers saw it (porcupine)"
+
+// linearizeTimeout bounds porcupine's search; a search cut short is
+// reported inconclusive, never as a pass.
+const linearizeTimeout = 60 * time.Second
+
+// cycleInput is a porcupine operation's input: the value read, and what
+// became of the write.
+type cycleInput struct {
+	key   string
+	v     int64
+	write writeOutcome
+}
+
+type writeOutcome int
+
+const (
+	readOnly     writeOutcome = iota // no write took effect
+	wrote                            // the write of v+1 was accepted
+	writeUnknown                     // the write may have taken effect
+	pendingWrite                     // the unknown write alone (see above)
+)
+
+// counterModel is the atomic-cycle specification (see above) for one key.
+var counterModel = porcupine.NondeterministicModel{
+	Init: func() []any { return []any{int64(0)} },
+	Step: func(state, input, _ any) []any {
+		s, in := state.(int64), input.(cycleInput)
+		switch in.write {
+		case pendingWrite:
+			if s == in.v {
+				return []any{s, s + 1}
+			}
+			return []any{s} // it never took effect
+		case wrote:
+			if s == in.v {
+				return []any{s + 1}
+			}
+		default:
+			if s == in.v {
+				return []any{s}
+			}
+		}
+		return nil
+	},
+	Equal: func(a, b any) bool { return a.(int64) == b.(int64) },
+	DescribeOperation: func(input, _ any) string {
+		in := input.(cycleInput)
+		return fmt.Sprintf("%s read %d, write %s", in.key, in.v, [...]string{"refused", "accepted", "unknown", "pending"}[in.write])
+	},
+}
+
+// cycles turns the workers' records into porcupine operations (see above).
+// end is the instant pending writes stay open until.
+func cycles(workers []*workerLog, end int64) []porcupine.Operation {
+	var ops []porcupine.Operation
+	for ci, w := range workers {
+		var read *Event   // the accepted read awaiting its write
+		flush := func() { // the worker never recorded the read's write
+			if read != nil {
+				ops = append(ops,
+					porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, readOnly}, Call: read.T0, Return: read.T},
+					porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, pendingWrite}, Call: read.T, Return: end})
+				read = nil
+			}
+		}
+		for i := range w.Events {
+			e := &w.Events[i]
+			if e.Ev != "op" {
+				continue
+			}
+			switch {
+			case e.Op == "r":
+				flush()
+				if e.OK && e.Err == "" {
+					read = e
+				}
+			case read == nil || e.K != read.K:
+				// A write without its read in the record cannot happen; an
+				// unmatched one shows nothing checkable.
+			case e.Err != "":
+				flush()
+			case e.OK:
+				ops = append(ops, porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, wrote}, Call: read.T0, Return: e.T})
+				read = nil
+			default:
+				ops = append(ops, porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, readOnly}, Call: read.T0, Return: read.T})
+				read = nil
+			}
+		}
+		flush()
+	}
+	return ops
+}
+
+// checkLinearizable runs porcupine over each key's cycles.
+func (c *checker) checkLinearizable() {
+	byKey := map[string][]porcupine.Operation{}
+	for _, op := range cycles(c.in.Workers, math.MaxInt64) {
+		k := op.Input.(cycleInput).key
+		byKey[k] = append(byKey[k], op)
+	}
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	model := counterModel.ToModel()
+	for _, k := range keys {
+		ops := byKey[k]
+		c.rep.LinearizableOps += len(ops)
+		switch porcupine.CheckOperationsTimeout(model, ops, linearizeTimeout) {
+		case porcupine.Ok:
+			c.rep.LinearizableKeys++
+		case porcupine.Unknown:
+			c.inconclusive("porcupine could not decide within %s whether the %d work cycles of %s are linearizable", linearizeTimeout, len(ops), k)
+		case porcupine.Illegal:
+			c.violate(vNotLinearizable, "%s: no order of its %d work cycles fits what the workers saw", k, len(ops))
+		}
+	}
+}
