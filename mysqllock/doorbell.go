@@ -14,6 +14,11 @@ import (
 // waiter, first in line, takes the lease while holding the doorbell, so the
 // doorbell passes with the lease. The acquisition statement refuses a free
 // lease to anyone but the first in line for a short while (staleBell).
+//
+// Doorbell names, like all named locks, are server-wide: leases of one key in
+// two databases (or tables) of a server share a doorbell. That costs wake-ups
+// (a waiter may sleep until its recheck) and up to staleBell of delay, never
+// exclusion, which the lease rows alone decide.
 
 // staleBell is how long after a lease's end a doorbell held by someone else
 // still stops others from taking the lease: the waiter first in line takes

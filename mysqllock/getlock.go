@@ -35,6 +35,11 @@ import (
 // lease (New) does not have this gap. Guard the resource with the fencing
 // token, or choose a short TTL to narrow the window.
 //
+// Named locks belong to the whole server, not to a database or a table: two
+// applications (or staging and production) that share a server and use the
+// same keys with this strategy exclude each other, whatever their databases
+// and Options.Table. Prefix keys per application where that matters.
+//
 // Not for Galera (GET_LOCK is not replicated: NewGetLock's first use fails
 // with ErrGalera), Group Replication or proxies that multiplex sessions.
 type GetLock struct {

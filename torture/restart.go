@@ -284,6 +284,14 @@ func restartListener(ctx context.Context, env *Env, addr string, ready func(ctx 
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	// A zombie has closed its sockets, but PostgreSQL's new postmaster
+	// still takes it (kill(pid, 0)) for a live one holding its data
+	// directory: give its parent a moment to reap it.
+	for reaped := time.Now().Add(5 * time.Second); time.Now().Before(reaped); time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err != nil {
+			break
+		}
+	}
 	cmd := &exec.Cmd{Path: sp.exe, Args: sp.argv}
 	cmd.Dir, cmd.Env = sp.dir, sp.env
 	// Ours: started by this process, and not as the relaunch of someone
