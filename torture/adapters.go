@@ -288,17 +288,20 @@ var (
 	})
 )
 
+// sessionEnds are the session strategies' known limitations: a cut
+// connection or a server restart ends the session, and with it the lock, at
+// once; the holder learns of it only when it next uses the connection (its
+// next renewal, within TTL/3), so another client can hold the lock before
+// the holder is told.
+var sessionEnds = map[string][]string{FaultCut: {vLateNotice, vNoNotice}, FaultDBRestart: {vLateNotice, vNoNotice}}
+
 func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend, error)) *Adapter {
 	return &Adapter{
 		Name:        name,
 		Networked:   true,
 		Upstream:    mysqlStoreUpstream,
 		SessionHeld: true,
-		// A cut connection ends the session, and with it the lock, at once;
-		// the holder learns of it only when it next uses the connection (its
-		// next renewal, within TTL/3), so another client can hold the lock
-		// before the holder is told.
-		Known: map[string][]string{FaultCut: {vLateNotice, vNoNotice}},
+		Known:       sessionEnds,
 		Prepare: func(ctx context.Context, env *Env) (string, error) {
 			return prepareMySQL(ctx, env, "_session")
 		},

@@ -102,11 +102,7 @@ var pgAdvisory = &Adapter{
 	Upstream:    pgUpstream,
 	Restart:     restartPG,
 	SessionHeld: true,
-	// As for mysql-getlock: a cut connection ends the session, and the
-	// server frees its locks at once; the holder learns of it only at its
-	// next renewal (within TTL/3), so another client can hold the lock
-	// before the holder is told.
-	Known: map[string][]string{FaultCut: {vLateNotice, vNoNotice}},
+	Known:       sessionEnds, // as for mysql-getlock
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
 		return preparePG(ctx, env, "_session", `IF TG_OP = 'INSERT' OR NEW.fence <> OLD.fence THEN
     INSERT INTO %[1]s (name, fence, token, acquired_us, exp_us)
