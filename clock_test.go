@@ -132,3 +132,53 @@ func TestDefaultLeaseSchedule(t *testing.T) {
 		t.Errorf("safe deadline %s after sending, want TTL − margin = 26.9s", d)
 	}
 }
+
+// hangingExtendBackend grants every acquisition; its renewals hang until
+// their context ends, and record whether the lock had been reported lost by
+// then (a session strategy's server frees the lock when that context ends).
+type hangingExtendBackend struct {
+	okBackend
+	lk     atomic.Pointer[Lock]
+	toldAt chan bool
+}
+
+func (b *hangingExtendBackend) Extend(ctx context.Context, leases []Lease) ([]error, error) {
+	<-ctx.Done()
+	told := false
+	if lk := b.lk.Load(); lk != nil {
+		select {
+		case <-lk.Done():
+			told = true
+		default:
+		}
+	}
+	select {
+	case b.toldAt <- told:
+	default:
+	}
+	return nil, ctx.Err()
+}
+
+// TestRenewalOutlivesTheDeadline: a renewal still running at the lease's
+// safe deadline must not end before the holder is told (Done closed), since
+// ending it may free a session lock in the server.
+func TestRenewalOutlivesTheDeadline(t *testing.T) {
+	for round := range 5 {
+		b := &hangingExtendBackend{toldAt: make(chan bool, 1)}
+		l := New(b, &Options{TTL: time.Second})
+		lk, err := l.TryAcquire(context.Background(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.lk.Store(lk)
+		select {
+		case told := <-b.toldAt:
+			if !told {
+				t.Errorf("round %d: the renewal's context ended before the holder was told of the loss", round)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the hanging renewal never ended")
+		}
+		l.Close(context.Background())
+	}
+}

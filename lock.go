@@ -319,23 +319,33 @@ func (l *Locker) renewLoop() {
 	}
 }
 
+// renewGrace is how long a renewal call may run past the earliest deadline
+// of its batch, so that the deadline timer reports the loss before the
+// call's context ends. Ending the call at the deadline itself raced the
+// timer: a session strategy's driver closes the connection when a
+// statement's context ends, the server then frees the lock at once, and a
+// waiter could hold it before Done closed (the fault harness saw a holder
+// told 0.1 ms late). A quarter of the margin keeps the call well inside the
+// lease for lease strategies, and ahead of a test Clock's drift.
+func renewGrace(margin time.Duration) time.Duration { return max(margin/4, 10*time.Millisecond) }
+
 // renew extends a batch of leases in one backend call, bounded by the
-// earliest deadline among them.
+// earliest deadline among them plus renewGrace.
 func (l *Locker) renew(batch []*lease) {
 	defer l.wg.Done()
 	leases := make([]Lease, len(batch))
 	l.mu.Lock()
-	deadline := batch[0].deadline
+	deadline, margin := batch[0].deadline, batch[0].margin
 	for i, ls := range batch {
 		leases[i] = Lease{Key: ls.key, Token: ls.token, TTL: ls.ttl}
 		if ls.deadline.Before(deadline) {
-			deadline = ls.deadline
+			deadline, margin = ls.deadline, ls.margin
 		}
 	}
 	l.mu.Unlock()
 
 	sent := l.clock.Now()
-	ctx, cancel := context.WithTimeout(l.bg, deadline.Sub(sent))
+	ctx, cancel := context.WithTimeout(l.bg, deadline.Sub(sent)+renewGrace(margin))
 	errs, err := l.b.Extend(ctx, leases)
 	cancel()
 	if err == nil && len(errs) != len(leases) {

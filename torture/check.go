@@ -98,6 +98,23 @@ type hold struct {
 	restarted *FaultRecord // a server restart overlapping the hold
 }
 
+// fault is the fault a hold's outcome is attributed to: the holder fault
+// aimed at it, else a server restart during it, else nil.
+func (h *hold) fault() *FaultRecord {
+	if h.hitBy != nil {
+		return h.hitBy
+	}
+	return h.restarted
+}
+
+// faultKind is fault's kind, or "none".
+func (h *hold) faultKind() string {
+	if f := h.fault(); f != nil {
+		return f.Kind
+	}
+	return "none"
+}
+
 // end is when the worker stopped believing it held the lock (0: never
 // recorded, i.e. the worker died holding it).
 func (h *hold) end() int64 {
@@ -540,8 +557,8 @@ func (c *checker) checkNotification() {
 			if h.pausedBy != nil {
 				continue
 			}
-			c.violateUnder(h.hitBy, vNoNotice, "%s fence %d (%s): store expiry at %s, holder until %s", h.key, h.fence, h.worker,
-				c.rel(expiry), c.rel(e))
+			c.violateUnder(h.fault(), vNoNotice, "%s fence %d (%s, fault %s): store expiry at %s, holder until %s", h.key, h.fence, h.worker,
+				h.faultKind(), c.rel(expiry), c.rel(e))
 		}
 	}
 }
@@ -549,19 +566,14 @@ func (c *checker) checkNotification() {
 // addLead records a loss-notification lead time (store expiry minus the
 // holder's notification).
 func (c *checker) addLead(h *hold, leadMs float64, estimated bool) {
-	kind := "none"
-	switch {
-	case h.pausedBy != nil:
+	if h.pausedBy != nil {
 		// A stopped process cannot be told anything: its lead is negative by
 		// the length of the pause, and fencing must cover it.
 		fs := c.fault(FaultStop)
 		fs.PausedLate.add(-leadMs)
 		return
-	case h.hitBy != nil:
-		kind = h.hitBy.Kind
-	case h.restarted != nil:
-		kind = FaultDBRestart
 	}
+	kind := h.faultKind()
 	c.fault(kind).Lead.add(leadMs)
 	c.rep.Lead.add(leadMs)
 	if estimated {
@@ -574,7 +586,7 @@ func (c *checker) addLead(h *hold, leadMs float64, estimated bool) {
 		return
 	}
 	if leadMs < 0 {
-		c.violateUnder(h.hitBy, vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, kind, -leadMs)
+		c.violateUnder(h.fault(), vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, kind, -leadMs)
 	}
 }
 
