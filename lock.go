@@ -325,8 +325,15 @@ func (l *Locker) renewLoop() {
 // timer: a session strategy's driver closes the connection when a
 // statement's context ends, the server then frees the lock at once, and a
 // waiter could hold it before Done closed (the fault harness saw a holder
-// told 0.1 ms late). A quarter of the margin keeps the call well inside the
-// lease for lease strategies, and ahead of a test Clock's drift.
+// told 0.1 ms late). The timer runs on the Locker's Clock and the call's
+// bound on real time: with the real clock the holder is told a quarter of
+// the margin before the call can end; a test Clock must drift less than that
+// over a lease. A late renewal cannot revive a lease: backends extend only
+// unexpired leases, and the Locker ignores the answer once it reported the
+// loss. Leases renewed in one call on one session (getlock) share the call's
+// bound: when the earliest one's deadline ends it, the others' session may
+// end too, before their own deadlines tell them (the session strategies'
+// documented gap).
 func renewGrace(margin time.Duration) time.Duration { return max(margin/4, 10*time.Millisecond) }
 
 // renew extends a batch of leases in one backend call, bounded by the

@@ -31,7 +31,9 @@ const staleBell = 100 * time.Millisecond
 // its doorbell then turns stale staleBell after the lease's end, but nothing
 // rings for the waiters queued behind it, who would otherwise sleep until
 // the released lease's old expiry (up to a TTL). The fault harness measured
-// that tail (finding 7). A re-check costs one statement per waiter per TTL/4.
+// that tail (finding 7). A re-check costs two statements per waiter per
+// TTL/4 (the lease, then the doorbell again, on the same session), and puts
+// the waiter back at the end of the doorbell's queue.
 func recheck(ttl time.Duration) time.Duration { return max(ttl/4, 2*staleBell) }
 
 // bells reports whether doorbells are in use.
@@ -77,9 +79,11 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	if res.Remaining > 0 {
 		wait = res.Remaining + time.Millisecond
 	}
-	wctx, cancel := context.WithTimeout(ctx, min(wait, recheck(req.TTL), maxWait))
-	r, err := b.bell.AcquireWait(wctx, req)
-	cancel()
+	// The bound is GET_LOCK's own timeout, not a context's: a wait that runs
+	// out then keeps its session instead of being killed.
+	bound := min(wait, recheck(req.TTL), maxWait)
+	waiting := time.Now()
+	r, err := b.bell.acquireWait(ctx, req, bound)
 	var bo dlock.Backoff
 	switch {
 	case errors.Is(err, ErrGalera):
@@ -88,7 +92,11 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	case err != nil: // a broken doorbell must not make the Locker spin
 		sleep(ctx, bo.Next(res.Remaining))
 		return dlock.Result{}, nil
-	case !r.Acquired: // the lease ran out, or ctx ended: the Locker tries again
+	case !r.Acquired: // the bound passed, or ctx ended: the Locker tries again
+		// MySQL rounds GET_LOCK's timeout to whole seconds (MariaDB keeps
+		// microseconds): never come back before the bound, or the Locker
+		// would call again at once, over and over.
+		sleep(ctx, bound-time.Since(waiting))
 		return dlock.Result{}, nil
 	}
 	inLine := b.bell.sessionOf(req.Key, req.Token)

@@ -194,13 +194,20 @@ const maxWait = 30 * time.Second
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
 // its own, killed with KILL QUERY when ctx ends.
 func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	return g.acquireWait(ctx, req, maxWait)
+}
+
+// acquireWait is AcquireWait bounded by bound in the server: GET_LOCK's own
+// timeout ends the wait and returns 0, and the session is kept for reuse
+// (a wait ended by ctx is killed, and its session dropped).
+func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time.Duration) (dlock.Result, error) {
 	began := time.Now()
 	ss, err := g.s.open(ctx, req.TTL)
 	if err != nil {
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	}
 	g.reserve(ss, req)
-	wait := maxWait
+	wait := bound
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d))
 	}

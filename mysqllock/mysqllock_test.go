@@ -777,3 +777,55 @@ func TestStalledFirstWaiterDoesNotHoldUpTheLine(t *testing.T) {
 		t.Errorf("the second in line got the key %s after its release, behind a stalled first in line; want within TTL/4 + 100 ms (%s)", after.Round(time.Millisecond), ttl/4+100*time.Millisecond)
 	}
 }
+
+// TestDoorbellRecheckKeepsItsSession: a waiter's periodic look at the lease
+// (every TTL/4) ends its doorbell wait by GET_LOCK's own timeout, keeping
+// the session; ending it with a context would KILL the wait and drop the
+// connection, a new one per waiter per TTL/4.
+func TestDoorbellRecheckKeepsItsSession(t *testing.T) {
+	ctx := t.Context()
+	const ttl = 2 * time.Second
+	db := open(t, "")
+	key := locktest.UniqueKey("recheck")
+	holder := locktest.NewLocker(t, newBackend(t, ""))
+	lk, err := holder.Acquire(ctx, key, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	// Interpolated parameters put the doorbell's name in the processlist.
+	wb := newBackend(t, "interpolateParams=true")
+	bell := mysqllock.DoorbellName(wb, key)
+	waiter := locktest.NewLocker(t, wb)
+	wctx, cancel := context.WithTimeout(ctx, 5*ttl/2) // about 4 re-checks
+	defer cancel()
+	sessions := map[int64]bool{}
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for wctx.Err() == nil {
+			rows, err := db.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE STATE = 'User lock' AND INFO LIKE CONCAT('%', ?, '%')", bell)
+			if err != nil {
+				return
+			}
+			for rows.Next() {
+				var id int64
+				if rows.Scan(&id) == nil {
+					sessions[id] = true
+				}
+			}
+			rows.Close()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	if _, err := waiter.Acquire(wctx, key, dlock.WithTTL(ttl)); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("Acquire of a held key: %v, want ErrNotAcquired", err)
+	}
+	<-sampled
+	if len(sessions) == 0 {
+		t.Fatal("the waiter was never seen waiting on the doorbell")
+	}
+	if len(sessions) > 1 {
+		t.Errorf("the waiter waited on %d sessions in 2.5 TTLs, want 1: its re-checks drop their sessions", len(sessions))
+	}
+}

@@ -182,10 +182,14 @@ func (c *checker) mono(us int64) int64 {
 // resMono converts a resource instant (Unix µs, this host's clock) to Mono() ns.
 func (c *checker) resMono(us int64) int64 { return us*1000 - c.in.Offset }
 
-// violateUnder records a violation of a hold hit by fault f, as a known
-// limitation if the strategy declares it one.
-func (c *checker) violateUnder(f *FaultRecord, kind, format string, args ...any) {
-	if f != nil {
+// violateUnder records a violation of hold h, as a known limitation if the
+// strategy declares it one under a fault that hit h (the holder fault aimed
+// at it, or a server restart during it).
+func (c *checker) violateUnder(h *hold, kind, format string, args ...any) {
+	for _, f := range []*FaultRecord{h.hitBy, h.restarted} {
+		if f == nil {
+			continue
+		}
 		for _, k := range c.in.Known[f.Kind] {
 			if k == kind {
 				if c.rep.Known == nil {
@@ -557,7 +561,7 @@ func (c *checker) checkNotification() {
 			if h.pausedBy != nil {
 				continue
 			}
-			c.violateUnder(h.fault(), vNoNotice, "%s fence %d (%s, fault %s): store expiry at %s, holder until %s", h.key, h.fence, h.worker,
+			c.violateUnder(h, vNoNotice, "%s fence %d (%s, fault %s): store expiry at %s, holder until %s", h.key, h.fence, h.worker,
 				h.faultKind(), c.rel(expiry), c.rel(e))
 		}
 	}
@@ -586,7 +590,7 @@ func (c *checker) addLead(h *hold, leadMs float64, estimated bool) {
 		return
 	}
 	if leadMs < 0 {
-		c.violateUnder(h.fault(), vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, kind, -leadMs)
+		c.violateUnder(h, vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, kind, -leadMs)
 	}
 }
 

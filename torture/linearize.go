@@ -91,8 +91,12 @@ var counterModel = porcupine.NondeterministicModel{
 }
 
 // cycles turns the workers' records into porcupine operations (see above).
-// end is the instant pending writes stay open until.
-func cycles(workers []*workerLog, end int64) []porcupine.Operation {
+// end is the instant pending writes stay open until; with fencing, a pending
+// write closes at the return of the first accepted read of its key with a
+// larger token, after which the resource refuses it (a write that took
+// effect later anyway is a fencing failure, and shows as not linearizable).
+// Each pending write left open doubles porcupine's search on a key.
+func cycles(workers []*workerLog, end int64, fenced bool) []porcupine.Operation {
 	var ops []porcupine.Operation
 	for ci, w := range workers {
 		var read *Event   // the accepted read awaiting its write
@@ -100,7 +104,7 @@ func cycles(workers []*workerLog, end int64) []porcupine.Operation {
 			if read != nil {
 				ops = append(ops,
 					porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, readOnly}, Call: read.T0, Return: read.T},
-					porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, pendingWrite}, Call: read.T, Return: end})
+					porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, pendingWrite}, Call: read.T, Return: end, Metadata: read.F})
 				read = nil
 			}
 		}
@@ -130,13 +134,50 @@ func cycles(workers []*workerLog, end int64) []porcupine.Operation {
 		}
 		flush()
 	}
+	if fenced {
+		closePending(workers, ops)
+	}
 	return ops
+}
+
+// closePending closes each pending write at the return of the first
+// accepted read of its key with a larger token that returned after the
+// write's read (see cycles).
+func closePending(workers []*workerLog, ops []porcupine.Operation) {
+	type read struct {
+		t int64
+		f uint64
+	}
+	reads := map[string][]read{}
+	for _, w := range workers {
+		for _, e := range w.Events {
+			if e.Ev == "op" && e.Op == "r" && e.OK && e.Err == "" {
+				reads[e.K] = append(reads[e.K], read{e.T, e.F})
+			}
+		}
+	}
+	for _, rs := range reads {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].t < rs[j].t })
+	}
+	for i := range ops {
+		in := ops[i].Input.(cycleInput)
+		if in.write != pendingWrite {
+			continue
+		}
+		f := ops[i].Metadata.(uint64)
+		for _, r := range reads[in.key] {
+			if r.t > ops[i].Call && r.f > f {
+				ops[i].Return = r.t
+				break
+			}
+		}
+	}
 }
 
 // checkLinearizable runs porcupine over each key's cycles.
 func (c *checker) checkLinearizable() {
 	byKey := map[string][]porcupine.Operation{}
-	for _, op := range cycles(c.in.Workers, math.MaxInt64) {
+	for _, op := range cycles(c.in.Workers, math.MaxInt64, !c.in.NoFencing) {
 		k := op.Input.(cycleInput).key
 		byKey[k] = append(byKey[k], op)
 	}

@@ -70,3 +70,30 @@ func TestCheckLinearizabilityIndependentOfTheLog(t *testing.T) {
 		t.Errorf("control: %s %v", r.Verdict, r.ViolationList)
 	}
 }
+
+// With fencing, a write whose outcome is unknown cannot take effect after a
+// newer holder's read was accepted: the resource then refuses its token. A
+// history that needs it to (the value changes between two newer reads with
+// no write between them) is not linearizable; without fencing (the control)
+// it is.
+func TestLinearizablePendingWriteClosedByANewerRead(t *testing.T) {
+	fenced := func(e Event, f uint64) Event { e.F = f; return e }
+	workers := func() []*workerLog {
+		return []*workerLog{
+			{ID: "w1", Events: []Event{fenced(rd(10, 20, 0), 1)}},                                   // died after its read
+			{ID: "w2", Events: []Event{fenced(rd(50, 60, 0), 2), fenced(wr(65, 70, false, ""), 2)}}, // refused
+			{ID: "w3", Events: []Event{fenced(rd(80, 90, 0), 3), fenced(wr(92, 94, false, ""), 3)}},
+			{ID: "w4", Events: []Event{fenced(rd(100, 110, 1), 4)}},
+		}
+	}
+	c := &checker{in: checkInput{Workers: workers()}, rep: &RunReport{}}
+	c.checkLinearizable()
+	if c.rep.Violations[vNotLinearizable] == 0 {
+		t.Errorf("a stale write taking effect after newer reads was not flagged")
+	}
+	c = &checker{in: checkInput{Workers: workers(), NoFencing: true}, rep: &RunReport{}}
+	c.checkLinearizable()
+	if c.rep.Violations[vNotLinearizable] != 0 {
+		t.Errorf("without fencing the late write is possible, yet flagged: %v", c.rep.ViolationList)
+	}
+}

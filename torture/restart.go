@@ -38,7 +38,7 @@ type serverProc struct {
 	dir       string
 	env       []string
 	cred      *syscall.Credential // its user and groups (PostgreSQL refuses to run as root)
-	children  []int               // its child processes (PostgreSQL's backends)
+	children  []int               // its child processes (PostgreSQL's backends), listed while it is stopped
 }
 
 // relaunched are the servers the harness started again as its children; Run
@@ -167,7 +167,6 @@ func readServerProc(pid int) (serverProc, error) {
 	if sp.cred, err = credential(string(status)); err != nil {
 		return sp, fmt.Errorf("%s/status: %w", dir, err)
 	}
-	sp.children = childrenOf(pid)
 	return sp, nil
 }
 
@@ -268,6 +267,12 @@ func restartListener(ctx context.Context, env *Env, addr string, ready func(ctx 
 		}
 		sp.exe = sp.argv[0]
 	}
+	// Stopped, it forks no more children (PostgreSQL starts a backend per
+	// connection): the list is complete when the kill comes.
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return 0, 0, fmt.Errorf("stop server %d: %w", pid, err)
+	}
+	sp.children = childrenOf(pid)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return 0, 0, fmt.Errorf("kill server %d: %w", pid, err)
 	}
