@@ -62,10 +62,10 @@ func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Res
 
 // AcquireWait implements dlock.Waiter: wait on the key's doorbell, bounded by
 // the holder's remaining lease (or by staleBell when the lease is already
-// free) and by recheck, then take the lease as the first in line. If the lease is still
-// held (its holder died, or took it without a doorbell), back off while
-// keeping the doorbell, never beyond the lease's end. Doorbell failures are
-// never errors: they only cost the wake-up.
+// free) and by recheck, then take the lease as the first in line. If the
+// lease is still held (its holder died, or took it without a doorbell), back
+// off while keeping the doorbell, never beyond the lease's end. Doorbell
+// failures are never errors: they only cost the wake-up.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if !b.bells() {
 		return dlock.Result{}, dlock.ErrUnsupported

@@ -98,19 +98,14 @@ type hold struct {
 	restarted *FaultRecord // a server restart overlapping the hold
 }
 
-// fault is the fault a hold's outcome is attributed to: the holder fault
-// aimed at it, else a server restart during it, else nil.
-func (h *hold) fault() *FaultRecord {
-	if h.hitBy != nil {
-		return h.hitBy
-	}
-	return h.restarted
-}
-
-// faultKind is fault's kind, or "none".
+// faultKind is the kind of the fault a hold's outcome is attributed to: the
+// holder fault aimed at it, else a server restart during it, else "none".
 func (h *hold) faultKind() string {
-	if f := h.fault(); f != nil {
-		return f.Kind
+	switch {
+	case h.hitBy != nil:
+		return h.hitBy.Kind
+	case h.restarted != nil:
+		return h.restarted.Kind
 	}
 	return "none"
 }

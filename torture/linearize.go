@@ -57,8 +57,7 @@ type writeOutcome int
 const (
 	readOnly     writeOutcome = iota // no write took effect
 	wrote                            // the write of v+1 was accepted
-	writeUnknown                     // the write may have taken effect
-	pendingWrite                     // the unknown write alone (see above)
+	pendingWrite                     // a write whose outcome is unknown (see above)
 )
 
 // counterModel is the atomic-cycle specification (see above) for one key.
@@ -86,7 +85,7 @@ var counterModel = porcupine.NondeterministicModel{
 	Equal: func(a, b any) bool { return a.(int64) == b.(int64) },
 	DescribeOperation: func(input, _ any) string {
 		in := input.(cycleInput)
-		return fmt.Sprintf("%s read %d, write %s", in.key, in.v, [...]string{"refused", "accepted", "unknown", "pending"}[in.write])
+		return fmt.Sprintf("%s read %d, write %s", in.key, in.v, [...]string{"refused", "accepted", "pending"}[in.write])
 	},
 }
 

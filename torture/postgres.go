@@ -277,7 +277,6 @@ func openPG(ctx context.Context, a OpenArgs, newB func(*pgxpool.Pool, *pglock.Op
 	return b, closeAll, nil
 }
 
-// pgUpstream is the TCP address of the PostgreSQL in env.PGDSN.
 // restartPG kills the PostgreSQL server of the pg strategies (the postmaster
 // listening on the DSN's address) with SIGKILL, waits for its backends to
 // exit, starts the same command again as the same user (see
@@ -299,6 +298,7 @@ func restartPG(ctx context.Context, env *Env) (killed, ready int64, err error) {
 	}, nil)
 }
 
+// pgUpstream is the TCP address of the PostgreSQL in env.PGDSN.
 func pgUpstream(env *Env) (string, error) {
 	if env.PGDSN == "" {
 		return "", errors.New("no PostgreSQL DSN (Config.PGDSN)")

@@ -170,17 +170,27 @@ func readServerProc(pid int) (serverProc, error) {
 	return sp, nil
 }
 
-// readPPid returns pid's parent.
-func readPPid(pid int) (int, error) {
+// procStat returns the fields of /proc/<pid>/stat after the command name:
+// state, ppid, …
+func procStat(pid int) ([]string, error) {
 	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	// pid (comm) state ppid …: comm may hold spaces and parentheses.
 	i := bytes.LastIndexByte(stat, ')')
 	fs := strings.Fields(string(stat[i+1:]))
 	if i < 0 || len(fs) < 2 {
-		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
+		return nil, fmt.Errorf("unreadable /proc/%d/stat", pid)
+	}
+	return fs, nil
+}
+
+// readPPid returns pid's parent.
+func readPPid(pid int) (int, error) {
+	fs, err := procStat(pid)
+	if err != nil {
+		return 0, err
 	}
 	return strconv.Atoi(fs[1])
 }
@@ -228,12 +238,8 @@ func childrenOf(pid int) []int {
 // gone reports whether pid has exited (a zombie counts as exited: its
 // sockets are closed).
 func gone(pid int) bool {
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+	fs, err := procStat(pid)
+	return err != nil || fs[0] == "Z"
 }
 
 // restartListener kills the server listening on addr with SIGKILL, starts

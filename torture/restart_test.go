@@ -21,6 +21,9 @@ func TestCredential(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if self.ppid != os.Getppid() || gone(os.Getpid()) {
+		t.Errorf("own /proc/<pid>/stat: ppid %d (want %d), gone %v", self.ppid, os.Getppid(), gone(os.Getpid()))
+	}
 	if self.cred.Uid != uint32(os.Getuid()) || self.cred.Gid != uint32(os.Getgid()) {
 		t.Errorf("own credential %+v, want uid %d gid %d", self.cred, os.Getuid(), os.Getgid())
 	}
