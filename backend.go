@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"sync"
 	"time"
 )
 
@@ -35,7 +36,7 @@ import (
 //     token it sent).
 //
 // Optional capabilities are separate interfaces found by type assertion:
-// Lister, ForceReleaser, Waiter.
+// Lister, ForceReleaser, Waiter, LossReporter.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -68,6 +69,60 @@ type Waiter interface {
 	// ErrUnsupported: the backend cannot wait here (it took nothing) and the
 	// Locker falls back to its backoff for this acquisition.
 	AcquireWait(ctx context.Context, req Request) (Result, error)
+}
+
+// LossReporter is implemented by backends that can learn by themselves that
+// the store no longer holds a lease for them, before its next Extend: a
+// session strategy whose session ended (the server then freed every lock of
+// that session at once). Reporting such a loss at once closes the window in
+// which a holder would go on trusting a lock that another client may already
+// hold.
+type LossReporter interface {
+	// OnLoss registers f and returns a function that unregisters it. The
+	// backend calls f, from any goroutine and without holding locks that f
+	// could need, once for each lease it knows it lost, with the reason.
+	// f must not block. Reporting a token the caller does not hold, or
+	// reporting one twice, is harmless.
+	OnLoss(f func(key string, token Token, cause error)) (stop func())
+}
+
+// LossHandlers is a set of functions registered through LossReporter.OnLoss:
+// a helper for backends. The zero value is ready to use; it is safe for
+// concurrent use.
+type LossHandlers struct {
+	mu   sync.Mutex
+	next int
+	fs   map[int]func(key string, token Token, cause error)
+}
+
+// Add registers f and returns the function that removes it.
+func (h *LossHandlers) Add(f func(key string, token Token, cause error)) (stop func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fs == nil {
+		h.fs = make(map[int]func(string, Token, error))
+	}
+	id := h.next
+	h.next++
+	h.fs[id] = f
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.fs, id)
+	}
+}
+
+// Report calls every registered function with the lost lease.
+func (h *LossHandlers) Report(key string, token Token, cause error) {
+	h.mu.Lock()
+	fs := make([]func(string, Token, error), 0, len(h.fs))
+	for _, f := range h.fs {
+		fs = append(fs, f)
+	}
+	h.mu.Unlock()
+	for _, f := range fs {
+		f(key, token, cause)
+	}
 }
 
 // Request is one acquisition attempt handed to Backend.Acquire.

@@ -65,6 +65,8 @@ type Locker struct {
 	wakers   map[string]chan struct{} // closed when the key is released locally
 	renewing bool                     // the renewal goroutine is running
 	kick     chan struct{}            // wakes the renewal goroutine
+
+	stopLoss func() // unregisters from a LossReporter backend
 }
 
 // New returns a Locker over b. The caller keeps ownership of whatever b wraps
@@ -98,7 +100,22 @@ func New(b Backend, opts *Options) *Locker {
 		l.meta = defaultMetadata()
 	}
 	l.bg, l.bgCancel = context.WithCancel(context.Background())
+	if lr, ok := b.(LossReporter); ok {
+		l.stopLoss = lr.OnLoss(l.reportedLoss)
+	}
 	return l
+}
+
+// reportedLoss ends the lease of key held with token, which the backend
+// reports the store no longer holds.
+func (l *Locker) reportedLoss(key string, token Token, cause error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls := l.held[key]
+	if ls == nil || ls.token != token || ls.ended {
+		return
+	}
+	l.loseLocked(ls, fmt.Errorf("%w: %q: %w", ErrLockLost, key, cause), false)
 }
 
 // Acquire waits until it holds key or ctx ends. Options: WithTTL, WithOwner,
@@ -185,6 +202,9 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	l.closed = true
 	close(l.closing)
+	if l.stopLoss != nil {
+		l.stopLoss()
+	}
 	var leases []*lease
 	for _, ls := range l.held {
 		leases = append(leases, ls)
