@@ -66,10 +66,13 @@ func (k *Lock) Done() <-chan struct{} { return k.done }
 
 // Err returns nil while the lock is held; after Done closes it returns an
 // error matching ErrLockLost if the lease was lost, ErrNotHeld after Release,
-// or ErrClosed after the Locker closed.
+// or ErrClosed after the Locker closed. Err compares the clock with the
+// lease's safe deadline itself, so it reports a lease whose deadline has
+// passed even before the Locker's timer has run (after a process pause).
 func (k *Lock) Err() error {
 	k.l.mu.Lock()
 	defer k.l.mu.Unlock()
+	k.l.checkDeadlineLocked(k.ls)
 	return k.err
 }
 
@@ -83,8 +86,12 @@ func (k *Lock) Deadline() time.Time {
 }
 
 // Context returns a context derived from parent that is cancelled, with
-// context.Cause set to Err(), when this Lock is released or lost. Call cancel
-// when done with it.
+// context.Cause set to Err(), when this Lock is released or lost. Its Err
+// checks the lease's safe deadline as Lock.Err does, and its Deadline is the
+// earlier of parent's and the lease's safe deadline at the moment of the
+// call (renewal moves it forward; work started under the context should not
+// outlive the instant the lock is known to be held). Call cancel when done
+// with it.
 func (k *Lock) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	k.l.mu.Lock()
@@ -94,7 +101,32 @@ func (k *Lock) Context(parent context.Context) (context.Context, context.CancelF
 		k.cancels = append(k.cancels, cancel)
 	}
 	k.l.mu.Unlock()
-	return ctx, func() { cancel(context.Canceled) }
+	return &lockContext{Context: ctx, k: k}, func() { cancel(context.Canceled) }
+}
+
+// lockContext is the context of a Lock: a cancelCtx whose Err and Deadline
+// also consult the lease.
+type lockContext struct {
+	context.Context
+	k *Lock
+}
+
+func (c *lockContext) Deadline() (time.Time, bool) {
+	d := c.k.Deadline()
+	if pd, ok := c.Context.Deadline(); ok && pd.Before(d) {
+		return pd, true
+	}
+	return d, true
+}
+
+func (c *lockContext) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if c.k.Err() != nil { // cancels c.Context with the loss as its cause
+		return c.Context.Err()
+	}
+	return nil
 }
 
 // Release releases this acquisition. For reentrant acquisitions the key is
@@ -105,6 +137,7 @@ func (k *Lock) Context(parent context.Context) (context.Context, context.CancelF
 func (k *Lock) Release(ctx context.Context) error {
 	l, ls := k.l, k.ls
 	l.mu.Lock()
+	l.checkDeadlineLocked(ls)
 	if k.err != nil {
 		err := k.err
 		l.mu.Unlock()
@@ -163,7 +196,7 @@ func (l *Locker) newHandleLocked(ls *lease) *Lock {
 
 // register records a lease the backend granted at sent, and schedules its
 // renewal and its deadline.
-func (l *Locker) register(req Request, fence uint64, sent time.Time) (*Lock, error) {
+func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent time.Time) (*Lock, error) {
 	margin := l.marginFor(req.TTL)
 	ls := &lease{
 		key: req.Key, owner: req.Owner, meta: req.Metadata, token: req.Token, fence: fence,
@@ -179,14 +212,14 @@ func (l *Locker) register(req Request, fence uint64, sent time.Time) (*Lock, err
 			err = errTooLate
 		}
 		l.mu.Unlock()
-		l.resolve(req)
+		l.resolveLater(ctx, req)
 		return nil, err
 	}
 	if old := l.held[req.Key]; old != nil {
 		// The store granted a key this Locker already holds: a broken
 		// backend. Refuse rather than hand out two Locks.
 		l.mu.Unlock()
-		l.resolve(req)
+		l.resolveLater(ctx, req)
 		return nil, fmt.Errorf("dlock: backend granted %q twice to one Locker", req.Key)
 	}
 	k := l.newHandleLocked(ls)
@@ -206,6 +239,14 @@ func (l *Locker) poke() {
 	select {
 	case l.kick <- struct{}{}:
 	default:
+	}
+}
+
+// checkDeadlineLocked reports the loss of a lease whose safe deadline has
+// passed, whether or not its timer has run.
+func (l *Locker) checkDeadlineLocked(ls *lease) {
+	if !ls.ended && ls.timer != nil && !l.clock.Now().Before(ls.deadline) {
+		l.loseLocked(ls, deadlineLoss(ls), true)
 	}
 }
 
@@ -367,6 +408,10 @@ func (l *Locker) renew(batch []*lease) {
 			continue
 		}
 		switch {
+		case err == nil && errs[i] == nil && !now.Before(ls.deadline):
+			// Confirmed after the deadline: the holder has been (or is
+			// about to be) told of the loss; a late answer never revives.
+			l.loseLocked(ls, deadlineLoss(ls), true)
 		case err == nil && errs[i] == nil:
 			ls.tries = 0
 			ls.renewAt = sent.Add(ls.ttl / 3)

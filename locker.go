@@ -142,26 +142,32 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...AcquireOpti
 // error; if the lock was lost while fn ran, the error also matches
 // ErrLockLost, even when fn returned nil, because fn's work may have run
 // without the lock.
-func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) error {
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) (err error) {
 	k, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
 		return err
 	}
 	fctx, cancel := k.Context(ctx)
-	ferr := fn(fctx)
-	cancel()
-	lost := k.Err()
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	rerr := k.Release(rctx)
-	rcancel()
-	switch {
-	case lost != nil:
-		return errors.Join(ferr, lost)
-	case ferr != nil:
-		return ferr
-	default:
-		return rerr
-	}
+	var ferr error
+	// Deferred, so that a panic in fn, recovered by a caller (net/http
+	// does), still releases the lock instead of leaving it renewed forever.
+	defer func() {
+		cancel()
+		lost := k.Err()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		rerr := k.Release(rctx)
+		rcancel()
+		switch {
+		case lost != nil:
+			err = errors.Join(ferr, lost)
+		case ferr != nil:
+			err = ferr
+		default:
+			err = rerr
+		}
+	}()
+	ferr = fn(fctx)
+	return nil
 }
 
 // ForceRelease frees key whoever holds it: an administrative action for a
@@ -262,15 +268,18 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 			}
 			continue
 		}
+		// Close waits for this store call and what follows from it (a
+		// grant that lands during Close is released, not left to its TTL).
+		l.wg.Add(1)
 		l.mu.Unlock()
 
 		req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
 		sent, realSent := l.clock.Now(), time.Now()
 		var res Result
+		cctx, stop := l.withClosing(ctx)
 		if w, ok := l.b.(Waiter); ok && wait && tried && !noWaiter {
 			// The first attempt showed the key held: wait in the store.
-			wctx, stop := l.withClosing(ctx)
-			res, err = w.AcquireWait(wctx, req)
+			res, err = w.AcquireWait(cctx, req)
 			stop()
 			if err == nil && res.Acquired && res.SentAfter > 0 {
 				// SentAfter is real time. Count back from now only what
@@ -281,9 +290,11 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 			}
 			if errors.Is(err, ErrUnsupported) { // took nothing: back off instead
 				noWaiter = true
+				l.wg.Done()
 				continue
 			}
 			if err == nil && !res.Acquired {
+				l.wg.Done()
 				if l.isClosed() {
 					return nil, ErrClosed
 				}
@@ -293,17 +304,26 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 				continue
 			}
 		} else {
-			res, err = l.b.Acquire(ctx, req)
+			res, err = l.b.Acquire(cctx, req)
+			stop()
 		}
 		if err != nil {
-			l.resolve(req)
+			l.resolveLater(ctx, req)
+			l.wg.Done()
 			if cerr := ctxErr(ctx); cerr != nil {
 				return nil, errors.Join(ErrNotAcquired, cerr)
 			}
+			if l.isClosed() {
+				return nil, ErrClosed
+			}
 			return nil, fmt.Errorf("dlock: acquire %q: %w", key, err)
 		}
+		if !res.Acquired {
+			l.wg.Done()
+		}
 		if res.Acquired {
-			k, err := l.register(req, res.Fence, sent)
+			k, err := l.register(ctx, req, res.Fence, sent)
+			l.wg.Done()
 			if err == nil || !errors.Is(err, errTooLate) {
 				return k, err
 			}
@@ -390,18 +410,64 @@ func (l *Locker) wakeLocked(key string) {
 	}
 }
 
+// resolveLater releases the lease that an acquisition of unknown outcome may
+// have taken, so that it does not linger until its TTL. The first attempt
+// runs at once, bounded by ctx (the caller's, which the clean-up never
+// outlives); if it cannot settle the outcome, resolve goes on in the
+// background. Close waits for it.
+func (l *Locker) resolveLater(ctx context.Context, req Request) {
+	if ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+		err := l.b.Release(rctx, req.Key, req.Token)
+		cancel()
+		if err == nil {
+			l.log.Warn("dlock: released a lease taken by an acquisition that reported an error", "key", req.Key)
+			return
+		}
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		l.resolve(req)
+	}()
+}
+
 // resolve releases the lease an acquisition of unknown outcome may have
-// taken, so that it does not linger until its TTL.
+// taken. The statement that failed for the caller may still be on its way
+// to the store (a cut connection, a proxy): a release that finds nothing
+// does not prove it will never land. So resolve looks again, backing off,
+// until the lease it could have started has run out, or the Locker closes
+// (then it looks once more and stops).
 func (l *Locker) resolve(req Request) {
-	ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
-	defer cancel()
-	switch err := l.b.Release(ctx, req.Key, req.Token); {
-	case err == nil:
-		l.log.Warn("dlock: released a lease taken by an acquisition that reported an error", "key", req.Key)
-	case errors.Is(err, ErrNotHeld):
-	default:
-		l.log.Warn("dlock: could not resolve an acquisition of unknown outcome; it expires with its TTL",
-			"key", req.Key, "ttl", req.TTL, "err", err)
+	until := time.Now().Add(req.TTL)
+	wait := 50 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		err := l.b.Release(ctx, req.Key, req.Token)
+		cancel()
+		switch {
+		case err == nil:
+			l.log.Warn("dlock: released a lease taken by an acquisition that reported an error", "key", req.Key)
+			return
+		case errors.Is(err, ErrNotHeld):
+		default:
+			l.log.Debug("dlock: could not yet resolve an acquisition of unknown outcome", "key", req.Key, "err", err)
+		}
+		if !time.Now().Before(until) {
+			if !errors.Is(err, ErrNotHeld) {
+				l.log.Warn("dlock: could not resolve an acquisition of unknown outcome; it expires with its TTL",
+					"key", req.Key, "ttl", req.TTL, "err", err)
+			}
+			return
+		}
+		t := time.NewTimer(min(wait, time.Until(until)))
+		select {
+		case <-t.C:
+		case <-l.closing:
+			until = time.Now() // one more look, then stop
+		}
+		t.Stop()
+		wait = min(2*wait, time.Second)
 	}
 }
 

@@ -1,0 +1,265 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// manualClock is a Clock whose time moves only when told, and whose timers
+// never fire by themselves: the state of a process that was paused and has
+// just resumed, before its timer goroutines have run.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+type stuckTimer struct{}
+
+func (stuckTimer) Stop() bool                { return true }
+func (stuckTimer) Reset(d time.Duration) bool { return true }
+
+func (c *manualClock) AfterFunc(d time.Duration, f func()) Timer { return stuckTimer{} }
+
+// TestErrAfterPause: once the lease's safe deadline has passed by the
+// Locker's clock, Err, Done and the lock's context report the loss, even if
+// no timer has run since.
+func TestErrAfterPause(t *testing.T) {
+	clock := &manualClock{now: time.Unix(1000, 0)}
+	l := New(okBackend{}, &Options{TTL: 10 * time.Second, Clock: clock})
+	defer l.Close(context.Background())
+	lk, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := lk.Context(context.Background())
+	defer cancel()
+	if d, ok := ctx.Deadline(); !ok || !d.Equal(lk.Deadline()) {
+		t.Errorf("the lock's context has deadline %v (%v), want the lease's safe deadline %v", d, ok, lk.Deadline())
+	}
+	if lk.Err() != nil || ctx.Err() != nil {
+		t.Fatalf("lost before the pause: %v, %v", lk.Err(), ctx.Err())
+	}
+	clock.advance(11 * time.Second) // the process was stopped past the TTL
+	if err := ctx.Err(); err == nil {
+		t.Error("rule: after a pause past the lease, the lock's context reports the loss; ctx.Err() is nil")
+	}
+	if err := lk.Err(); !errors.Is(err, ErrLockLost) {
+		t.Errorf("rule: after a pause past the lease, Err reports the loss; got %v", err)
+	}
+	select {
+	case <-lk.Done():
+	default:
+		t.Error("Done still open after Err reported the loss")
+	}
+	if err := lk.Release(context.Background()); !errors.Is(err, ErrNotHeld) || !errors.Is(err, ErrLockLost) {
+		t.Errorf("Release after the pause: got %v, want ErrNotHeld and ErrLockLost", err)
+	}
+}
+
+// recordingBackend grants every acquisition and records releases; a release
+// whose context has ended fails, as a store call would.
+type recordingBackend struct {
+	okBackend
+	mu       sync.Mutex
+	released map[Token]bool
+}
+
+func (b *recordingBackend) Release(ctx context.Context, key string, token Token) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.released == nil {
+		b.released = make(map[Token]bool)
+	}
+	b.released[token] = true
+	return nil
+}
+
+func (b *recordingBackend) count() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.released)
+}
+
+// TestDoReleasesWhenFnPanics: a panic in fn, recovered by the caller (as
+// net/http does), still releases the lock.
+func TestDoReleasesWhenFnPanics(t *testing.T) {
+	b := &recordingBackend{}
+	l := New(b, nil)
+	defer l.Close(context.Background())
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Errorf("recovered %v, want the fn's panic", r)
+			}
+		}()
+		_ = l.Do(context.Background(), "k", func(context.Context) error { panic("boom") })
+	}()
+	if b.count() != 1 {
+		t.Error("rule: Do releases the lock when fn panics; it was not released")
+	}
+	l.mu.Lock()
+	n := len(l.held)
+	l.mu.Unlock()
+	if n != 0 {
+		t.Error("rule: Do releases the lock when fn panics; the Locker still renews it")
+	}
+}
+
+// gatedBackend's Acquire grants the key only when the test opens its gate.
+type gatedBackend struct {
+	recordingBackend
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (b *gatedBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	close(b.entered)
+	<-b.gate
+	return Result{Acquired: true, Fence: 1}, nil
+}
+
+// TestCloseRacingAcquisition: an acquisition granted by the store while the
+// Locker closes is released, not left to its TTL.
+func TestCloseRacingAcquisition(t *testing.T) {
+	b := &gatedBackend{entered: make(chan struct{}), gate: make(chan struct{})}
+	l := New(b, nil)
+	res := make(chan error, 1)
+	go func() {
+		_, err := l.TryAcquire(context.Background(), "k")
+		res <- err
+	}()
+	<-b.entered
+	closed := make(chan struct{})
+	go func() {
+		l.Close(context.Background())
+		close(closed)
+	}()
+	for !l.isClosed() {
+		time.Sleep(time.Millisecond)
+	}
+	close(b.gate)
+	if err := <-res; !errors.Is(err, ErrClosed) {
+		t.Errorf("TryAcquire granted during Close: got %v, want ErrClosed", err)
+	}
+	<-closed
+	if b.count() != 1 {
+		t.Error("rule: a grant that lands while the Locker closes is released; the lease was left held by nobody")
+	}
+}
+
+// outageBackend fails acquisitions when their context ends; its releases
+// block until the test lets them go.
+type outageBackend struct {
+	okBackend
+	releasing chan struct{}
+	done      atomic.Bool
+}
+
+func (b *outageBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	<-ctx.Done()
+	return Result{}, ctx.Err()
+}
+
+func (b *outageBackend) Release(ctx context.Context, key string, token Token) error {
+	select {
+	case <-b.releasing:
+	case <-ctx.Done():
+	}
+	b.done.Store(true)
+	return ErrNotHeld
+}
+
+// TestAcquireReturnsAtItsDeadline: resolving an acquisition of unknown
+// outcome does not hold the caller past its context.
+func TestAcquireReturnsAtItsDeadline(t *testing.T) {
+	b := &outageBackend{releasing: make(chan struct{})}
+	l := New(b, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	_, err := l.TryAcquire(ctx, "k")
+	if b.done.Load() {
+		t.Error("rule: Acquire returns when its context ends; it waited for the clean-up of its attempt")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrNotAcquired) {
+		t.Errorf("got %v, want ErrNotAcquired and DeadlineExceeded", err)
+	}
+	close(b.releasing)
+	l.Close(context.Background())
+	if !b.done.Load() {
+		t.Error("Close returned before the clean-up of an acquisition finished")
+	}
+}
+
+// lateGrantBackend models a statement still in flight after its caller gave
+// up: the grant lands in the store after the first clean-up found nothing.
+type lateGrantBackend struct {
+	okBackend
+	mu       sync.Mutex
+	landed   bool
+	releases int
+	freed    bool
+}
+
+func (b *lateGrantBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	return Result{}, errors.New("connection reset")
+}
+
+func (b *lateGrantBackend) Release(ctx context.Context, key string, token Token) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.releases++
+	if !b.landed {
+		b.landed = true // lands right after this release looked
+		return ErrNotHeld
+	}
+	if b.freed {
+		return ErrNotHeld
+	}
+	b.freed = true
+	return nil
+}
+
+// TestResolveOutlivesALateGrant: a clean-up that found nothing looks again,
+// so a grant that lands after it does not hold the key for its TTL.
+func TestResolveOutlivesALateGrant(t *testing.T) {
+	b := &lateGrantBackend{}
+	l := New(b, &Options{TTL: 2 * time.Second})
+	if _, err := l.TryAcquire(context.Background(), "k"); err == nil {
+		t.Fatal("acquired")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		b.mu.Lock()
+		freed := b.freed
+		b.mu.Unlock()
+		if freed {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	l.Close(context.Background())
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.freed {
+		t.Errorf("rule: a grant landing after the first clean-up is released; %d releases, none found it", b.releases)
+	}
+}
