@@ -31,7 +31,7 @@ func (c *manualClock) advance(d time.Duration) {
 
 type stuckTimer struct{}
 
-func (stuckTimer) Stop() bool                { return true }
+func (stuckTimer) Stop() bool                 { return true }
 func (stuckTimer) Reset(d time.Duration) bool { return true }
 
 func (c *manualClock) AfterFunc(d time.Duration, f func()) Timer { return stuckTimer{} }
