@@ -102,6 +102,8 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 		}
 		fmt.Printf("COUNT %d\n", n)
 		return nil
+	case "pause":
+		return pauseHelper(l, k)
 	case "hold":
 		lk, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
 		if err != nil {

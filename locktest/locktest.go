@@ -56,6 +56,7 @@ type suite struct {
 	inProcess   bool
 	crashBound  time.Duration
 	noRemaining bool
+	pool        func(t *testing.T, conns int) dlock.Backend
 }
 
 // Run runs the conformance suite against backends made by newBackend. Each
@@ -100,6 +101,11 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"CloseReleasesEverything", s.closeReleases},
 		{"ListShowsHolders", s.list},
 		{"ForceReleaseFencesOutTheHolder", s.forceRelease},
+		{"CallerDeadlineNeverDisturbsOtherLocks", s.callerDeadlines},
+		{"AnyPoolSizeWorks", s.anyPoolSize},
+		{"DoReleasesWhenFnPanics", s.doPanics},
+		{"CloseRacingAcquisitionsLeavesNothingHeld", s.closeRacing},
+		{"ErrReportsLossAfterPause", s.pausedHolder},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
