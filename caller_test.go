@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -261,5 +262,27 @@ func TestResolveOutlivesALateGrant(t *testing.T) {
 	defer b.mu.Unlock()
 	if !b.freed {
 		t.Errorf("rule: a grant landing after the first clean-up is released; %d releases, none found it", b.releases)
+	}
+}
+
+// TestErrorsAreOneLine: errors are one line, for logs, and still match
+// every sentinel they carry.
+func TestErrorsAreOneLine(t *testing.T) {
+	l := New(okBackend{}, nil)
+	defer l.Close(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := l.Acquire(ctx, "k")
+	if !errors.Is(err, ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Errorf("got %v, want ErrNotAcquired and context.Canceled", err)
+	}
+	j := Join(errors.New("a\nb"), nil, ErrLockLost)
+	for _, err := range []error{err, j} {
+		if strings.Contains(err.Error(), "\n") {
+			t.Errorf("%q is more than one line", err)
+		}
+	}
+	if !errors.Is(j, ErrLockLost) || Join(nil, nil) != nil {
+		t.Error("Join lost an error or made one from nothing")
 	}
 }

@@ -3,6 +3,7 @@ package dlock
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -65,3 +66,35 @@ func (e *HeldError) Error() string {
 
 // Is reports whether target is ErrNotAcquired.
 func (e *HeldError) Is(target error) bool { return target == ErrNotAcquired }
+
+// Join returns an error that wraps every non-nil error of errs, as
+// errors.Join does, but whose message is one line: the messages joined by
+// "; ". It returns nil if every error is nil, and the error itself if only
+// one is not. Backends use it so that log lines stay one line.
+func Join(errs ...error) error {
+	var nonNil []error
+	for _, err := range errs {
+		if err != nil {
+			nonNil = append(nonNil, err)
+		}
+	}
+	switch len(nonNil) {
+	case 0:
+		return nil
+	case 1:
+		return nonNil[0]
+	}
+	return joined(nonNil)
+}
+
+type joined []error
+
+func (j joined) Error() string {
+	msgs := make([]string, len(j))
+	for i, err := range j {
+		msgs[i] = strings.ReplaceAll(err.Error(), "\n", "; ")
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (j joined) Unwrap() []error { return j }

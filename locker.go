@@ -159,7 +159,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 		rcancel()
 		switch {
 		case lost != nil:
-			err = errors.Join(ferr, lost)
+			err = Join(ferr, lost)
 		case ferr != nil:
 			err = ferr
 		default:
@@ -226,7 +226,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	}
 	l.bgCancel()
 	l.wg.Wait()
-	return errors.Join(errs...)
+	return Join(errs...)
 }
 
 func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, wait bool) (*Lock, error) {
@@ -239,7 +239,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 	noWaiter := false // the backend's Waiter declined: use the backoff
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, errors.Join(ErrNotAcquired, err)
+			return nil, fmt.Errorf("%w: %w", ErrNotAcquired, err)
 		}
 		l.mu.Lock()
 		if l.closed {
@@ -264,7 +264,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 				cfg.onWait(held.Holder)
 			}
 			if err := l.sleep(ctx, -1, woken); err != nil {
-				return nil, errors.Join(held, err)
+				return nil, fmt.Errorf("%w: %w", held, err)
 			}
 			continue
 		}
@@ -311,7 +311,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 			l.resolveLater(ctx, req)
 			l.wg.Done()
 			if cerr := ctxErr(ctx); cerr != nil {
-				return nil, errors.Join(ErrNotAcquired, cerr)
+				return nil, fmt.Errorf("%w: %w", ErrNotAcquired, cerr)
 			}
 			if l.isClosed() {
 				return nil, ErrClosed
@@ -342,7 +342,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 			continue
 		}
 		if err := l.sleep(ctx, bo.Next(res.Remaining), woken); err != nil {
-			return nil, errors.Join(held, err)
+			return nil, fmt.Errorf("%w: %w", held, err)
 		}
 	}
 }
