@@ -1,22 +1,3 @@
-// Package dlock provides distributed locks on the database a team already
-// runs: mutual exclusion per key among processes, with owner tokens, leases
-// timed by the store's clock, automatic renewal, loss notification, fencing
-// tokens and counted reentrancy.
-//
-// A Locker wraps one Backend (see the mysqllock, sqlitelock and memlock
-// packages) and hands out Locks:
-//
-//	locker := dlock.New(backend, nil)
-//	defer locker.Close(context.Background())
-//	err := locker.Do(ctx, "invoice:42", func(ctx context.Context) error {
-//		// ctx is cancelled if the lock is lost.
-//		return nil
-//	})
-//
-// Holding a *Lock does not mean holding the lock: a lease can be lost (the
-// process paused, the store unreachable). Watch Lock.Done, use the context
-// from Lock.Context or Do, and pass Lock.Token to the resources you guard so
-// they can refuse a stale holder.
 package dlock
 
 import (
@@ -234,117 +215,127 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 	if err != nil {
 		return nil, err
 	}
+	_, canWait := l.b.(Waiter)
+	inStore := false // wait in the store (after a first attempt found the key held)
 	var bo Backoff
-	tried := false    // an attempt found the key held by another process
-	noWaiter := false // the backend's Waiter declined: use the backoff
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNotAcquired, err)
 		}
-		l.mu.Lock()
-		if l.closed {
-			l.mu.Unlock()
-			return nil, ErrClosed
-		}
-		woken := l.wakerLocked(key)
-		if ls := l.held[key]; ls != nil {
-			if cfg.owner != "" && ls.owner == cfg.owner {
-				k := l.newHandleLocked(ls)
-				l.mu.Unlock()
-				return k, nil
-			}
-			// Held by another owner of this Locker: wait for its release
-			// without asking the store.
-			held := &HeldError{Holder: ls.info()}
-			l.mu.Unlock()
-			if !wait {
-				return nil, held
-			}
-			if cfg.onWait != nil {
-				cfg.onWait(held.Holder)
-			}
-			if err := l.sleep(ctx, -1, woken); err != nil {
-				return nil, fmt.Errorf("%w: %w", held, err)
-			}
+		k, out, err := l.attempt(ctx, key, cfg, wait && inStore)
+		switch {
+		case errors.Is(err, ErrUnsupported) && inStore: // the Waiter took nothing: back off instead
+			canWait, inStore = false, false
 			continue
-		}
-		// Close waits for this store call and what follows from it (a
-		// grant that lands during Close is released, not left to its TTL).
-		l.wg.Add(1)
-		l.mu.Unlock()
-
-		req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
-		sent, realSent := l.clock.Now(), time.Now()
-		var res Result
-		cctx, stop := l.withClosing(ctx)
-		if w, ok := l.b.(Waiter); ok && wait && tried && !noWaiter {
-			// The first attempt showed the key held: wait in the store.
-			res, err = w.AcquireWait(cctx, req)
-			stop()
-			if err == nil && res.Acquired && res.SentAfter > 0 {
-				// SentAfter is real time. Count back from now only what
-				// followed the sending (about a round trip), so that a
-				// Clock running at another rate errs over that alone, not
-				// over the whole wait.
-				sent = l.clock.Now().Add(-max(time.Since(realSent)-res.SentAfter, 0))
-			}
-			if errors.Is(err, ErrUnsupported) { // took nothing: back off instead
-				noWaiter = true
-				l.wg.Done()
-				continue
-			}
-			if err == nil && !res.Acquired {
-				l.wg.Done()
-				if l.isClosed() {
-					return nil, ErrClosed
-				}
-				if cfg.onWait != nil && res.Holder.Key != "" {
-					cfg.onWait(res.Holder)
-				}
-				continue
-			}
-		} else {
-			res, err = l.b.Acquire(cctx, req)
-			stop()
-		}
-		if err != nil {
-			l.resolveLater(ctx, req)
-			l.wg.Done()
-			if cerr := ctxErr(ctx); cerr != nil {
-				return nil, fmt.Errorf("%w: %w", ErrNotAcquired, cerr)
-			}
-			if l.isClosed() {
-				return nil, ErrClosed
-			}
-			return nil, fmt.Errorf("dlock: acquire %q: %w", key, err)
-		}
-		if !res.Acquired {
-			l.wg.Done()
-		}
-		if res.Acquired {
-			k, err := l.register(ctx, req, res.Fence, sent)
-			l.wg.Done()
-			if err == nil || !errors.Is(err, errTooLate) {
-				return k, err
-			}
-			res.Holder = LockInfo{Key: key}
-		}
-		res.Holder.Key = key
-		held := &HeldError{Holder: res.Holder}
-		if !wait {
-			return nil, held
-		}
-		if cfg.onWait != nil {
-			cfg.onWait(held.Holder)
-		}
-		if _, ok := l.b.(Waiter); ok && !tried && !noWaiter {
-			tried = true // from now on wait in the store
+		case err != nil || k != nil:
+			return k, err
+		case out.held == nil: // a wait in the store ended by its own bound
 			continue
+		case !wait:
+			return nil, out.held
 		}
-		if err := l.sleep(ctx, bo.Next(res.Remaining), woken); err != nil {
-			return nil, fmt.Errorf("%w: %w", held, err)
+		if cfg.onWait != nil && out.held.Holder.Key != "" {
+			cfg.onWait(out.held.Holder)
+		}
+		d := time.Duration(-1) // held by this Locker: wait for its release
+		switch {
+		case out.local:
+		case canWait && !inStore:
+			inStore = true // from now on wait in the store
+			continue
+		default:
+			d = bo.Next(out.remaining)
+		}
+		if err := l.sleep(ctx, d, out.woken); err != nil {
+			return nil, fmt.Errorf("%w: %w", out.held, err)
 		}
 	}
+}
+
+// outcome is what an attempt that took nothing learnt.
+type outcome struct {
+	held      *HeldError    // the key is held by another; nil after a wait that ended by its own bound
+	local     bool          // held by another owner of this Locker
+	remaining time.Duration // the holder's remaining lease, 0 if unknown
+	woken     chan struct{} // closed at the next local release of the key
+}
+
+// attempt makes one attempt to take key: from this Locker's own leases (a
+// reentrant acquisition, or a key another owner of this Locker holds), or
+// with one store call (a wait in the store when inStore). It returns the
+// Lock, or what it learnt, or an error: the backend's, wrapped, once the
+// outcome of the call has been resolved.
+func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, inStore bool) (*Lock, outcome, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, outcome{}, ErrClosed
+	}
+	out := outcome{woken: l.wakerLocked(key)}
+	if ls := l.held[key]; ls != nil {
+		if cfg.owner != "" && ls.owner == cfg.owner {
+			k := l.newHandleLocked(ls)
+			l.mu.Unlock()
+			return k, out, nil
+		}
+		out.held, out.local = &HeldError{Holder: ls.info()}, true
+		l.mu.Unlock()
+		return nil, out, nil
+	}
+	// Close waits for this store call and what follows from it (a grant
+	// that lands during Close is released, not left to its TTL).
+	l.wg.Add(1)
+	defer l.wg.Done()
+	l.mu.Unlock()
+
+	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
+	sent, realSent := l.clock.Now(), time.Now()
+	cctx, stop := l.withClosing(ctx)
+	var res Result
+	var err error
+	if inStore {
+		res, err = l.b.(Waiter).AcquireWait(cctx, req)
+		if err == nil && res.Acquired && res.SentAfter > 0 {
+			// SentAfter is real time. Count back from now only what
+			// followed the sending (about a round trip), so that a Clock
+			// running at another rate errs over that alone, not over the
+			// whole wait.
+			sent = l.clock.Now().Add(-max(time.Since(realSent)-res.SentAfter, 0))
+		}
+	} else {
+		res, err = l.b.Acquire(cctx, req)
+	}
+	stop()
+	switch {
+	case inStore && errors.Is(err, ErrUnsupported):
+		return nil, out, err
+	case err != nil:
+		l.resolveLater(ctx, req)
+		if cerr := ctxErr(ctx); cerr != nil {
+			return nil, out, fmt.Errorf("%w: %w", ErrNotAcquired, cerr)
+		}
+		if l.isClosed() {
+			return nil, out, ErrClosed
+		}
+		return nil, out, fmt.Errorf("dlock: acquire %q: %w", key, err)
+	case inStore && !res.Acquired:
+		if l.isClosed() {
+			return nil, out, ErrClosed
+		}
+		if res.Holder.Key != "" && cfg.onWait != nil {
+			cfg.onWait(res.Holder)
+		}
+		return nil, out, nil
+	case res.Acquired:
+		k, err := l.register(ctx, req, res.Fence, sent)
+		if err == nil || !errors.Is(err, errTooLate) {
+			return k, out, err
+		}
+		res.Holder = LockInfo{}
+	}
+	res.Holder.Key = key
+	out.held, out.remaining = &HeldError{Holder: res.Holder}, res.Remaining
+	return nil, out, nil
 }
 
 // ctxErr is ctx.Err(), also reporting a deadline that has passed but whose
