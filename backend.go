@@ -4,9 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 )
+
+// This file is the implementer's side of dlock: the Backend contract, its
+// optional capabilities, the limits every backend accepts, and helpers
+// meant for backends.
 
 // Backend is the interface a lock store implements. Users do not call it:
 // they hand it to New and use the Locker. The Locker owns everything that must
@@ -34,6 +39,17 @@ import (
 //   - When a call returns an error other than ErrNotHeld, the Locker treats
 //     its outcome as unknown and resolves it (for Acquire, by releasing the
 //     token it sent).
+//
+// # Implementing a Backend
+//
+// Keep the Backend small and atomic: validation, owner tokens, reentrancy,
+// renewal scheduling, safe deadlines and waiting policy belong to the
+// Locker. Run the conformance suite (package locktest) against the real
+// store from the backend's tests; it is the definition of done. Statements
+// on a connection or session that holds other locks must never be bounded
+// by one caller's context: honour the caller's deadline outside the
+// statement and keep the session. Report a lost session's leases through
+// LossReporter. Use Join for errors that combine several.
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // Lister, ForceReleaser, Waiter, LossReporter.
@@ -191,3 +207,48 @@ func NewToken() Token {
 
 // String returns the token in hex.
 func (t Token) String() string { return hex.EncodeToString(t[:]) }
+
+// Limits and defaults.
+const (
+	// MaxKeyLen is the longest key, in bytes.
+	MaxKeyLen = 255
+	// MaxOwnerLen is the longest owner identity, in bytes.
+	MaxOwnerLen = 255
+	// MaxMetadataLen is the longest metadata string, in bytes.
+	MaxMetadataLen = 1024
+	// MinTTL is the shortest lease accepted. Shorter leases leave too little
+	// time to renew over a real network.
+	MinTTL = time.Second
+	// DefaultTTL is the lease used when neither Options.TTL nor WithTTL is set.
+	DefaultTTL = 30 * time.Second
+)
+
+// Backoff bounds for waiting on a key held by another process. A waiter sleeps
+// a jittered, doubling delay between these bounds, never longer than the
+// holder's remaining lease, and wakes at once when a Lock of the same Locker
+// releases the key.
+const (
+	minBackoff = 5 * time.Millisecond
+	maxBackoff = time.Second
+)
+
+// Backoff yields capped, jittered, doubling delays: the Locker's wait policy,
+// exported for backends that wait on their own (see Waiter). The zero value
+// is ready to use; it is not safe for concurrent use.
+type Backoff struct{ n uint }
+
+// Next returns the next delay: half of the current step plus a random part
+// of the other half, the step doubling from 5 ms to 1 s; never longer than
+// hint (plus 1 ms) when hint > 0, so that a waiter wakes when the holder's
+// lease runs out.
+func (b *Backoff) Next(hint time.Duration) time.Duration {
+	d := min(minBackoff<<b.n, maxBackoff)
+	if d < maxBackoff {
+		b.n++
+	}
+	d = d/2 + mrand.N(d/2+1)
+	if hint > 0 && hint+time.Millisecond < d {
+		d = hint + time.Millisecond
+	}
+	return d
+}

@@ -5,18 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
-)
-
-// Backoff bounds for waiting on a key held by another process. A waiter sleeps
-// a jittered, doubling delay between these bounds, never longer than the
-// holder's remaining lease, and wakes at once when a Lock of the same Locker
-// releases the key.
-const (
-	minBackoff = 5 * time.Millisecond
-	maxBackoff = time.Second
 )
 
 // cleanupTimeout bounds the background releases the Locker makes to resolve
@@ -460,25 +450,4 @@ func (l *Locker) resolve(req Request) {
 		t.Stop()
 		wait = min(2*wait, time.Second)
 	}
-}
-
-// Backoff yields capped, jittered, doubling delays: the Locker's wait policy,
-// exported for backends that wait on their own (see Waiter). The zero value
-// is ready to use; it is not safe for concurrent use.
-type Backoff struct{ n uint }
-
-// Next returns the next delay: half of the current step plus a random part
-// of the other half, the step doubling from 5 ms to 1 s; never longer than
-// hint (plus 1 ms) when hint > 0, so that a waiter wakes when the holder's
-// lease runs out.
-func (b *Backoff) Next(hint time.Duration) time.Duration {
-	d := min(minBackoff<<b.n, maxBackoff)
-	if d < maxBackoff {
-		b.n++
-	}
-	d = d/2 + rand.N(d/2+1)
-	if hint > 0 && hint+time.Millisecond < d {
-		d = hint + time.Millisecond
-	}
-	return d
 }

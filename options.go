@@ -10,21 +10,6 @@ import (
 	"unicode/utf8"
 )
 
-// Limits and defaults.
-const (
-	// MaxKeyLen is the longest key, in bytes.
-	MaxKeyLen = 255
-	// MaxOwnerLen is the longest owner identity, in bytes.
-	MaxOwnerLen = 255
-	// MaxMetadataLen is the longest metadata string, in bytes.
-	MaxMetadataLen = 1024
-	// MinTTL is the shortest lease accepted. Shorter leases leave too little
-	// time to renew over a real network.
-	MinTTL = time.Second
-	// DefaultTTL is the lease used when neither Options.TTL nor WithTTL is set.
-	DefaultTTL = 30 * time.Second
-)
-
 // Options configure a Locker. The zero value (or nil) means all defaults.
 type Options struct {
 	// TTL is the lease of acquisitions made without WithTTL. The default is
