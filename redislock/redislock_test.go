@@ -74,7 +74,12 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 
 func TestConformance(t *testing.T) {
 	addr := serversFromEnv(t, envAddr, 1, false)[0]
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, newClient(t, addr), nil) })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, newClient(t, addr), nil) },
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
+			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conns})
+			t.Cleanup(func() { c.Close() })
+			return newBackend(t, c, nil)
+		}))
 }
 
 func TestConformanceCluster(t *testing.T) {
