@@ -260,6 +260,9 @@ func openPG(ctx context.Context, a OpenArgs, newB func(*pgxpool.Pool, *pglock.Op
 	// its statements and one for LISTEN, the advisory strategy its main
 	// session, a waiting session and a spare for reading the holder.
 	cfg.MaxConns = 4
+	if a.PoolSize > 0 {
+		cfg.MaxConns = int32(a.PoolSize)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
