@@ -39,6 +39,10 @@ type Adapter struct {
 	// apply.
 	SessionHeld bool
 
+	// Pooled reports that Open sizes the store client's connection pool by
+	// OpenArgs.PoolSize (the smallpool client fault).
+	Pooled bool
+
 	// PauseStallsStore reports that a paused worker can stall every other
 	// worker's store access: an embedded store whose file lock the paused
 	// process may hold mid-transaction (SQLite). Liveness then leaves out
@@ -219,6 +223,7 @@ func adapterByName(name string) *Adapter {
 var mysqlLease = &Adapter{
 	Name:      "mysql-lease",
 	Networked: true,
+	Pooled:    true,
 	Upstream:  mysqlStoreUpstream,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
 		return prepareMySQL(ctx, env, "")
@@ -307,6 +312,7 @@ func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.B
 	return &Adapter{
 		Name:        name,
 		Networked:   true,
+		Pooled:      true,
 		Upstream:    mysqlStoreUpstream,
 		SessionHeld: true,
 		Known:       sessionEnds,
@@ -434,7 +440,8 @@ func mysqlTable(tag string) string { return "torture_" + tag + "_locks" }
 // same history triggers (SQLite's 'now' is fixed for one statement, so the
 // trigger sees the instant the statement used).
 var sqliteLease = &Adapter{
-	Name: "sqlite-lease",
+	Name:   "sqlite-lease",
+	Pooled: true,
 	// A paused worker may hold the database file's write lock.
 	PauseStallsStore: true,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {

@@ -104,6 +104,7 @@ type hold struct {
 	relStart  int64
 	relEnd    int64
 	relErr    string
+	relCf     string // the release's client fault
 	deathAt   int64  // the worker was killed during the hold
 	lastChk   int64  // the last instant at or after which Err was nil before an access
 	client    string // the client faults of the hold: its acquisition's, its release's, the worker's pool
@@ -348,7 +349,7 @@ func (c *checker) buildHolds() {
 				}
 			case "rel":
 				if h := open[kf(e.K, e.F)]; h != nil {
-					h.relStart, h.relEnd, h.relErr = e.T0, e.T, e.Err
+					h.relStart, h.relEnd, h.relErr, h.relCf = e.T0, e.T, e.Err, e.Cf
 					h.addClient(e.Cf)
 				}
 				if e.Cf == ClientDoPanic {
@@ -886,12 +887,21 @@ func (c *checker) liveness() {
 			end, released := c.mono(ls[i].endUs()), ls[i].relUs > 0
 			if ls[i].open {
 				// The session lock ended at the latest when its holder's
-				// release returned; other ends (death, timeouts) are unknown.
+				// release returned, or if that release failed by its
+				// caller's deadline, a TTL after it began (the library's
+				// contract: the lease then ends by its TTL); other ends
+				// (death, timeouts) are unknown.
 				h := ls[i].hold
-				if h.relEnd == 0 || h.relErr != "" || h.lost {
+				switch {
+				case h.relEnd == 0 || h.lost:
+					continue
+				case h.relErr == "":
+					end, released = h.relEnd, true
+				case h.relCf == ClientRelDeadline:
+					end = h.relStart + int64(c.in.TTL)
+				default:
 					continue
 				}
-				end, released = h.relEnd, true
 			}
 			bound := boundExp
 			if released {

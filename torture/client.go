@@ -15,8 +15,10 @@ import (
 // Client fault kinds: what applications do to a lock themselves. The workers
 // inject them (not the harness), each on a share of their calls.
 const (
-	// ClientAcqDeadline: before a share of acquisitions, one TryAcquire or
-	// Acquire with a caller deadline of 1–5 ms, or one already passed.
+	// ClientAcqDeadline: before a share of acquisitions, and half-way
+	// through a share of holds (for another key, while holding), one
+	// TryAcquire or Acquire with a caller deadline of 0–5 ms, or one already
+	// passed.
 	ClientAcqDeadline = "acqdeadline"
 	// ClientRelDeadline: a share of releases with a caller deadline of
 	// 0–2 ms, or one already passed. The lease then ends by its TTL if the
@@ -38,6 +40,7 @@ var clientFaults = []string{ClientAcqDeadline, ClientRelDeadline, ClientSmallPoo
 // Shares of the calls that get a client fault.
 const (
 	pAcqDeadline = 0.2
+	pNested      = 0.3 // of holds: another key with a caller deadline while holding
 	pRelDeadline = 0.2
 	pDoPanic     = 0.1
 )
@@ -171,8 +174,12 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 	// The application stopped using the lock at the panic.
 	w.rec.rec(Event{T0: panicAt, T: panicAt, Ev: "rel", K: key, F: fence, Cf: ClientDoPanic, Err: errDoPanic.Error()})
 	w.say("E %s", key)
+	// A verdict needs an answer: "held by this fence" (kept so far), or
+	// anything else from the Locker (let go). Errors (the store out of
+	// reach) say nothing; without an answer for three bounds, no verdict.
 	bound := panicAt + int64(panicFreeBound(ttl))
-	for ctx.Err() == nil {
+	ours := false
+	for ctx.Err() == nil && Mono() < bound+2*int64(panicFreeBound(ttl)) {
 		pctx, pcancel := context.WithTimeout(ctx, ttl)
 		lk, err := w.locker.TryAcquire(pctx, key, dlock.WithTTL(ttl))
 		pcancel()
@@ -180,14 +187,18 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 		switch {
 		case err == nil:
 			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, OK: true})
-			l.held(ctx, lk, Event{T0: Mono(), K: key})
+			l.held(ctx, lk, Event{T0: Mono(), K: key}, false)
 			return
 		case errors.As(err, &held) && held.Holder.Fence != fence:
 			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, OK: true})
 			return
+		case held != nil:
+			ours = true
+		default:
+			ours = false
 		}
-		if Mono() > bound {
-			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, Err: "still held by this Locker: " + errString(err)})
+		if ours && Mono() > bound {
+			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, Err: "still held by this lease: " + err.Error()})
 			// Nobody can release the kept lock but Close: restart the
 			// worker, so that the key is not blocked for the rest of the run.
 			w.restart()

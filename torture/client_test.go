@@ -194,3 +194,20 @@ func listed(r *RunReport, kind string) string {
 	}
 	return ""
 }
+
+// A session lock whose release failed by its caller's deadline must still
+// end by its TTL: a waiter that gave up long after is a violation; without
+// the deadline fault the end is unknown and nothing is judged.
+func TestCheckLivenessSessionReleaseMissedItsDeadline(t *testing.T) {
+	in := base()
+	in.History = []LeaseEvent{in.History[0]}
+	in.History[0].Open = true
+	in.Workers[0].Events[4] = Event{T0: 600 * ms, T: 601 * ms, Ev: "rel", K: "k", F: 1, Cf: ClientRelDeadline, Err: "context deadline exceeded"}
+	in.Workers[1].Events = []Event{{T0: 200 * ms, T: 5000 * ms, Ev: "acqerr", K: "k", Err: "dlock: not acquired"}}
+	in.ResLog = in.ResLog[:2]
+	wantViolation(t, in, vLiveness)
+	in.Workers[0].Events[4].Cf = ""
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("%v", r.ViolationList)
+	}
+}

@@ -561,7 +561,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 		ClockRate:    workerRate(slot, r.cfg.ClockSkew),
 		Events:       p.events,
 	}
-	if slices.Contains(r.m.client, ClientSmallPool) {
+	if slices.Contains(r.m.client, ClientSmallPool) && r.m.adapter.Pooled {
 		wc.Open.PoolSize = poolSize(slot)
 	}
 	js, _ := json.Marshal(wc)

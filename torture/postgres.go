@@ -37,6 +37,7 @@ import (
 var pgLease = &Adapter{
 	Name:      "pg-lease",
 	Networked: true,
+	Pooled:    true,
 	Upstream:  pgUpstream,
 	Restart:   restartPG,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
@@ -99,6 +100,7 @@ var pgLease = &Adapter{
 var pgAdvisory = &Adapter{
 	Name:        "pg-advisory",
 	Networked:   true,
+	Pooled:      true,
 	Upstream:    pgUpstream,
 	Restart:     restartPG,
 	SessionHeld: true,

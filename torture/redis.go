@@ -36,6 +36,7 @@ import (
 var redisLease = &Adapter{
 	Name:      "redis-lease",
 	Networked: true,
+	Pooled:    true,
 	Upstream:  addrUpstream("Redis", func(env *Env) string { return env.RedisAddr }),
 	// The store string is the run's redislock.Options.Prefix.
 	Prepare: func(ctx context.Context, env *Env) (string, error) {

@@ -174,7 +174,7 @@ func (l *lane) loop(ctx context.Context) {
 		key := w.cfg.Keys[l.rng.IntN(len(w.cfg.Keys))]
 		if l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pAcqDeadline {
 			if lk, acq := l.shortAcquire(ctx, key); lk != nil {
-				l.held(ctx, lk, acq)
+				l.held(ctx, lk, acq, false)
 				continue
 			}
 		}
@@ -194,7 +194,7 @@ func (l *lane) loop(ctx context.Context) {
 			sleep(ctx, time.Duration(50+l.rng.IntN(100))*time.Millisecond)
 			continue
 		}
-		l.held(ctx, lk, Event{T0: t0, K: key})
+		l.held(ctx, lk, Event{T0: t0, K: key}, false)
 	}
 }
 
@@ -208,7 +208,11 @@ func (l *lane) plan() time.Duration {
 
 // held records the acquisition of lk (acq: when it was asked for, the key,
 // and the client fault of the call if any), works under it and releases it.
-func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event) {
+// With the acqdeadline fault, a share of holds (not nested ones) take
+// another key with a caller deadline half-way, and hold it too: an
+// application's short-deadline call while it holds a lock on the same store
+// session.
+func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool) {
 	w, key := l.w, acq.K
 	plan := l.plan()
 	fence := lk.Token()
@@ -223,7 +227,21 @@ func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event) {
 		err := lk.Err()
 		w.rec.rec(Event{T: t, Ev: "done", K: key, F: fence, OK: errors.Is(err, dlock.ErrLockLost), Err: errString(err)})
 	}()
-	l.hold(ctx, key, fence, plan, lk.Err)
+	if keys := w.cfg.Keys; !nested && len(keys) > 1 && l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pNested {
+		other := keys[l.rng.IntN(len(keys))]
+		for other == key {
+			other = keys[l.rng.IntN(len(keys))]
+		}
+		l.hold(ctx, key, fence, plan/2, lk.Err)
+		if lk.Err() == nil && ctx.Err() == nil {
+			if lk2, acq2 := l.shortAcquire(ctx, other); lk2 != nil {
+				l.held(ctx, lk2, acq2, true)
+			}
+			l.hold(ctx, key, fence, plan-plan/2, lk.Err)
+		}
+	} else {
+		l.hold(ctx, key, fence, plan, lk.Err)
+	}
 	t1 := Mono()
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	ev := Event{T0: t1, Ev: "rel", K: key, F: fence}
