@@ -11,7 +11,7 @@
 #
 #   bash scripts/long-run.sh                       # 6 min per strategy + 1 min control: ~65 min
 #   bash scripts/long-run.sh -duration 3m -control 20s   # flags are the harness's; later ones win
-#   bash scripts/long-run.sh -client-faults none         # without client faults (the runs before 2026-12)
+#   bash scripts/long-run.sh -client-faults none         # without client faults (as the runs of 11-23 and 11-25)
 #
 # The report goes to torture-out/<time>/ (summary.md, summary.json).
 set -euo pipefail
