@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The fault harness's long run (torture/README.md): all nine strategies, TTL
-# 1 s, kernel partitions, clocks off by ±2 %. It uses the MariaDB,
+# 1 s, kernel partitions, clocks off by ±2 %, and every client fault (caller
+# deadlines on acquire and release, store pools of 1–3 connections, panics in
+# Do; each worker holds up to two locks at once on its one Locker). It uses the MariaDB,
 # PostgreSQL and Redis that scripts/test.sh starts (127.0.0.1:3306, :5432,
 # :6379), and starts an etcd (50 ms heartbeat, 500 ms election timeout, so
 # that 1 s leases exist) on 127.0.0.1:23790 and a ZooKeeper (200 ms tick,
@@ -9,6 +11,7 @@
 #
 #   bash scripts/long-run.sh                       # 6 min per strategy + 1 min control: ~65 min
 #   bash scripts/long-run.sh -duration 3m -control 20s   # flags are the harness's; later ones win
+#   bash scripts/long-run.sh -client-faults none         # without client faults (as the runs of 11-23 and 11-25)
 #
 # The report goes to torture-out/<time>/ (summary.md, summary.json).
 set -euo pipefail
@@ -58,5 +61,5 @@ for _ in $(seq 60); do
 done
 
 go run ./torture/cmd/dlock-torture -netns -duration 6m -control 1m -workers 12 -keys 24 \
-  -long-frac 0.03 -fault-every 1s -seed 7 -clock-skew 0.02 \
+  -long-frac 0.03 -fault-every 1s -seed 7 -clock-skew 0.02 -client-faults all \
   -etcd 127.0.0.1:23790 -zk 127.0.0.1:21810 -zk-data-dir "$work/zk" "$@"

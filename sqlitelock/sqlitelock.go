@@ -25,6 +25,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -111,12 +112,68 @@ func (b *Backend) Close() error {
 	return b.db.Close()
 }
 
-// Migrate creates the lock table if it does not exist.
+// Migrate creates the lock table if it does not exist. Any number of
+// processes may call it at once on a new file: it waits for the others as
+// long as the busy timeout (10 s with Open), or until ctx ends.
+//
+// A fresh file starts in rollback-journal mode, and there SQLite answers
+// SQLITE_BUSY at once, without waiting, when two connections that both read
+// the file try to write it (switching to WAL, creating the table): waiting
+// would deadlock them. Migrate therefore reads first (most calls find the
+// table and write nothing), creates the table in a transaction that takes
+// the write lock at its start (BEGIN IMMEDIATE, which waits), and tries
+// again after a short pause when SQLite still answers SQLITE_BUSY.
 func (b *Backend) Migrate(ctx context.Context) error {
-	if _, err := b.db.ExecContext(ctx, schemaSQL); err != nil {
-		return fmt.Errorf("sqlitelock: migrate: %w", err)
+	deadline := time.Now().Add(migrateBusyTimeout)
+	pause := time.Millisecond
+	for {
+		err := b.migrate(ctx)
+		if err == nil || !isBusy(err) || time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("sqlitelock: migrate: %w", err)
+			}
+			return nil
+		}
+		t := time.NewTimer(pause + time.Duration(rand.Int64N(int64(pause))))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("sqlitelock: migrate: %w (%w)", ctx.Err(), err)
+		case <-t.C:
+		}
+		pause = min(2*pause, 50*time.Millisecond)
 	}
-	return nil
+}
+
+// migrateBusyTimeout bounds Migrate's retries, as busy_timeout bounds a wait.
+const migrateBusyTimeout = 10 * time.Second
+
+func (b *Backend) migrate(ctx context.Context) error {
+	var n int
+	err := b.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_locks'`).Scan(&n)
+	if err != nil || n > 0 {
+		return err
+	}
+	tx, err := b.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (Open's _txlock)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, schemaSQL); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY or SQLITE_LOCKED (with
+// any extended code): another connection has the file.
+func isBusy(err error) bool {
+	var se *sqlite.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	c := se.Code() & 0xff
+	return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
 }
 
 func wrap(op string, err error) error {

@@ -39,6 +39,10 @@ type Adapter struct {
 	// apply.
 	SessionHeld bool
 
+	// Pooled reports that Open sizes the store client's connection pool by
+	// OpenArgs.PoolSize (the smallpool client fault).
+	Pooled bool
+
 	// PauseStallsStore reports that a paused worker can stall every other
 	// worker's store access: an embedded store whose file lock the paused
 	// process may hold mid-transaction (SQLite). Liveness then leaves out
@@ -132,6 +136,9 @@ type OpenArgs struct {
 	PGDSN    string // Env.PGDSN
 	Store    string // from Prepare
 	Addr     string // the worker's proxy for a networked store (replaces the DSN's address)
+	// PoolSize, if not 0, is the size of the store client's connection
+	// pool (the smallpool client fault); clients without a pool ignore it.
+	PoolSize int
 }
 
 // LeaseEvent is one change of a lease as the store applied it: a grant (new
@@ -216,6 +223,7 @@ func adapterByName(name string) *Adapter {
 var mysqlLease = &Adapter{
 	Name:      "mysql-lease",
 	Networked: true,
+	Pooled:    true,
 	Upstream:  mysqlStoreUpstream,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
 		return prepareMySQL(ctx, env, "")
@@ -292,13 +300,19 @@ var (
 // connection or a server restart ends the session, and with it the lock, at
 // once; the holder learns of it only when it next uses the connection (its
 // next renewal, within TTL/3), so another client can hold the lock before
-// the holder is told.
-var sessionEnds = map[string][]string{FaultCut: {vLateNotice, vNoNotice}, FaultDBRestart: {vLateNotice, vNoNotice}}
+// the holder is told, and its Err says "held" until then. Only those two
+// faults: any other end of a session (a caller's deadline, a pool too small,
+// a pause) is a violation.
+var sessionEnds = map[string][]string{
+	FaultCut:       {vLateNotice, vNoNotice, vErrNilAfterEnd},
+	FaultDBRestart: {vLateNotice, vNoNotice, vErrNilAfterEnd},
+}
 
 func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend, error)) *Adapter {
 	return &Adapter{
 		Name:        name,
 		Networked:   true,
+		Pooled:      true,
 		Upstream:    mysqlStoreUpstream,
 		SessionHeld: true,
 		Known:       sessionEnds,
@@ -403,6 +417,9 @@ func openMySQL(a OpenArgs, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend
 	if err != nil {
 		return nil, nil, err
 	}
+	if a.PoolSize > 0 {
+		db.SetMaxOpenConns(a.PoolSize)
+	}
 	b, err := newB(db, &mysqllock.Options{Table: a.Store})
 	if err != nil {
 		db.Close()
@@ -423,7 +440,8 @@ func mysqlTable(tag string) string { return "torture_" + tag + "_locks" }
 // same history triggers (SQLite's 'now' is fixed for one statement, so the
 // trigger sees the instant the statement used).
 var sqliteLease = &Adapter{
-	Name: "sqlite-lease",
+	Name:   "sqlite-lease",
+	Pooled: true,
 	// A paused worker may hold the database file's write lock.
 	PauseStallsStore: true,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
@@ -457,6 +475,15 @@ var sqliteLease = &Adapter{
 		return path, nil
 	},
 	Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
+		if a.PoolSize > 0 {
+			// A small pool is the caller's own database: sqlitelock.New.
+			db, err := sql.Open("sqlite", "file:"+a.Store+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+			if err != nil {
+				return nil, nil, err
+			}
+			db.SetMaxOpenConns(a.PoolSize)
+			return sqlitelock.New(db), db.Close, nil
+		}
 		b, err := sqlitelock.Open(a.Store)
 		if err != nil {
 			return nil, nil, err

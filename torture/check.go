@@ -33,6 +33,8 @@ const (
 	vLateNotice      = "notification: holder told of the loss after the store's expiry"
 	vNoNotice        = "notification: holder kept the lock past the store's expiry untold"
 	vLiveness        = "liveness: free key not taken by a waiter in time"
+	vErrNilAfterEnd  = "client: Err() nil after the store ended the lease"
+	vPanicKept       = "client: lock kept after a panic in Do"
 	vResourceBadLog  = "resource: log inconsistent"
 	vStaleAccepted   = "resource: stale token accepted after a newer holder's access"
 	vLostUpdate      = "resource: lost update (write based on a value since overwritten)"
@@ -50,6 +52,17 @@ type workerLog struct {
 	Pid    int
 	Events []Event
 	Killed int64 // Mono() of the harness's SIGKILL, or 0
+}
+
+// pool is the store pool size the worker recorded at its start (0: the
+// adapter's default).
+func (w *workerLog) pool() int {
+	for _, e := range w.Events {
+		if e.Ev == "start" {
+			return e.Pool
+		}
+	}
+	return 0
 }
 
 type checkInput struct {
@@ -91,7 +104,10 @@ type hold struct {
 	relStart  int64
 	relEnd    int64
 	relErr    string
-	deathAt   int64 // the worker was killed during the hold
+	relCf     string // the release's client fault
+	deathAt   int64  // the worker was killed during the hold
+	lastChk   int64  // the last instant at or after which Err was nil before an access
+	client    string // the client faults of the hold: its acquisition's, its release's, the worker's pool
 	lease     *lease
 	hitBy     *FaultRecord // the holder fault aimed at this hold
 	pausedBy  *FaultRecord // a stop overlapping the hold
@@ -108,6 +124,26 @@ func (h *hold) faultKind() string {
 		return h.restarted.Kind
 	}
 	return "none"
+}
+
+// faults names the hold's fault (faultKind) and its client faults, if any,
+// for a violation's description.
+func (h *hold) faults() string {
+	if h.client == "" {
+		return h.faultKind()
+	}
+	return h.faultKind() + ", client " + h.client
+}
+
+// addClient adds a client fault kind to the hold's.
+func (h *hold) addClient(kind string) {
+	if kind == "" || strings.Contains("+"+h.client+"+", "+"+kind+"+") {
+		return
+	}
+	if h.client != "" {
+		h.client += "+"
+	}
+	h.client += kind
 }
 
 // end is when the worker stopped believing it held the lock (0: never
@@ -158,7 +194,15 @@ type checker struct {
 	leases  map[string][]*lease // key → leases in grant order
 	byLF    map[string]*lease   // key/fence → lease
 	slow    map[string][]span   // worker → its slow backend calls
+	failed  map[string][]wait   // key → acquisitions that ended in an error
 	clockOK bool
+}
+
+// wait is an acquisition that ended in an error: the worker waited for key
+// from t0 to t.
+type wait struct {
+	worker string
+	t0, t  int64
 }
 
 // span is a call's start and end, Mono() ns.
@@ -226,7 +270,7 @@ func (c *checker) fault(kind string) *FaultStats {
 
 // check analyses one run.
 func check(in checkInput) *RunReport {
-	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}}
+	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, failed: map[string][]wait{}}
 	c.rep = &RunReport{
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
@@ -247,6 +291,7 @@ func check(in checkInput) *RunReport {
 	c.checkResource()
 	c.checkLinearizable()
 	c.checkNotification()
+	c.checkErrBeforeAccess()
 	c.faultFigures()
 	c.liveness()
 	c.rep.verdict()
@@ -257,10 +302,19 @@ func check(in checkInput) *RunReport {
 func (c *checker) buildHolds() {
 	for _, w := range c.in.Workers {
 		open := map[string]*hold{}
+		pool := w.pool()
+		if pool > 0 {
+			c.client(ClientSmallPool).Injected++
+		}
 		for _, e := range w.Events {
 			switch e.Ev {
 			case "acq":
 				h := &hold{worker: w.ID, key: e.K, fence: e.F, acqStart: e.T0, acqOK: e.T}
+				h.addClient(e.Cf)
+				if pool > 0 {
+					h.addClient(ClientSmallPool)
+				}
+				c.clientCall(e, false)
 				c.rep.Acquisitions++
 				if prev := c.byKF[kf(e.K, e.F)]; prev != nil {
 					c.violate(vFenceTwice, "%s fence %d: %s and %s", e.K, e.F, prev.worker, w.ID)
@@ -270,7 +324,23 @@ func (c *checker) buildHolds() {
 				open[kf(e.K, e.F)] = h
 				c.holds = append(c.holds, h)
 			case "acqerr":
+				if e.Cf != "" {
+					c.clientCall(e, true)
+					break
+				}
 				c.rep.AcquireErrors++
+				c.failed[e.K] = append(c.failed[e.K], wait{w.ID, e.T0, e.T})
+			case "skip":
+				c.rep.SkippedWrites++
+			case "dofree":
+				cs := c.client(ClientDoPanic)
+				if e.Err != "" {
+					cs.Failed++
+					c.violate(vPanicKept, "%s fence %d (%s): %s after the panic at %s", e.K, e.F, w.ID,
+						time.Duration(e.T-e.T0).Round(time.Millisecond), c.rel(e.T0))
+				} else {
+					cs.Freed.add(float64(e.T-e.T0) / 1e6)
+				}
 			case "slow":
 				c.slow[w.ID] = append(c.slow[w.ID], span{e.T0, e.T})
 			case "done":
@@ -279,9 +349,21 @@ func (c *checker) buildHolds() {
 				}
 			case "rel":
 				if h := open[kf(e.K, e.F)]; h != nil {
-					h.relStart, h.relEnd, h.relErr = e.T0, e.T, e.Err
+					h.relStart, h.relEnd, h.relErr, h.relCf = e.T0, e.T, e.Err, e.Cf
+					h.addClient(e.Cf)
+				}
+				if e.Cf == ClientDoPanic {
+					c.client(ClientDoPanic).Injected++
+				} else if e.Cf != "" {
+					c.clientCall(e, e.Err != "")
 				}
 			case "op":
+				if e.Chk > 0 {
+					c.rep.CheckedAccesses++
+					if h := open[kf(e.K, e.F)]; h != nil {
+						h.lastChk = max(h.lastChk, e.Chk)
+					}
+				}
 				switch {
 				case e.Err != "":
 					c.rep.OpsFailed++
@@ -557,7 +639,7 @@ func (c *checker) checkNotification() {
 				continue
 			}
 			c.violateUnder(h, vNoNotice, "%s fence %d (%s, fault %s): store expiry at %s, holder until %s", h.key, h.fence, h.worker,
-				h.faultKind(), c.rel(expiry), c.rel(e))
+				h.faults(), c.rel(expiry), c.rel(e))
 		}
 	}
 }
@@ -585,9 +667,75 @@ func (c *checker) addLead(h *hold, leadMs float64, estimated bool) {
 		return
 	}
 	if leadMs < 0 {
-		c.violateUnder(h, vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, kind, -leadMs)
+		c.violateUnder(h, vLateNotice, "%s fence %d (%s, fault %s): told %.1f ms after the store's expiry", h.key, h.fence, h.worker, h.faults(), -leadMs)
 	}
 }
+
+// client returns the figures of a client fault kind.
+func (c *checker) client(kind string) *ClientFaultStats {
+	for _, f := range c.rep.ClientFaults {
+		if f.Kind == kind {
+			return f
+		}
+	}
+	f := &ClientFaultStats{Kind: kind}
+	c.rep.ClientFaults = append(c.rep.ClientFaults, f)
+	return f
+}
+
+// clientCall counts a call made with a deadline fault (e.Cf, e.Dl): failed
+// if it returned an error, and how long after the deadline it returned.
+func (c *checker) clientCall(e Event, failed bool) {
+	if e.Cf == "" || e.Cf == ClientDoPanic {
+		return
+	}
+	cs := c.client(e.Cf)
+	cs.Injected++
+	if failed {
+		cs.Failed++
+	}
+	if e.Dl > 0 {
+		cs.Late.add(float64(max(e.T-e.Dl, 0)) / 1e6)
+	}
+}
+
+// checkErrBeforeAccess checks the workers' checks before each access: a
+// Lock's Err (or Do's context) must not say "held" once the store has ended
+// the lease (its expiry, or a release that was not the holder's own), nor,
+// for a session lock, once the store granted the key to the next holder.
+// The check's instant is a lower bound (the clock was read before asking),
+// so a flagged check is certain. Leases a killed server forgot are left
+// out: nobody can be told before the store itself forgets.
+func (c *checker) checkErrBeforeAccess() {
+	if !c.in.HasHistory || !c.clockOK {
+		return
+	}
+	slack := int64(0)
+	if c.in.StoreClock != nil {
+		slack = c.in.StoreClock.errorNs()
+	}
+	for _, h := range c.holds {
+		l := h.lease
+		if h.lastChk == 0 || l == nil || l.lostUs > 0 || (l.open && l.nextUs == 0) {
+			continue
+		}
+		end := c.mono(l.endUs())
+		if !l.open && l.relUs > 0 && h.relStart > 0 && end > h.relStart-int64(relLowerBound) {
+			// The holder's own release, whose instant the store may record
+			// early (a lower bound): every check came before the release.
+			end = max(end, h.relStart)
+		}
+		if h.lastChk > end+slack {
+			c.violateUnder(h, vErrNilAfterEnd, "%s fence %d (%s, fault %s): Err nil at %s, the store ended the lease at %s%s", h.key, h.fence, h.worker,
+				h.faults(), c.rel(h.lastChk), c.rel(end), map[bool]string{true: " (next grant)", false: ""}[l.open])
+		}
+	}
+}
+
+// relLowerBound is how much earlier than its statement's instant a store may
+// record a release (mysql-lease: a release that reserves nothing for a
+// waiter sets the expiry up to 100 ms before its now), with a margin.
+const relLowerBound = 150 * time.Millisecond
 
 // nextHold returns the first later acquisition of h's key.
 func (c *checker) nextHold(h *hold) *hold {
@@ -725,7 +873,7 @@ func (c *checker) liveness() {
 		byKey[h.key] = append(byKey[h.key], h)
 	}
 	for k, ls := range c.leases {
-		for i := 0; i+1 < len(ls); i++ {
+		for i := range ls {
 			if ls[i].hold == nil {
 				continue // handed back by the backend itself
 			}
@@ -736,43 +884,72 @@ func (c *checker) liveness() {
 					break
 				}
 			}
-			if next == nil {
-				break
-			}
 			end, released := c.mono(ls[i].endUs()), ls[i].relUs > 0
 			if ls[i].open {
 				// The session lock ended at the latest when its holder's
-				// release returned; other ends (death, timeouts) are unknown.
+				// release returned, or if that release failed by its
+				// caller's deadline, a TTL after it began (the library's
+				// contract: the lease then ends by its TTL); other ends
+				// (death, timeouts) are unknown.
 				h := ls[i].hold
-				if h.relEnd == 0 || h.relErr != "" || h.lost {
+				switch {
+				case h.relEnd == 0 || h.lost:
+					continue
+				case h.relErr == "":
+					end, released = h.relEnd, true
+				case h.relCf == ClientRelDeadline:
+					end = h.relStart + int64(c.in.TTL)
+				default:
 					continue
 				}
-				end, released = h.relEnd, true
 			}
-			nextAt := c.mono(next.grantUs)
+			bound := boundExp
+			if released {
+				bound = boundRel
+			}
+			// No later grant: the key stayed free until the run ended.
+			nextAt := c.in.Ended
+			if next != nil {
+				nextAt = c.mono(next.grantUs)
+			}
 			waiting := false
 			for _, h := range byKey[k] {
 				// Not the lease's own holder: a release instant recorded as
 				// a lower bound (mysql-lease: up to 100 ms early) can come
 				// before the holder's own acquisition returned.
-				if h != ls[i].hold && h.acqStart < end && h.acqOK > end && !faultedAt(h.worker, end, nextAt) {
+				if next != nil && h != ls[i].hold && h.acqStart < end && h.acqOK > end && !faultedAt(h.worker, end, nextAt) {
 					waiting = true
 					break
 				}
 			}
-			if !waiting {
+			// A waiter that gave up (its Acquire ended in an error) while
+			// the key was free: the key was free for longer than the bound
+			// while it waited.
+			var gaveUp *wait
+			for j, w := range c.failed[k] {
+				if w.t0 < end && min(w.t, nextAt)-end > int64(bound) && !faultedAt(w.worker, end, min(w.t, nextAt)) {
+					gaveUp = &c.failed[k][j]
+					break
+				}
+			}
+			if !waiting && gaveUp == nil {
 				continue
 			}
 			wait := time.Duration(nextAt - end)
-			c.rep.FreeWait.add(float64(wait) / 1e6)
-			bound := boundExp
-			if released {
-				bound = boundRel
-				c.rep.HandoffWait.add(float64(wait) / 1e6)
+			if waiting {
+				c.rep.FreeWait.add(float64(wait) / 1e6)
+				if released {
+					c.rep.HandoffWait.add(float64(wait) / 1e6)
+				}
 			}
-			if wait > bound {
+			how := map[bool]string{true: "released", false: "expired"}[released]
+			switch {
+			case gaveUp != nil:
+				c.violate(vLiveness, "%s: free from %s (fence %d %s) while %s waited until it gave up at %s (next grant %s)", k, c.rel(end), ls[i].fence,
+					how, gaveUp.worker, c.rel(gaveUp.t), map[bool]string{true: c.rel(nextAt), false: "never"}[next != nil])
+			case wait > bound:
 				c.violate(vLiveness, "%s: free from %s (fence %d %s) to %s (fence %d) with a waiter", k, c.rel(end), ls[i].fence,
-					map[bool]string{true: "released", false: "expired"}[released], c.rel(nextAt), next.fence)
+					how, c.rel(nextAt), next.fence)
 			}
 		}
 	}

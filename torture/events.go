@@ -13,7 +13,7 @@ import (
 type Event struct {
 	T  int64  `json:"t"`            // when the event ended (or happened)
 	T0 int64  `json:"t0,omitempty"` // when the call started
-	Ev string `json:"ev"`           // start, acq, acqerr, done, op, rel, exit
+	Ev string `json:"ev"`           // start, acq, acqerr, done, op, skip, rel, dofree, slow, exit
 	K  string `json:"k,omitempty"`  // key
 	F  uint64 `json:"f,omitempty"`  // fencing token
 	// op: "r" (read, which also presents the token to the resource) or "w".
@@ -26,6 +26,14 @@ type Event struct {
 	Plan int64  `json:"plan,omitempty"` // acq: planned hold, ns
 	Pid  int    `json:"pid,omitempty"`  // start
 	W    string `json:"w,omitempty"`    // start: worker id
+	Pool int    `json:"pool,omitempty"` // start: the store pool's size, if the smallpool fault set it
+	// Cf: the client fault of the call (acq, acqerr, rel; see client.go).
+	Cf string `json:"cf,omitempty"`
+	// Dl: the caller's deadline of a call with a deadline fault (Mono()).
+	Dl int64 `json:"dl,omitempty"`
+	// Chk (op): the lock's Err was nil when asked at or after this instant,
+	// just before the access.
+	Chk int64 `json:"chk,omitempty"`
 }
 
 // recorder appends events to a worker's file. Each event is one write(2), so

@@ -59,6 +59,13 @@ type Config struct {
 	Faults     []string      // holder fault kinds to inject
 	FaultEvery time.Duration // mean interval between holder faults
 	LongFrac   float64       // share of holds up to 2×TTL (the rest up to 50 ms)
+	// ClientFaults are the client fault kinds the workers inject in the
+	// strategies' runs (not in the positive controls): see client.go.
+	ClientFaults []string
+	// Lanes is the number of goroutines per worker that each run the
+	// worker's loop on its one Locker, so that a worker holds several locks
+	// on the same store sessions (0: 2 with client faults, else 1).
+	Lanes int
 	// DBRestart also kills the store's server with SIGKILL and starts it
 	// again, every DBRestartEvery, for each strategy that has a restart
 	// (Adapter.Restart: every networked one), or only for
@@ -107,6 +114,17 @@ func (c *Config) check() error {
 			return fmt.Errorf("strategy %s: networked without Upstream", s)
 		}
 	}
+	for _, f := range c.ClientFaults {
+		if !slices.Contains(clientFaults, f) {
+			return fmt.Errorf("unknown client fault %q (have %s)", f, strings.Join(clientFaults, ","))
+		}
+	}
+	if c.Lanes == 0 {
+		c.Lanes = 1
+		if len(c.ClientFaults) > 0 {
+			c.Lanes = 2
+		}
+	}
 	for _, f := range c.Faults {
 		if !slices.Contains(holderFaults, f) {
 			return fmt.Errorf("unknown fault %q (have %s)", f, strings.Join(holderFaults, ","))
@@ -123,6 +141,8 @@ func (c *Config) check() error {
 	switch {
 	case c.Workers < 2 || c.Workers > 64:
 		return errors.New("workers must be 2..64")
+	case c.Lanes < 1 || c.Lanes > 8:
+		return errors.New("lanes must be 1..8")
 	case c.Keys < 1 || c.Keys > 1000:
 		return errors.New("keys must be 1..1000")
 	case c.TTL < time.Second:
@@ -172,6 +192,7 @@ type mode struct {
 	noFencing  bool
 	control    bool // a positive-control run appended to a normal one
 	faults     []string
+	client     []string // client fault kinds
 	faultEvery time.Duration
 	duration   time.Duration
 	longFrac   float64
@@ -248,7 +269,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			name += "-nofencing"
 		}
 		modes = append(modes, mode{adapter: a, noFencing: cfg.NoFencing, control: cfg.NoFencing, faults: faults,
-			faultEvery: cfg.FaultEvery, duration: cfg.Duration, longFrac: cfg.LongFrac,
+			client: cfg.ClientFaults, faultEvery: cfg.FaultEvery, duration: cfg.Duration, longFrac: cfg.LongFrac,
 			dbRestart: cfg.DBRestart && a.Restart != nil && (len(cfg.RestartOnly) == 0 || slices.Contains(cfg.RestartOnly, a.Name)),
 			name:      name})
 		if cfg.Control > 0 && !cfg.NoFencing {
@@ -347,15 +368,19 @@ type proc struct {
 	events string
 	exited chan struct{}
 
-	mu        sync.Mutex
-	killed    bool // by the harness
-	lateKill  bool // SIGKILLed because it ignored SIGTERM
-	termed    bool // sent SIGTERM at the end of the run
-	faulted   bool // a fault is aimed at it now
-	holdKey   string
-	holdFence uint64
-	holdEnd   int64 // planned end of the current hold (Mono)
-	waitErr   error
+	mu       sync.Mutex
+	killed   bool // by the harness
+	lateKill bool // SIGKILLed because it ignored SIGTERM
+	termed   bool // sent SIGTERM at the end of the run
+	faulted  bool // a fault is aimed at it now
+	holds    map[string]heldKey
+	waitErr  error
+}
+
+// heldKey is a hold a worker reported.
+type heldKey struct {
+	fence uint64
+	end   int64 // planned end (Mono)
 }
 
 // FaultRecord is one injected fault, with Mono() times.
@@ -440,9 +465,9 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 		}
 		defer r.fp.close()
 	}
-	fmt.Fprintf(cfg.Log, "== %s: %d workers, %d keys, ttl %s, %s, faults %v every ~%s%s, fencing %v\n",
-		m.name, cfg.Workers, cfg.Keys, cfg.TTL, m.duration, m.faults, m.faultEvery,
-		map[bool]string{true: " + db restarts", false: ""}[m.dbRestart], !m.noFencing)
+	fmt.Fprintf(cfg.Log, "== %s: %d workers × %d lanes, %d keys, ttl %s, %s, faults %v every ~%s%s, client faults %v, fencing %v\n",
+		m.name, cfg.Workers, cfg.Lanes, cfg.Keys, cfg.TTL, m.duration, m.faults, m.faultEvery,
+		map[bool]string{true: " + db restarts", false: ""}[m.dbRestart], m.client, !m.noFencing)
 
 	stopClock := make(chan struct{})
 	clockDone := make(chan struct{})
@@ -526,13 +551,18 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 	}
 	wc := workerConfig{
 		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, TTL: r.cfg.TTL,
-		Open:      OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
-		Resource:  resAddr,
-		Seed:      r.cfg.Seed ^ uint64(slot)<<32 ^ uint64(inc),
-		LongFrac:  r.m.longFrac,
-		NoFencing: r.m.noFencing,
-		ClockRate: workerRate(slot, r.cfg.ClockSkew),
-		Events:    p.events,
+		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
+		Lanes:        r.cfg.Lanes,
+		ClientFaults: r.m.client,
+		Resource:     resAddr,
+		Seed:         r.cfg.Seed ^ uint64(slot)<<32 ^ uint64(inc),
+		LongFrac:     r.m.longFrac,
+		NoFencing:    r.m.noFencing,
+		ClockRate:    workerRate(slot, r.cfg.ClockSkew),
+		Events:       p.events,
+	}
+	if slices.Contains(r.m.client, ClientSmallPool) && r.m.adapter.Pooled {
+		wc.Open.PoolSize = poolSize(slot)
 	}
 	js, _ := json.Marshal(wc)
 	exe, err := os.Executable()
@@ -586,7 +616,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 		err := cmd.Wait()
 		p.mu.Lock()
 		p.waitErr = err
-		p.holdKey = ""
+		p.holds = nil
 		p.mu.Unlock()
 		close(p.exited)
 	}()
@@ -602,9 +632,12 @@ func (p *proc) state(line string) {
 	case len(f) == 4 && f[0] == "H":
 		fence, _ := strconv.ParseUint(f[2], 10, 64)
 		ms, _ := strconv.ParseInt(f[3], 10, 64)
-		p.holdKey, p.holdFence, p.holdEnd = f[1], fence, Mono()+ms*int64(time.Millisecond)
+		if p.holds == nil {
+			p.holds = map[string]heldKey{}
+		}
+		p.holds[f[1]] = heldKey{fence, Mono() + ms*int64(time.Millisecond)}
 	case len(f) == 2 && f[0] == "E":
-		p.holdKey = ""
+		delete(p.holds, f[1])
 	}
 }
 
@@ -722,9 +755,9 @@ func (r *runner) pickHolder() (*proc, string, uint64) {
 		default:
 		}
 		p.mu.Lock()
-		if !p.faulted && !p.killed && p.holdKey != "" {
+		if !p.faulted && !p.killed && len(p.holds) > 0 {
 			any = append(any, p)
-			if p.holdEnd-now > int64(300*time.Millisecond) {
+			if _, h := p.lastHold(); h.end-now > int64(300*time.Millisecond) {
 				long = append(long, p)
 			}
 		}
@@ -741,7 +774,20 @@ func (r *runner) pickHolder() (*proc, string, uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.faulted = true
-	return p, p.holdKey, p.holdFence
+	k, h := p.lastHold()
+	return p, k, h.fence
+}
+
+// lastHold returns the hold that ends last. p.mu must be held.
+func (p *proc) lastHold() (string, heldKey) {
+	var key string
+	var last heldKey
+	for k, h := range p.holds {
+		if key == "" || h.end > last.end || (h.end == last.end && k < key) {
+			key, last = k, h
+		}
+	}
+	return key, last
 }
 
 // inject applies one holder fault and undoes it (at once if ctx ends).

@@ -98,40 +98,54 @@ var counterModel = porcupine.NondeterministicModel{
 func cycles(workers []*workerLog, end int64, fenced bool) []porcupine.Operation {
 	var ops []porcupine.Operation
 	for ci, w := range workers {
-		var read *Event   // the accepted read awaiting its write
-		flush := func() { // the worker never recorded the read's write
-			if read != nil {
+		// The accepted read awaiting its write, per key: a worker's lanes
+		// hold different keys at once, each its own sequence of cycles.
+		reads := map[string]*Event{}
+		flush := func(k string) { // the worker never recorded the read's write
+			if read := reads[k]; read != nil {
 				ops = append(ops,
 					porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, readOnly}, Call: read.T0, Return: read.T},
 					porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, pendingWrite}, Call: read.T, Return: end, Metadata: read.F})
-				read = nil
+				delete(reads, k)
 			}
 		}
 		for i := range w.Events {
 			e := &w.Events[i]
-			if e.Ev != "op" {
+			if e.Ev != "op" && e.Ev != "skip" {
 				continue
 			}
+			read := reads[e.K]
 			switch {
 			case e.Op == "r":
-				flush()
+				flush(e.K)
 				if e.OK && e.Err == "" {
-					read = e
+					reads[e.K] = e
 				}
-			case read == nil || e.K != read.K:
+			case read == nil:
 				// A write without its read in the record cannot happen; an
 				// unmatched one shows nothing checkable.
+			case e.Ev == "skip":
+				// The worker saw the lock lost and did not write.
+				ops = append(ops, porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, readOnly}, Call: read.T0, Return: read.T})
+				delete(reads, e.K)
 			case e.Err != "":
-				flush()
+				flush(e.K)
 			case e.OK:
 				ops = append(ops, porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, wrote}, Call: read.T0, Return: e.T})
-				read = nil
+				delete(reads, e.K)
 			default:
 				ops = append(ops, porcupine.Operation{ClientId: ci, Input: cycleInput{read.K, read.V, readOnly}, Call: read.T0, Return: read.T})
-				read = nil
+				delete(reads, e.K)
 			}
 		}
-		flush()
+		keys := make([]string, 0, len(reads))
+		for k := range reads {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			flush(k)
+		}
 	}
 	if fenced {
 		closePending(workers, ops)

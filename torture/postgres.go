@@ -37,6 +37,7 @@ import (
 var pgLease = &Adapter{
 	Name:      "pg-lease",
 	Networked: true,
+	Pooled:    true,
 	Upstream:  pgUpstream,
 	Restart:   restartPG,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
@@ -99,6 +100,7 @@ var pgLease = &Adapter{
 var pgAdvisory = &Adapter{
 	Name:        "pg-advisory",
 	Networked:   true,
+	Pooled:      true,
 	Upstream:    pgUpstream,
 	Restart:     restartPG,
 	SessionHeld: true,
@@ -260,6 +262,9 @@ func openPG(ctx context.Context, a OpenArgs, newB func(*pgxpool.Pool, *pglock.Op
 	// its statements and one for LISTEN, the advisory strategy its main
 	// session, a waiting session and a spare for reading the holder.
 	cfg.MaxConns = 4
+	if a.PoolSize > 0 {
+		cfg.MaxConns = int32(a.PoolSize)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, err

@@ -36,6 +36,7 @@ import (
 var redisLease = &Adapter{
 	Name:      "redis-lease",
 	Networked: true,
+	Pooled:    true,
 	Upstream:  addrUpstream("Redis", func(env *Env) string { return env.RedisAddr }),
 	// The store string is the run's redislock.Options.Prefix.
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
@@ -58,7 +59,8 @@ var redisLease = &Adapter{
 		// Short timeouts: a blackholed connection fails a call within the
 		// Locker's renewal budget instead of go-redis's 3 s default.
 		rdb := redis.NewClient(&redis.Options{Addr: a.Addr, DialTimeout: time.Second,
-			ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1})
+			ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1,
+			PoolSize: a.PoolSize}) // 0: go-redis's default
 		b, err := redislock.New(rdb, &redislock.Options{Prefix: a.Store})
 		if err != nil {
 			rdb.Close()

@@ -47,9 +47,14 @@ type RunReport struct {
 	OpsAccepted       int   `json:"ops_accepted"`
 	OpsRejected       int   `json:"ops_rejected"`
 	OpsFailed         int   `json:"ops_failed"`
-	StaleOps          int   `json:"stale_ops"`          // accesses after the store ended the lease
-	StaleRejected     int   `json:"stale_rejected"`     // ... refused by fencing
-	StaleBeforeNewer  int   `json:"stale_before_newer"` // ... accepted before any newer holder reached the resource
+	// CheckedAccesses counts accesses made after the worker saw the lock's
+	// Err nil (every access but a positive control's writes);
+	// SkippedWrites the writes left out because it was not.
+	CheckedAccesses  int `json:"checked_accesses"`
+	SkippedWrites    int `json:"skipped_writes"`
+	StaleOps         int `json:"stale_ops"`          // accesses after the store ended the lease
+	StaleRejected    int `json:"stale_rejected"`     // ... refused by fencing
+	StaleBeforeNewer int `json:"stale_before_newer"` // ... accepted before any newer holder reached the resource
 	// LinearizableOps counts the work cycles porcupine checked (see
 	// linearize.go), LinearizableKeys the keys whose cycles it found
 	// linearizable.
@@ -65,7 +70,8 @@ type RunReport struct {
 	TakeoverTargetMs float64 `json:"takeover_target_ms"`
 	LivenessBoundMs  int64   `json:"liveness_bound_ms"`
 
-	Faults []*FaultStats `json:"faults"`
+	Faults       []*FaultStats       `json:"faults"`
+	ClientFaults []*ClientFaultStats `json:"client_faults,omitempty"`
 
 	ViolationCount int            `json:"violation_count"`
 	Violations     map[string]int `json:"violations,omitempty"`
@@ -106,6 +112,19 @@ type FaultStats struct {
 	LossNotice Stats `json:"loss_notice"`
 }
 
+// ClientFaultStats are the figures for one client fault kind in one run.
+type ClientFaultStats struct {
+	Kind string `json:"kind"`
+	// Injected: calls with a deadline (acqdeadline, reldeadline), panics
+	// (dopanic), workers (smallpool).
+	Injected int `json:"injected"`
+	// Failed: calls that returned an error (for acquisitions: not
+	// acquired), or locks a panicking Do kept (each also a violation).
+	Failed int   `json:"failed"`
+	Late   Stats `json:"late"`  // how long after the caller's deadline the call returned
+	Freed  Stats `json:"freed"` // dopanic: panic → the worker's Locker no longer holds the key
+}
+
 func (r *RunReport) verdict() {
 	for _, s := range []*Stats{&r.HandoffWait, &r.FreeWait, &r.AcquireWait, &r.Lead} {
 		s.finish()
@@ -114,6 +133,10 @@ func (r *RunReport) verdict() {
 		for _, s := range []*Stats{&f.Takeover, &f.Lead, &f.PausedLate, &f.Downtime, &f.Recovery, &f.LossNotice} {
 			s.finish()
 		}
+	}
+	for _, f := range r.ClientFaults {
+		f.Late.finish()
+		f.Freed.finish()
 	}
 	other := 0 // violations that are bugs whatever the mode
 	for k, n := range r.Violations {
@@ -172,7 +195,7 @@ func reportConfig(c Config) map[string]any {
 		"ttl": c.TTL.String(), "seed": c.Seed, "faults": c.Faults, "fault_every": c.FaultEvery.String(),
 		"long_frac": c.LongFrac, "db_restart": c.DBRestart, "db_restart_every": c.DBRestartEvery.String(),
 		"no_fencing": c.NoFencing, "control": c.Control.String(), "tag": c.Tag,
-		"clock_skew": c.ClockSkew,
+		"clock_skew": c.ClockSkew, "client_faults": c.ClientFaults, "lanes": c.Lanes,
 	}
 }
 
@@ -212,6 +235,23 @@ func (rep *Report) Markdown(w io.Writer) {
 			fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %d | %s | %s | %d / %d | %s | %s | %s |\n",
 				r.Name, f.Kind, f.Injected, f.HitHolder, f.Takeover.String(), f.TargetMissed, f.Lead.minString(),
 				f.PausedLate.String(), f.StaleRejected, f.StaleOps, f.Downtime.String(), f.Recovery.String(), f.LossNotice.String())
+		}
+	}
+	client := false
+	for _, r := range rep.Runs {
+		client = client || len(r.ClientFaults) > 0
+	}
+	if client {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Client faults (injected by the workers; times in ms): failed = calls that returned an error, or locks a panicking Do kept; late = how long after the caller's deadline the call returned; freed = panic → the Locker no longer holds the key. Accesses checked = made after Err() said held; writes skipped = Err() said lost.")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| run | client fault | injected | failed | late p50/p99/max | freed p50/p99/max | accesses checked | writes skipped |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+		for _, r := range rep.Runs {
+			for _, f := range r.ClientFaults {
+				fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %s | %d | %d |\n", r.Name, f.Kind, f.Injected, f.Failed,
+					f.Late.String(), f.Freed.String(), r.CheckedAccesses, r.SkippedWrites)
+			}
 		}
 	}
 	for _, r := range rep.Runs {

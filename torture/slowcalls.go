@@ -8,11 +8,13 @@ import (
 )
 
 // timedBackend records every backend call slower than a threshold (a
-// diagnostic: a slow call is what turns into a late or early loss).
+// diagnostic: a slow call is what turns into a late or early loss), and
+// each key's last grant in grants.
 type timedBackend struct {
 	dlock.Backend
-	rec  *recorder
-	slow time.Duration
+	rec    *recorder
+	slow   time.Duration
+	grants *lastGrants
 }
 
 func (b *timedBackend) note(op, key string, t0 int64, err error) {
@@ -25,7 +27,14 @@ func (b *timedBackend) Acquire(ctx context.Context, req dlock.Request) (dlock.Re
 	t0 := Mono()
 	res, err := b.Backend.Acquire(ctx, req)
 	b.note("acquire", req.Key, t0, err)
+	b.granted(req, res, err)
 	return res, err
+}
+
+func (b *timedBackend) granted(req dlock.Request, res dlock.Result, err error) {
+	if err == nil && res.Acquired && b.grants != nil {
+		b.grants.set(req.Key, res.Fence)
+	}
 }
 
 func (b *timedBackend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
@@ -60,15 +69,17 @@ type timedWaiter struct {
 func (b timedWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	t0 := Mono()
 	res, err := b.w.AcquireWait(ctx, req)
+	b.granted(req, res, err)
 	if t := Mono(); time.Duration(t-t0) > req.TTL {
 		b.rec.rec(Event{T: t, T0: t0, Ev: "slow", Op: "wait", K: req.Key, Err: errString(err), OK: res.Acquired})
 	}
 	return res, err
 }
 
-// newTimedBackend wraps b, keeping its dlock.Waiter if it has one.
-func newTimedBackend(b dlock.Backend, rec *recorder, slow time.Duration) dlock.Backend {
-	tb := &timedBackend{Backend: b, rec: rec, slow: slow}
+// newTimedBackend wraps b, keeping its dlock.Waiter if it has one. grants
+// may be nil.
+func newTimedBackend(b dlock.Backend, rec *recorder, slow time.Duration, grants *lastGrants) dlock.Backend {
+	tb := &timedBackend{Backend: b, rec: rec, slow: slow, grants: grants}
 	if w, ok := b.(dlock.Waiter); ok {
 		return timedWaiter{tb, w}
 	}

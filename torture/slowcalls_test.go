@@ -16,7 +16,7 @@ func TestTimedBackendKeepsWaiter(t *testing.T) {
 	if _, ok := dlock.Backend(mem).(dlock.Waiter); !ok {
 		t.Skip("memlock is not a Waiter: nothing to keep")
 	}
-	tb := newTimedBackend(mem, nil, 1<<62)
+	tb := newTimedBackend(mem, nil, 1<<62, nil)
 	w, ok := tb.(dlock.Waiter)
 	if !ok {
 		t.Fatal("the timing wrapper hid the backend's Waiter: the Locker would poll")
@@ -25,7 +25,7 @@ func TestTimedBackendKeepsWaiter(t *testing.T) {
 	if err != nil || !res.Acquired {
 		t.Fatalf("AcquireWait through the wrapper: %+v %v", res, err)
 	}
-	if _, ok := newTimedBackend(onlyBackend{mem}, nil, 1<<62).(dlock.Waiter); ok {
+	if _, ok := newTimedBackend(onlyBackend{mem}, nil, 1<<62, nil).(dlock.Waiter); ok {
 		t.Error("a backend without a Waiter got one from the wrapper")
 	}
 }

@@ -78,7 +78,9 @@ func testPGDSN(t *testing.T) string {
 // control runs half as long, at least 10s); DLOCK_TORTURE_STRATEGIES
 // (comma-separated) runs only those; DLOCK_TORTURE_OUT keeps the records in
 // that directory; DLOCK_TORTURE_TAG (default "ci") names the tables, so that
-// concurrent runs on one server do not share them.
+// concurrent runs on one server do not share them. Every client fault is
+// injected (in the strategies' runs, not the controls);
+// DLOCK_TORTURE_CLIENT_FAULTS (a comma list, "all" or "none") changes that.
 func TestShortRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the harness runs for about two minutes")
@@ -114,6 +116,14 @@ func TestShortRun(t *testing.T) {
 		DBRestart: true, DBRestartEvery: max(d/3, 5*time.Second),
 		RestartOnly: []string{"redis-lease", "etcd-lease", "zk-lease"},
 		MySQLDSN:    dsn, Out: out, Tag: tag, Log: &log,
+	}
+	cf := os.Getenv("DLOCK_TORTURE_CLIENT_FAULTS")
+	if cf == "" {
+		cf = "all"
+	}
+	var err error
+	if cfg.ClientFaults, err = ParseClientFaults(cf); err != nil {
+		t.Fatal(err)
 	}
 	// The partition fault needs network namespaces (root, ip, nft).
 	if err := netnsAvailable(); err == nil {

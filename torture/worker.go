@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,6 +38,11 @@ type workerConfig struct {
 	ClockRate float64       `json:"clock_rate"` // the Locker's clock rate (1: real time)
 	Events    string        `json:"events"`     // path of the JSON-lines record
 	Resource  string        `json:"resource"`   // host:port of the resource's MariaDB, if not the DSN's
+	// Lanes is how many goroutines run the worker's loop on its one Locker
+	// (and so on its store sessions): a worker then holds up to Lanes
+	// locks at once.
+	Lanes        int      `json:"lanes"`
+	ClientFaults []string `json:"client_faults"` // client fault kinds the worker injects
 }
 
 // RunWorkerIfRequested runs a worker and exits if this process was started
@@ -73,7 +79,7 @@ func runWorker(cfg workerConfig) error {
 		return err
 	}
 	defer rec.close()
-	rec.rec(Event{Ev: "start", Pid: os.Getpid(), W: cfg.ID})
+	rec.rec(Event{Ev: "start", Pid: os.Getpid(), W: cfg.ID, Pool: cfg.Open.PoolSize})
 
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -110,15 +116,22 @@ func runWorker(cfg workerConfig) error {
 		cfg: cfg,
 		rec: rec,
 		res: newResource(rdb, cfg.Tag, cfg.NoFencing),
-		rng: rand.New(rand.NewPCG(cfg.Seed, 0x746f7274757265)),
 		out: bufio.NewWriter(os.Stdout),
-		locker: dlock.New(newTimedBackend(b, rec, cfg.TTL/5), &dlock.Options{
-			TTL:    cfg.TTL,
-			Clock:  clock,
-			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		}),
 	}
-	w.loop(ctx)
+	w.locker = dlock.New(newTimedBackend(b, rec, cfg.TTL/5, &w.grants), &dlock.Options{
+		TTL:    cfg.TTL,
+		Clock:  clock,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	// A lane may end the worker early (see doPanic): the slot restarts.
+	ctx, w.restart = context.WithCancel(ctx)
+	defer w.restart()
+	var lanes sync.WaitGroup
+	for i := range max(cfg.Lanes, 1) {
+		l := &lane{w: w, rng: rand.New(rand.NewPCG(cfg.Seed, 0x746f7274757265+uint64(i)))}
+		lanes.Go(func() { l.loop(ctx) })
+	}
+	lanes.Wait()
 	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
 	err = w.locker.Close(cctx)
 	ccancel()
@@ -130,22 +143,45 @@ type worker struct {
 	cfg    workerConfig
 	rec    *recorder
 	res    *Resource
-	rng    *rand.Rand
-	out    *bufio.Writer // state lines for the harness
 	locker *dlock.Locker
+	grants lastGrants // the backend's grants, for Do's functions
+	// restart ends the worker's lanes; the worker then closes its Locker
+	// and exits, and the harness restarts the slot.
+	restart context.CancelFunc
+
+	mu  sync.Mutex
+	out *bufio.Writer // state lines for the harness
+}
+
+// lane is one goroutine running the worker's loop.
+type lane struct {
+	w   *worker
+	rng *rand.Rand
 }
 
 // say tells the harness about a state change: "H key fence plan_ms" when a
 // hold starts, "E key" when it ends.
 func (w *worker) say(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	fmt.Fprintf(w.out, format+"\n", args...)
 	_ = w.out.Flush()
 }
 
-func (w *worker) loop(ctx context.Context) {
-	ttl := w.cfg.TTL
+func (l *lane) loop(ctx context.Context) {
+	w, ttl := l.w, l.w.cfg.TTL
 	for ctx.Err() == nil {
-		key := w.cfg.Keys[w.rng.IntN(len(w.cfg.Keys))]
+		key := w.cfg.Keys[l.rng.IntN(len(w.cfg.Keys))]
+		if l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pAcqDeadline {
+			if lk, acq := l.shortAcquire(ctx, key); lk != nil {
+				l.held(ctx, lk, acq, false)
+				continue
+			}
+		}
+		if l.clientFault(ClientDoPanic) && l.rng.Float64() < pDoPanic {
+			l.doPanic(ctx, key)
+			continue
+		}
 		t0 := Mono()
 		actx, cancel := context.WithTimeout(ctx, 10*ttl)
 		lk, err := w.locker.Acquire(actx, key, dlock.WithTTL(ttl))
@@ -155,63 +191,123 @@ func (w *worker) loop(ctx context.Context) {
 				return
 			}
 			w.rec.rec(Event{T0: t0, Ev: "acqerr", K: key, Err: err.Error()})
-			sleep(ctx, time.Duration(50+w.rng.IntN(100))*time.Millisecond)
+			sleep(ctx, time.Duration(50+l.rng.IntN(100))*time.Millisecond)
 			continue
 		}
-		plan := time.Duration(w.rng.Int64N(int64(50 * time.Millisecond)))
-		if w.rng.Float64() < w.cfg.LongFrac {
-			plan = time.Duration(w.rng.Int64N(int64(2 * ttl)))
-		}
-		fence := lk.Token()
-		w.rec.rec(Event{T0: t0, Ev: "acq", K: key, F: fence, Plan: int64(plan)})
-		w.say("H %s %d %d", key, fence, plan.Milliseconds())
-		watched := make(chan struct{})
-		go func() {
-			defer close(watched)
-			<-lk.Done()
-			t := Mono()
-			err := lk.Err()
-			w.rec.rec(Event{T: t, Ev: "done", K: key, F: fence, OK: errors.Is(err, dlock.ErrLockLost), Err: errString(err)})
-		}()
-		w.hold(ctx, lk, key, fence, plan)
-		t1 := Mono()
-		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = lk.Release(rctx)
-		rcancel()
-		w.rec.rec(Event{T0: t1, Ev: "rel", K: key, F: fence, Err: errString(err)})
-		<-watched
-		w.say("E %s", key)
+		l.held(ctx, lk, Event{T0: t0, K: key}, false)
 	}
 }
 
+// plan draws how long a hold lasts.
+func (l *lane) plan() time.Duration {
+	if l.rng.Float64() < l.w.cfg.LongFrac {
+		return time.Duration(l.rng.Int64N(int64(2 * l.w.cfg.TTL)))
+	}
+	return time.Duration(l.rng.Int64N(int64(50 * time.Millisecond)))
+}
+
+// held records the acquisition of lk (acq: when it was asked for, the key,
+// and the client fault of the call if any), works under it and releases it.
+// With the acqdeadline fault, a share of holds (not nested ones) take
+// another key with a caller deadline half-way, and hold it too: an
+// application's short-deadline call while it holds a lock on the same store
+// session.
+func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool) {
+	w, key := l.w, acq.K
+	plan := l.plan()
+	fence := lk.Token()
+	acq.Ev, acq.F, acq.Plan = "acq", fence, int64(plan)
+	w.rec.rec(acq)
+	w.say("H %s %d %d", key, fence, plan.Milliseconds())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		<-lk.Done()
+		t := Mono()
+		err := lk.Err()
+		w.rec.rec(Event{T: t, Ev: "done", K: key, F: fence, OK: errors.Is(err, dlock.ErrLockLost), Err: errString(err)})
+	}()
+	if keys := w.cfg.Keys; !nested && len(keys) > 1 && l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pNested {
+		other := keys[l.rng.IntN(len(keys))]
+		for other == key {
+			other = keys[l.rng.IntN(len(keys))]
+		}
+		l.hold(ctx, key, fence, plan/2, lk.Err)
+		if lk.Err() == nil && ctx.Err() == nil {
+			if lk2, acq2 := l.shortAcquire(ctx, other); lk2 != nil {
+				l.held(ctx, lk2, acq2, true)
+			}
+			l.hold(ctx, key, fence, plan-plan/2, lk.Err)
+		}
+	} else {
+		l.hold(ctx, key, fence, plan, lk.Err)
+	}
+	t1 := Mono()
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ev := Event{T0: t1, Ev: "rel", K: key, F: fence}
+	if l.clientFault(ClientRelDeadline) && l.rng.Float64() < pRelDeadline {
+		rcancel()
+		var dl time.Time
+		rctx, rcancel, dl = l.callerDeadline(context.Background(), 2)
+		ev.Cf, ev.Dl = ClientRelDeadline, monoOf(dl)
+	}
+	err := lk.Release(rctx)
+	rcancel()
+	ev.Err = errString(err)
+	w.rec.rec(ev)
+	<-watched
+	w.say("E %s", key)
+}
+
 // hold works on the resource under the lock for plan: cycles of read (which
-// presents the fencing token), compute, write. Loss is checked at the start
-// of each cycle only, as an application would between units of work; a pause
-// inside a cycle (GC, SIGSTOP) is what the fencing token is for.
-func (w *worker) hold(ctx context.Context, lk *dlock.Lock, key string, fence uint64, plan time.Duration) {
+// presents the fencing token), compute, write. Before each access it asks
+// lost (the Lock's Err, or for Do the cause of its context) and stops if the
+// lock is gone, as an application would; the instant of the check goes into
+// the access's record. A pause after the check is what the fencing token is
+// for. In a positive control (NoFencing) only reads are checked, so that a
+// pause while computing leads to a write.
+func (l *lane) hold(ctx context.Context, key string, fence uint64, plan time.Duration, lost func() error) {
 	end := Mono() + int64(plan)
+	writeCheck := lost
+	if l.w.cfg.NoFencing {
+		writeCheck = nil
+	}
 	for first := true; ; first = false {
-		if lk.Err() != nil || ctx.Err() != nil || (!first && Mono() >= end) {
+		if ctx.Err() != nil || (!first && Mono() >= end) {
 			return
 		}
-		v, ok := w.op(ctx, "r", key, fence, 0)
+		v, ok := l.op(ctx, "r", key, fence, 0, lost)
 		if !ok {
 			return
 		}
-		compute := time.Duration(5+w.rng.IntN(45)) * time.Millisecond
+		compute := time.Duration(5+l.rng.IntN(45)) * time.Millisecond
 		if left := time.Duration(end - Mono()); left < compute {
 			compute = max(left, time.Millisecond)
 		}
 		time.Sleep(compute)
-		if _, ok := w.op(ctx, "w", key, fence, v); !ok {
+		if _, ok := l.op(ctx, "w", key, fence, v, writeCheck); !ok {
 			return
 		}
 	}
 }
 
-// op runs one resource access and records it. ok is false when the resource
+// op runs one resource access and records it, after checking lost (if not
+// nil): a lost lock ends the hold without the access (a skipped write is
+// recorded as such). ok is false when the access was skipped, the resource
 // refused the token or the access failed.
-func (w *worker) op(ctx context.Context, op, key string, fence uint64, readValue int64) (int64, bool) {
+func (l *lane) op(ctx context.Context, op, key string, fence uint64, readValue int64, lost func() error) (int64, bool) {
+	w := l.w
+	var chk int64
+	if lost != nil {
+		// Read the clock first: the check happened at or after chk.
+		chk = Mono()
+		if lost() != nil {
+			if op == "w" {
+				w.rec.rec(Event{Ev: "skip", Op: op, K: key, F: fence})
+			}
+			return 0, false
+		}
+	}
 	t0 := Mono()
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
@@ -223,7 +319,7 @@ func (w *worker) op(ctx context.Context, op, key string, fence uint64, readValue
 	} else {
 		ok, err = w.res.Write(octx, key, fence, w.cfg.ID, readValue)
 	}
-	w.rec.rec(Event{T0: t0, Ev: "op", Op: op, K: key, F: fence, OK: ok, V: v, Err: errString(err)})
+	w.rec.rec(Event{T0: t0, Ev: "op", Op: op, K: key, F: fence, OK: ok, V: v, Err: errString(err), Chk: chk})
 	return v, ok && err == nil
 }
 

@@ -10,6 +10,7 @@
 //	go run ./torture/cmd/dlock-torture -db-restart -strategies mysql-lease
 //	go run ./torture/cmd/dlock-torture -db-restart -strategies redis-lease -redis 127.0.0.1:26379
 //	go run ./torture/cmd/dlock-torture -strategies pg-lease,pg-advisory
+//	go run ./torture/cmd/dlock-torture -client-faults none   # server, network and process faults only
 //
 // See torture/README.md.
 package main
@@ -38,6 +39,7 @@ func run() int {
 		cfg        torture.Config
 		strategies string
 		faults     string
+		client     string
 	)
 	dsn := os.Getenv("DLOCK_MYSQL_DSN")
 	if dsn == "" {
@@ -64,6 +66,8 @@ func run() int {
 	flag.DurationVar(&cfg.TTL, "ttl", time.Second, "lease TTL")
 	flag.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the fault schedule and the workers' choices")
 	flag.StringVar(&faults, "faults", "kill,stop,blackhole,cut,latency", "holder faults to inject (network ones only on networked stores)")
+	flag.StringVar(&client, "client-faults", "all", "client faults the workers inject (acqdeadline,reldeadline,smallpool,dopanic; all; none): what applications do to a lock themselves")
+	flag.IntVar(&cfg.Lanes, "lanes", 0, "goroutines per worker running its loop on its one Locker (0: 2 with client faults, else 1)")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", 2*time.Second, "mean interval between holder faults")
 	flag.Float64Var(&cfg.LongFrac, "long-frac", 0.3, "share of holds lasting up to 2×TTL (the rest last up to 50 ms)")
 	flag.BoolVar(&cfg.DBRestart, "db-restart", false, "also kill -9 and restart the store's server: MariaDB for the mysql strategies, PostgreSQL for the pg ones, the Redis, etcd and ZooKeeper of theirs (disrupts every other user of them)")
@@ -85,6 +89,11 @@ func run() int {
 	}
 	if faults != "" {
 		cfg.Faults = strings.Split(faults, ",")
+	}
+	var err error
+	if cfg.ClientFaults, err = torture.ParseClientFaults(client); err != nil {
+		fmt.Fprintln(os.Stderr, "dlock-torture:", err)
+		return 2
 	}
 	if cfg.Netns && !faultsSet {
 		cfg.Faults = append(cfg.Faults, torture.FaultPartition)
