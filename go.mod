@@ -1,5 +1,5 @@
 module github.com/dlock-dev/dlock
 
-go 1.26
+go 1.26.0
 
 require go.uber.org/goleak v1.3.0

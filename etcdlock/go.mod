@@ -2,10 +2,8 @@ module github.com/dlock-dev/dlock/etcdlock
 
 go 1.26.0
 
-replace github.com/dlock-dev/dlock => ../
-
 require (
-	github.com/dlock-dev/dlock v0.0.0-00010101000000-000000000000
+	github.com/dlock-dev/dlock v0.1.0
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/goleak v1.3.0

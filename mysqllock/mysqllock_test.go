@@ -35,10 +35,21 @@ func dsn() string {
 
 var migrateOnce sync.Once
 
+// needServer skips the test (or fails it under CI=true) when there is no
+// server, before the conformance suite starts helper processes, which would
+// skip on their own and leave the suite waiting for their reports.
+func needServer(t *testing.T) {
+	t.Helper()
+	open(t, "")
+}
+
 // open returns a new pool on the test server with extra DSN parameters.
 // Without a server the test fails under CI=true and is skipped otherwise.
 func open(t testing.TB, params string) *sql.DB {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a MySQL or MariaDB server")
+	}
 	d := dsn()
 	if params != "" {
 		sep := "?"
@@ -84,10 +95,12 @@ func newLease(t testing.TB, params string, opts *mysqllock.Options) *mysqllock.B
 }
 
 func TestConformance(t *testing.T) {
+	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") })
 }
 
 func TestConformanceLeaseNoDoorbell(t *testing.T) {
+	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend {
 		return newLease(t, "", &mysqllock.Options{Table: testTable, NoDoorbell: true})
 	})
@@ -98,6 +111,7 @@ func TestConformanceLeaseNoDoorbell(t *testing.T) {
 // matches), interpolated parameters (no prepared statements) and a session
 // time zone far from UTC.
 func TestConformanceDriverOptions(t *testing.T) {
+	needServer(t)
 	params := "clientFoundRows=true&interpolateParams=true&time_zone=%27%2B09%3A00%27"
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, params) })
 }
@@ -279,6 +293,7 @@ func newGetLock(t testing.TB, params string) *mysqllock.GetLock {
 }
 
 func TestConformanceGetLock(t *testing.T) {
+	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint())
 }
 
@@ -294,20 +309,24 @@ func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
 }
 
 func TestConformanceRowLock(t *testing.T) {
+	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint())
 }
 
 // The fair-share tests run 8 processes on one key for 3 s each: no process
 // may get less than half of its fair share.
 func TestFairShareGetLock(t *testing.T) {
+	needServer(t)
 	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") }, 8, 3*time.Second)
 }
 
 func TestFairShareRowLock(t *testing.T) {
+	needServer(t)
 	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") }, 8, 3*time.Second)
 }
 
 func TestFairShareLease(t *testing.T) {
+	needServer(t)
 	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") }, 8, 3*time.Second)
 }
 

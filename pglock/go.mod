@@ -1,9 +1,9 @@
 module github.com/dlock-dev/dlock/pglock
 
-go 1.26
+go 1.26.0
 
 require (
-	github.com/dlock-dev/dlock v0.0.0
+	github.com/dlock-dev/dlock v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	go.uber.org/goleak v1.3.0
 )
@@ -15,5 +15,3 @@ require (
 	golang.org/x/sync v0.22.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 )
-
-replace github.com/dlock-dev/dlock => ../

@@ -67,11 +67,22 @@ func dsn() string {
 	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 }
 
+// needServer skips the test (or fails it under CI=true) when there is no
+// server, before the conformance suite starts helper processes, which would
+// skip on their own and leave the suite waiting for their reports.
+func needServer(t *testing.T) {
+	t.Helper()
+	open(t, "")
+}
+
 // open returns a new pool on the test server; appName, if set, names its
 // connections in pg_stat_activity. Without a server the test fails under
 // CI=true and is skipped otherwise.
 func open(t testing.TB, appName string) *pgxpool.Pool {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a PostgreSQL server")
+	}
 	cfg, err := pgxpool.ParseConfig(dsn())
 	if err != nil {
 		t.Fatal(err)
@@ -134,20 +145,24 @@ func newAdvisory(t testing.TB, pool *pgxpool.Pool) *pglock.Advisory {
 }
 
 func TestConformanceLease(t *testing.T) {
+	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newLease(t, nil) })
 }
 
 func TestConformanceAdvisory(t *testing.T) {
+	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newAdvisory(t, nil) }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint())
 }
 
 // The fair-share tests run 8 processes on one key for 3 s each: no process
 // may get less than half of its fair share.
 func TestFairShareLease(t *testing.T) {
+	needServer(t)
 	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newLease(t, nil) }, 8, 3*time.Second)
 }
 
 func TestFairShareAdvisory(t *testing.T) {
+	needServer(t)
 	locktest.FairShare(t, func(t *testing.T) dlock.Backend { return newAdvisory(t, nil) }, 8, 3*time.Second)
 }
 

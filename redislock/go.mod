@@ -2,10 +2,8 @@ module github.com/dlock-dev/dlock/redislock
 
 go 1.26.0
 
-replace github.com/dlock-dev/dlock => ../
-
 require (
-	github.com/dlock-dev/dlock v0.0.0
+	github.com/dlock-dev/dlock v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.uber.org/goleak v1.3.0
 )

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs every check and test of every module: gofmt, go vet, staticcheck and
-# go test -race, including the fault harness's short run (torture). It starts
+# go test -race, including the fault harness's short run (torture) and
+# internal/release's TestInstallAsAUser, which installs the modules from a file
+# module proxy made from the tree as a user would (third-party modules come
+# from the module cache or $GOPROXY). It starts
 # the servers the tests need on loopback (MariaDB, PostgreSQL), installing
 # them from Debian if absent, and installs redis-server, etcd and ZooKeeper,
 # whose tests start their own servers. With CI=true a server that cannot be started

@@ -2,25 +2,15 @@ module github.com/dlock-dev/dlock/torture
 
 go 1.26.0
 
-replace (
-	github.com/dlock-dev/dlock => ../
-	github.com/dlock-dev/dlock/etcdlock => ../etcdlock
-	github.com/dlock-dev/dlock/mysqllock => ../mysqllock
-	github.com/dlock-dev/dlock/pglock => ../pglock
-	github.com/dlock-dev/dlock/redislock => ../redislock
-	github.com/dlock-dev/dlock/sqlitelock => ../sqlitelock
-	github.com/dlock-dev/dlock/zklock => ../zklock
-)
-
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0
-	github.com/dlock-dev/dlock v0.0.0
-	github.com/dlock-dev/dlock/etcdlock v0.0.0
-	github.com/dlock-dev/dlock/mysqllock v0.0.0
-	github.com/dlock-dev/dlock/pglock v0.0.0
-	github.com/dlock-dev/dlock/redislock v0.0.0
-	github.com/dlock-dev/dlock/sqlitelock v0.0.0
-	github.com/dlock-dev/dlock/zklock v0.0.0
+	github.com/dlock-dev/dlock v0.1.0
+	github.com/dlock-dev/dlock/etcdlock v0.1.0
+	github.com/dlock-dev/dlock/mysqllock v0.1.0
+	github.com/dlock-dev/dlock/pglock v0.1.0
+	github.com/dlock-dev/dlock/redislock v0.1.0
+	github.com/dlock-dev/dlock/sqlitelock v0.1.0
+	github.com/dlock-dev/dlock/zklock v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0

@@ -22,6 +22,7 @@ func TestMain(m *testing.M) {
 // fails under CI=true and is skipped otherwise.
 func testDSN(t *testing.T) (string, *sql.DB) {
 	t.Helper()
+	testproc.Short(t, "a MariaDB server")
 	dsn := os.Getenv("DLOCK_MYSQL_DSN")
 	if dsn == "" {
 		dsn = "root@tcp(127.0.0.1:3306)/test"
@@ -47,6 +48,7 @@ func testDSN(t *testing.T) (string, *sql.DB) {
 // skipped otherwise.
 func testPGDSN(t *testing.T) string {
 	t.Helper()
+	testproc.Short(t, "a PostgreSQL server")
 	dsn := os.Getenv("DLOCK_PG_DSN")
 	if dsn == "" {
 		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"

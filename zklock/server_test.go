@@ -25,6 +25,7 @@ const sessionTimeout = 30 * time.Second
 // under CI=true and is skipped otherwise.
 func serverCommand(t testing.TB) (java, classpath string) {
 	t.Helper()
+	testproc.Short(t, "a ZooKeeper server")
 	java, classpath, err := testproc.ZooKeeperCommand()
 	if err != nil {
 		testproc.Missing(t, "ZooKeeper", testproc.ZooKeeperHint, err)

@@ -3,13 +3,13 @@ module github.com/dlock-dev/dlock/cmd/dlock
 go 1.26.0
 
 require (
-	github.com/dlock-dev/dlock v0.0.0
-	github.com/dlock-dev/dlock/etcdlock v0.0.0
-	github.com/dlock-dev/dlock/mysqllock v0.0.0
-	github.com/dlock-dev/dlock/pglock v0.0.0
-	github.com/dlock-dev/dlock/redislock v0.0.0
-	github.com/dlock-dev/dlock/sqlitelock v0.0.0
-	github.com/dlock-dev/dlock/zklock v0.0.0
+	github.com/dlock-dev/dlock v0.1.0
+	github.com/dlock-dev/dlock/etcdlock v0.1.0
+	github.com/dlock-dev/dlock/mysqllock v0.1.0
+	github.com/dlock-dev/dlock/pglock v0.1.0
+	github.com/dlock-dev/dlock/redislock v0.1.0
+	github.com/dlock-dev/dlock/sqlitelock v0.1.0
+	github.com/dlock-dev/dlock/zklock v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
@@ -52,14 +52,4 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 	modernc.org/sqlite v1.61.1 // indirect
-)
-
-replace (
-	github.com/dlock-dev/dlock => ../../
-	github.com/dlock-dev/dlock/etcdlock => ../../etcdlock
-	github.com/dlock-dev/dlock/mysqllock => ../../mysqllock
-	github.com/dlock-dev/dlock/pglock => ../../pglock
-	github.com/dlock-dev/dlock/redislock => ../../redislock
-	github.com/dlock-dev/dlock/sqlitelock => ../../sqlitelock
-	github.com/dlock-dev/dlock/zklock => ../../zklock
 )

@@ -163,6 +163,7 @@ func ZooKeeperArgs(classpath, conf string) []string {
 // directory (which holds its transaction log, in version-2/).
 func StartZooKeeper(t testing.TB) (addr, dataDir string) {
 	t.Helper()
+	Short(t, "a ZooKeeper server")
 	java, cp, err := ZooKeeperCommand()
 	if err != nil {
 		Missing(t, "ZooKeeper", ZooKeeperHint, err)

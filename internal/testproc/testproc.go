@@ -31,10 +31,21 @@ func Missing(t testing.TB, what, installHint string, err error) {
 	t.Skipf("SKIPPING: %s is not installed (%s): %v", what, installHint, err)
 }
 
+// Short skips a test that needs what (a server) when go test runs with
+// -short: the fast tier runs without any server.
+func Short(t testing.TB, what string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: needs %s", what)
+	}
+}
+
 // Binary returns the path of the executable name, or ends the test as
-// Missing does when there is none in $PATH.
+// Missing does when there is none in $PATH. A server's binary is needed
+// only to start the server: with -short the test is skipped (see Short).
 func Binary(t testing.TB, name, installHint string) string {
 	t.Helper()
+	Short(t, name)
 	bin, err := exec.LookPath(name)
 	if err != nil {
 		Missing(t, name, installHint, err)

@@ -1,6 +1,6 @@
 // Command dlock-bench measures dlock's strategies against their physical
 // floors and against peer libraries, side by side in one run, and prints a
-// Markdown report (and JSON with -json) that ends with issue 7's targets,
+// Markdown report (and JSON with -json) that ends with the performance targets,
 // each judged met, MISSED or not measured from the run's own rows.
 //
 //	go run ./bench/cmd/dlock-bench -duration 3s -json bench.json

@@ -13,7 +13,7 @@ const (
 	notMeasured = "not measured"
 )
 
-// Issue 7's targets, as the report names them.
+// The project's performance targets, as the report names them.
 const (
 	tOverhead   = "uncontended overhead over own raw SQL/commands ≤ 10% (p50 ÷ floor p50)"
 	tSession    = "contended true handoffs/s ≥ 90% of raw GET_LOCK blocking"
@@ -25,7 +25,7 @@ const (
 	tGoroutines = "10,000 held locks: no goroutine per held lock (< 0.1 added per lock)"
 )
 
-// Target is one of issue 7's targets evaluated for one strategy.
+// Target is one of the performance targets evaluated for one strategy.
 type Target struct {
 	Target  string `json:"target"`
 	Subject string `json:"subject"`
@@ -48,7 +48,7 @@ var partialFloors = map[string]string{
 	zkFloor:   "one create and one delete, not zklock's own operations",
 }
 
-// evaluateTargets judges issue 7's targets from the rows of one run, for
+// evaluateTargets judges the performance targets from the rows of one run, for
 // every strategy the bench knows: a strategy or a figure the run did not
 // measure is reported as not measured, with the reason.
 func evaluateTargets(rows []Row) []Target {
@@ -68,9 +68,9 @@ func evaluateTargets(rows []Row) []Target {
 		{mysqlLease, tWakeUps, naive, 50, ""},
 		{pgLease, tWakeUps, "", 0, "no 100 ms-polling recipe row on PostgreSQL in the bench (the polling row polls MySQL)"},
 		{redisStrategy, tRedis, bsmRetry, 10, ""},
-		{sqliteLease, tContended, "", 0, "issue 7 sets no contended target for this store and the bench has no floor for it"},
-		{etcdStrategy, tContended, "", 0, "issue 7 sets no contended target for this store and the bench has no floor for it"},
-		{zkStrategy, tContended, "", 0, "issue 7 sets no contended target for this store and the bench has no floor for it"},
+		{sqliteLease, tContended, "", 0, "no contended target is set for this store and the bench has no floor for it"},
+		{etcdStrategy, tContended, "", 0, "no contended target is set for this store and the bench has no floor for it"},
+		{zkStrategy, tContended, "", 0, "no contended target is set for this store and the bench has no floor for it"},
 	}
 	for _, c := range contended {
 		out = append(out, x.handoffs(c.name, c.target, c.floor, c.limit, c.why))
@@ -255,7 +255,7 @@ func reportTargets(w io.Writer, targets []Target) {
 	for _, t := range targets {
 		n[t.Verdict]++
 	}
-	fmt.Fprintf(w, "\n### Targets (issue 7)\n\n")
+	fmt.Fprintf(w, "\n### Targets\n\n")
 	fmt.Fprintf(w, "From this run's rows: %d met, %d missed, %d not measured. Overhead compares p50 latencies; "+
 		"handoffs compare true handoffs/s; renewal counts what the strategy's client sent over three renewal "+
 		"periods (TTL/3 each), divided by three. A short run (small -duration, -n, -many) proves nothing.\n\n",
