@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -167,17 +168,35 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	granted := time.Now()
+	if f := rowLockedHook.Load(); f != nil {
+		(*f)(req.Key, ss.id)
+	}
+	// The fence is written on another connection, so that it is durable at
+	// once; it counts only if the row stayed locked across its write. The
+	// locking transaction still open after the write commits proves that.
+	// If its session ended before, another client may have locked the row
+	// and written a smaller fence meanwhile.
 	fence, err := r.s.grant(sctx, r.db, ss, req, "")
 	if err != nil {
 		_ = tx.Rollback()
 		r.s.close(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
+	if err := txOpen(sctx, tx); err != nil {
+		_ = tx.Rollback()
+		ss.broken.Store(true)
+		r.s.close(ss)
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", fmt.Errorf("the row was not held across the fence's write: %w", err))
+	}
 	r.mu.Lock()
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
 	r.mu.Unlock()
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granted.Sub(began)}, nil
 }
+
+// rowLockedHook, when set (by tests), runs in take between locking the row
+// and writing the fence, with the key and the locking session's id.
+var rowLockedHook atomic.Pointer[func(key string, connID int64)]
 
 // ensureRow creates key's row if it does not exist yet. The plain read does
 // not wait for locks; INSERT IGNORE runs only for a missing row.
@@ -267,27 +286,42 @@ func (r *RowLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 			errs[i] = dlock.ErrNotHeld
 			continue
 		}
-		var open int
 		h.ss.mu.Lock()
-		err := h.tx.QueryRowContext(sctx, "SELECT @@in_transaction").Scan(&open)
-		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == 1193 { // MySQL: no such variable
-			err = h.tx.QueryRowContext(sctx, "SELECT 1").Scan(&open)
-		}
+		err := txOpen(sctx, h.tx)
 		h.ss.mu.Unlock()
 		switch {
+		case errors.Is(err, errTxEnded):
+			r.drop(l.Key, h, false)
+			errs[i] = fmt.Errorf("%w: %v", dlock.ErrNotHeld, err)
 		case sessionLost(err):
 			h.ss.broken.Store(true)
 			r.drop(l.Key, h, false)
 			errs[i] = fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
 		case err != nil:
 			errs[i] = wrapErr(r.rows, "rowlock extend", err)
-		case open != 1:
-			r.drop(l.Key, h, false)
-			errs[i] = fmt.Errorf("%w: the transaction holding the row ended", dlock.ErrNotHeld)
 		}
 	}
 	return errs, nil
+}
+
+// errTxEnded says that a locking transaction ended without our COMMIT.
+var errTxEnded = errors.New("the transaction holding the row ended")
+
+// txOpen asks the locking transaction whether it is still open (then its
+// session is alive and its row lock held since the locking read): nil if so,
+// errTxEnded if the session is alive without it, the statement's error if
+// the session is gone.
+func txOpen(ctx context.Context, tx *sql.Tx) error {
+	var open int
+	err := tx.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&open)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1193 { // MySQL: no such variable
+		err = tx.QueryRowContext(ctx, "SELECT 1").Scan(&open)
+	}
+	if err == nil && open != 1 {
+		return errTxEnded
+	}
+	return err
 }
 
 // Release implements dlock.Backend: COMMIT.
