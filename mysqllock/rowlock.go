@@ -24,10 +24,10 @@ import (
 // back a dead or timed-out session (wait_timeout is set to the TTL) and the
 // row is free. Each held lock is one open transaction on a connection of its
 // own. Fencing tokens come from the per-key counter row, bumped on every grant
-// in a separate autocommit statement so that it is durable at once. Works on
-// Galera with its usual caveat: a conflicting write on another node aborts
-// the holder's transaction (reported as a loss at the next renewal). As
-// with GetLock, a session the server ends by itself frees the row at once,
+// in a separate autocommit statement so that it is durable at once. Not for
+// Galera: row locks are local to a node and the locking transaction writes
+// nothing, so clients on two nodes would hold a key at once (the first use
+// fails with ErrGalera). As with GetLock, a session the server ends by itself frees the row at once,
 // and the holder is told only at its next check (up to TTL/3 later): guard
 // the resource with the fencing token.
 type RowLock struct {
@@ -74,9 +74,7 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 		return nil, err
 	}
 	base := strings.TrimSuffix(table, "`")
-	s := newSessions(db, base+"_session`")
-	s.galeraOK = true
-	return &RowLock{db: db, s: s, rows: base + "_rows`",
+	return &RowLock{db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
 		held: make(map[string]*rowHold), known: make(map[string]struct{})}, nil
 }
 
