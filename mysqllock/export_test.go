@@ -63,3 +63,6 @@ func OnRowLocked(t testing.TB, f func(key string, connID int64)) {
 	rowLockedHook.Store(&f)
 	t.Cleanup(func() { rowLockedHook.Store(nil) })
 }
+
+// WaitCut exposes rowlock's "a time limit ended the wait" classification.
+var WaitCut = waitCut

@@ -20,16 +20,27 @@ import (
 // until release (COMMIT).
 //
 // Waiting happens in InnoDB, which grants the row to the next waiter when the
-// holder commits. Crash and pause behave as for GetLock: the server rolls
-// back a dead or timed-out session (wait_timeout is set to the TTL) and the
-// row is free. Each held lock is one open transaction on a connection of its
-// own. Fencing tokens come from the per-key counter row, bumped on every grant
-// in a separate autocommit statement so that it is durable at once. Not for
-// Galera: row locks are local to a node and the locking transaction writes
-// nothing, so clients on two nodes would hold a key at once (the first use
-// fails with ErrGalera). As with GetLock, a session the server ends by itself frees the row at once,
-// and the holder is told only at its next check (up to TTL/3 later): guard
-// the resource with the fencing token.
+// holder commits. A wait is bounded by innodb_lock_wait_timeout, set for it,
+// and on MariaDB it runs with max_statement_time = 0, so that a statement
+// limit from the user's grants, the DSN or the server does not end it.
+// Crash and pause behave as for GetLock: the server rolls back a dead or
+// timed-out session (wait_timeout is set to the TTL) and the row is free.
+// Each held lock is one open transaction on a connection of its own.
+//
+// Fencing tokens come from the per-key counter row, bumped on every grant in
+// an autocommit statement on another connection, so that it is durable at
+// once. A fence is reported only if the row stayed locked across its write:
+// after the write commits, the locking transaction must still be open, or
+// the acquisition fails. So fences reported to holders strictly increase.
+//
+// As with GetLock, a session the server ends by itself frees the row at
+// once, and the holder is told only at its next check (up to TTL/3 later):
+// guard the resource with the fencing token.
+//
+// Not for Galera: row locks are local to a node and the locking transaction
+// writes nothing, so certification never aborts a second holder and clients
+// on two nodes would hold a key at once. The first use there fails with
+// ErrGalera; use the lease strategy (New).
 type RowLock struct {
 	db    *sql.DB
 	s     *sessions
@@ -37,6 +48,8 @@ type RowLock struct {
 	mu    sync.Mutex
 	held  map[string]*rowHold
 	known map[string]struct{} // keys whose row exists
+	// flavor is the server's (flavorUnknown until a wait has asked).
+	flavor atomic.Int32
 }
 
 type rowHold struct {
@@ -137,9 +150,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	}
 	q := `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE NOWAIT`
 	if wait > 0 {
-		q = `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE`
-		secs := int(math.Ceil(wait.Seconds()))
-		if _, err = tx.ExecContext(sctx, fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", secs)); err == nil {
+		if q, err = r.waitQuery(sctx, tx, int(math.Ceil(wait.Seconds()))); err == nil {
 			stop := context.AfterFunc(ctx, func() { killQuery(r.db, ss.id) })
 			wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), wait+statementTimeout)
 			var name []byte
@@ -160,7 +171,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		_ = tx.Rollback()
 		ss.broken.Store(sessionLost(err))
 		r.s.close(ss)
-		if lockBusy(err) {
+		if lockBusy(err) || wait > 0 && waitCut(err) {
 			return r.s.notAcquired(ctx, req.Key), nil
 		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
@@ -190,6 +201,53 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
 	r.mu.Unlock()
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granted.Sub(began)}, nil
+}
+
+// Server flavours, as far as waitQuery needs to know.
+const (
+	flavorUnknown = iota
+	flavorMariaDB // has SET STATEMENT and max_statement_time
+	flavorMySQL
+)
+
+// waitQuery returns the blocking locking read for a wait of secs seconds. On
+// MariaDB the read runs with max_statement_time = 0 (a limit from the user's
+// grants, the DSN or the server would end the wait with error 1969) and its
+// innodb_lock_wait_timeout, both for that statement only. Elsewhere the
+// session's innodb_lock_wait_timeout is set first.
+func (r *RowLock) waitQuery(ctx context.Context, tx *sql.Tx, secs int) (string, error) {
+	q := `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE`
+	if r.flavor.Load() == flavorUnknown {
+		var v sql.NullString
+		err := tx.QueryRowContext(ctx, "SELECT @@max_statement_time").Scan(&v)
+		var me *mysql.MySQLError
+		switch {
+		case err == nil:
+			r.flavor.Store(flavorMariaDB)
+		case errors.As(err, &me) && me.Number == 1193: // unknown variable
+			r.flavor.Store(flavorMySQL)
+		default:
+			return "", err
+		}
+	}
+	if r.flavor.Load() == flavorMariaDB {
+		return fmt.Sprintf("SET STATEMENT max_statement_time = 0, innodb_lock_wait_timeout = %d FOR %s", secs, q), nil
+	}
+	_, err := tx.ExecContext(ctx, fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", secs))
+	return q, err
+}
+
+// MySQL error numbers of a statement ended by a time limit.
+const (
+	errStatementTimeout = 1969 // MariaDB: max_statement_time exceeded
+	errQueryTimeout     = 3024 // MySQL: max_execution_time exceeded
+)
+
+// waitCut reports whether err says that a statement time limit ended a
+// wait: the wait is over, nothing was taken.
+func waitCut(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == errStatementTimeout || me.Number == errQueryTimeout)
 }
 
 // rowLockedHook, when set (by tests), runs in take between locking the row

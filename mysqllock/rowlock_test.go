@@ -9,6 +9,7 @@ import (
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/locktest"
 	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/go-sql-driver/mysql"
 )
 
 // TestRowLockFenceNeedsUnbrokenHold kills the locking session between the
@@ -46,5 +47,79 @@ func TestRowLockFenceNeedsUnbrokenHold(t *testing.T) {
 	defer second.Release(ctx, key, second1.Token)
 	if err == nil && res.Acquired {
 		t.Fatalf("a fence written after the locking session died was reported: first client acquired with fence %d, while the second client holds the key with fence %d", res.Fence, got.Fence)
+	}
+}
+
+// TestRowLockWaitUnderMaxStatementTime waits for a held key on sessions
+// whose max_statement_time (MariaDB; set here for the test's sessions only,
+// as a user's grants or a DSN would) is shorter than the wait: the wait must
+// last until the release, not fail with error 1969 when the limit passes.
+func TestRowLockWaitUnderMaxStatementTime(t *testing.T) {
+	for name, params := range map[string]string{
+		"prepared":     "max_statement_time=0.3",
+		"interpolated": "max_statement_time=0.3&interpolateParams=true",
+	} {
+		t.Run(name, func(t *testing.T) { testWaitUnderMaxStatementTime(t, params) })
+	}
+}
+
+func testWaitUnderMaxStatementTime(t *testing.T, params string) {
+	ctx := t.Context()
+	holder := newRowLock(t, "")
+	waiter := newRowLock(t, params)
+	key := locktest.UniqueKey("rowlock-max-statement-time")
+	held := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second}
+	if res, err := holder.Acquire(ctx, held); err != nil || !res.Acquired {
+		t.Fatalf("holder: %+v, %v", res, err)
+	}
+	type outcome struct {
+		res dlock.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	req := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second}
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		res, err := waiter.AcquireWait(wctx, req)
+		done <- outcome{res, err}
+	}()
+	var o outcome
+	select {
+	case o = <-done: // the wait ended before the release
+		holder.Release(ctx, key, held.Token)
+	case <-time.After(1500 * time.Millisecond): // five times the limit
+		if err := holder.Release(ctx, key, held.Token); err != nil {
+			t.Fatal(err)
+		}
+		o = <-done
+	}
+	if o.err != nil || !o.res.Acquired {
+		t.Fatalf("a wait longer than max_statement_time did not last until the release: %+v, %v", o.res, o.err)
+	}
+	if err := waiter.Release(ctx, key, req.Token); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRowLockWaitCutErrors checks which server errors end a rowlock wait
+// with "not acquired": a statement time limit (MariaDB's max_statement_time,
+// MySQL's max_execution_time) that the wait could not lift.
+func TestRowLockWaitCutErrors(t *testing.T) {
+	for _, c := range []struct {
+		err error
+		cut bool
+	}{
+		{&mysql.MySQLError{Number: 1969, Message: "Query execution was interrupted (max_statement_time exceeded)"}, true},
+		{&mysql.MySQLError{Number: 3024, Message: "Query execution was interrupted, maximum statement execution time exceeded"}, true},
+		{fmt.Errorf("wrapped: %w", &mysql.MySQLError{Number: 1969}), true},
+		{nil, false},
+		{&mysql.MySQLError{Number: 1317, Message: "Query execution was interrupted"}, false},
+		{mysql.ErrInvalidConn, false},
+		{context.DeadlineExceeded, false},
+	} {
+		if got := mysqllock.WaitCut(c.err); got != c.cut {
+			t.Errorf("waitCut(%v) = %v, want %v", c.err, got, c.cut)
+		}
 	}
 }
