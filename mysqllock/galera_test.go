@@ -59,6 +59,20 @@ func TestGaleraRefusesSessionStrategies(t *testing.T) {
 		t.Errorf("getlock Acquire on Galera: %+v, %v; want ErrGalera", res, err)
 	}
 
+	for name, c := range map[string]checker{"rowlock": row, "getlock": get, "lease": lease} {
+		fs, err := c.Check(ctx)
+		if err != nil {
+			t.Fatalf("%s: Check: %v", name, err)
+		}
+		found := false
+		for _, f := range fs {
+			found = found || f.Setting == "wsrep_on"
+		}
+		if want := name != "lease"; found != want {
+			t.Errorf("%s: Check on Galera found %v; want a wsrep_on finding: %v", name, fs, want)
+		}
+	}
+
 	l := dlock.New(lease, nil)
 	defer l.Close(ctx)
 	key := locktest.UniqueKey("galera-lease")

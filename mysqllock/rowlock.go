@@ -32,6 +32,7 @@ import (
 // once. A fence is reported only if the row stayed locked across its write:
 // after the write commits, the locking transaction must still be open, or
 // the acquisition fails. So fences reported to holders strictly increase.
+// Commits are only as durable as the server's settings make them: see Check.
 //
 // As with GetLock, a session the server ends by itself frees the row at
 // once, and the holder is told only at its next check (up to TTL/3 later):
@@ -50,6 +51,7 @@ type RowLock struct {
 	known map[string]struct{} // keys whose row exists
 	// flavor is the server's (flavorUnknown until a wait has asked).
 	flavor atomic.Int32
+	warn   warner
 }
 
 type rowHold struct {
@@ -88,7 +90,7 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	}
 	base := strings.TrimSuffix(table, "`")
 	return &RowLock{db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
-		held: make(map[string]*rowHold), known: make(map[string]struct{})}, nil
+		held: make(map[string]*rowHold), known: make(map[string]struct{}), warn: warner{log: logger(opts)}}, nil
 }
 
 // Close rolls back every held lock and returns the pinned connections.
@@ -124,6 +126,7 @@ func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // the session's wait_timeout counts from its last statement's reply, which
 // came before that (by one network trip, which the Locker's margin covers).
 func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
+	r.warn.warnOnce(ctx, r.Check)
 	r.mu.Lock()
 	_, mine := r.held[req.Key]
 	r.mu.Unlock()
