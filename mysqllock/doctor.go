@@ -39,7 +39,7 @@ func (b *Backend) Check(ctx context.Context) ([]Finding, error) {
 // guarantees do not hold: those of Backend.Check, and Galera (where the
 // strategy refuses to run).
 func (g *GetLock) Check(ctx context.Context) ([]Finding, error) {
-	return checkServer(ctx, g.db, true)
+	return checkServer(ctx, g.s.db, true)
 }
 
 // Check reports the server settings under which the rowlock strategy's

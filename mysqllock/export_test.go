@@ -2,7 +2,6 @@ package mysqllock
 
 import (
 	"context"
-	"testing"
 
 	"github.com/dlock-dev/dlock"
 )
@@ -56,13 +55,3 @@ func RowLockWaitTimeout(ctx context.Context, r *RowLock, key string) (secs int, 
 
 // LockBusy exposes rowlock's "not acquired" error classification.
 var LockBusy = lockBusy
-
-// OnRowLocked makes RowLock call f with the key and the locking session's
-// connection id between locking a row and writing its fence, until t ends.
-func OnRowLocked(t testing.TB, f func(key string, connID int64)) {
-	rowLockedHook.Store(&f)
-	t.Cleanup(func() { rowLockedHook.Store(nil) })
-}
-
-// WaitCut exposes rowlock's "a time limit ended the wait" classification.
-var WaitCut = waitCut

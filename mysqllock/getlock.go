@@ -49,7 +49,6 @@ type GetLock struct {
 	mu      sync.Mutex
 	main    *session                 // takes the uncontended locks
 	byToken map[dlock.Token]*session // where each held or pending token is
-	warn    warner
 }
 
 var (
@@ -67,7 +66,7 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &GetLock{db: db, s: newSessions(db, strings.TrimSuffix(table, "`")+"_session`"), warn: warner{log: logger(opts)}}, nil
+	return &GetLock{db: db, s: newSessions(db, strings.TrimSuffix(table, "`")+"_session`")}, nil
 }
 
 // Close releases every lock still held and returns the pinned connections to
@@ -226,7 +225,6 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 // it was sent on the session: the session's wait_timeout counts from its
 // last statement, so a long wait does not shorten the lease.
 func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
-	g.warn.warnOnce(ctx, g.Check)
 	name := g.name(req.Key)
 	var got sql.NullInt64
 	var err error

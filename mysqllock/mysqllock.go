@@ -14,7 +14,7 @@
 // committed grant and a fencing token is handed out twice. No statement can
 // override these settings, so each strategy's Check method reports them,
 // and with Options.Logger set, Migrate and the first acquisition log a
-// warning.
+// warning (see Options.Logger).
 //
 //	db, _ := sql.Open("mysql", "user:pass@tcp(host:3306)/app")
 //	b, err := mysqllock.New(db, nil)
@@ -56,6 +56,13 @@ type Options struct {
 	// digits. The default is DefaultTable.
 	Table string
 
+	// Logger receives a warning for each server setting that breaks a
+	// guarantee of the strategy (see Backend.Check: commits that are not
+	// durable, Galera for the session strategies), from Migrate and, for
+	// the lease and rowlock strategies, once from the first acquisition.
+	// The default (nil) logs nothing and checks nothing.
+	Logger *slog.Logger
+
 	// NoDoorbell turns off the lease strategy's doorbells. By default a
 	// lease holder also holds a named lock (a "doorbell": GET_LOCK on a
 	// session pinned from a *sql.DB), so that waiters block in the server,
@@ -66,13 +73,6 @@ type Options struct {
 	// waiters use the Locker's backoff and a releasing client may barge
 	// back in, for more acquisitions per second and no fairness.
 	NoDoorbell bool
-
-	// Logger receives a warning for each server setting that breaks a
-	// guarantee of the strategy (see Backend.Check: commits that are not
-	// durable, Galera for the session strategies), from Migrate and once
-	// from the first acquisition. The default (nil) logs nothing and checks
-	// nothing.
-	Logger *slog.Logger
 }
 
 // Backend is the lease strategy on MySQL/MariaDB. It is safe for concurrent
