@@ -25,7 +25,13 @@ import (
 // limit from the user's grants, the DSN or the server does not end it.
 // Crash and pause behave as for GetLock: the server rolls back a dead or
 // timed-out session (wait_timeout is set to the TTL) and the row is free.
-// Each held lock is one open transaction on a connection of its own.
+//
+// Each held lock is one open transaction on a connection of its own, pinned
+// from db, and each grant needs one more connection for a moment. So a pool
+// limited to n connections (SetMaxOpenConns) must allow at least 2, and
+// holds at most n−1 locks at once: beyond that Acquire fails at once and
+// AcquireWait waits for a lock's release. In a limited pool a released
+// lock's connection goes back to the pool at once.
 //
 // Fencing tokens come from the per-key counter row, bumped on every grant in
 // an autocommit statement on another connection, so that it is durable at
@@ -52,6 +58,10 @@ type RowLock struct {
 	// flavor is the server's (flavorUnknown until a wait has asked).
 	flavor atomic.Int32
 	warn   warner
+	// pinned counts the sessions pinned for held locks and acquisitions
+	// (under mu); freed is closed and replaced when one is given back.
+	pinned int
+	freed  chan struct{}
 }
 
 type rowHold struct {
@@ -82,14 +92,18 @@ func lockBusy(err error) bool {
 
 // NewRowLock returns the rowlock strategy over db, whose connections it pins
 // for held locks. It does no I/O; Migrate creates the tables. Call Close to
-// roll back what is still held and return the connections.
+// roll back what is still held and return the connections. The error
+// matches dlock.ErrInvalidOption for a pool limited to one connection.
 func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	table, err := checkArgs(db == nil, opts)
 	if err != nil {
 		return nil, err
 	}
+	if n := db.Stats().MaxOpenConnections; n == 1 {
+		return nil, poolTooSmall(n)
+	}
 	base := strings.TrimSuffix(table, "`")
-	return &RowLock{db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
+	return &RowLock{freed: make(chan struct{}), db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
 		held: make(map[string]*rowHold), known: make(map[string]struct{}), warn: warner{log: logger(opts)}}, nil
 }
 
@@ -98,6 +112,7 @@ func (r *RowLock) Close() error {
 	r.mu.Lock()
 	holds := r.held
 	r.held = make(map[string]*rowHold)
+	r.pinned -= len(holds)
 	r.mu.Unlock()
 	for _, h := range holds {
 		_ = h.tx.Rollback()
@@ -133,22 +148,25 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	if mine && wait == 0 {
 		return r.s.notAcquired(ctx, req.Key), nil
 	}
-	ss, err := r.s.open(ctx, req.TTL)
+	ss, err := r.pin(ctx, req.TTL, wait > 0)
 	if err != nil {
+		if wait > 0 && ctx.Err() != nil { // waited for a connection in vain
+			return dlock.Result{}, nil
+		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	sctx, cancel := detached(ctx)
 	defer cancel()
 	if err := r.ensureRow(sctx, ss, req.Key); err != nil {
 		ss.broken.Store(sessionLost(err))
-		r.s.close(ss)
+		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	// The transaction outlives this call: it is the lock.
 	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		ss.broken.Store(true)
-		r.s.close(ss)
+		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	q := `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE NOWAIT`
@@ -162,7 +180,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 			if !stop() { // ctx ended: drop the session, and with it any grant
 				ss.broken.Store(true)
 				_ = tx.Rollback()
-				r.s.close(ss)
+				r.unpin(ss)
 				return dlock.Result{}, nil
 			}
 		}
@@ -173,7 +191,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	if err != nil {
 		_ = tx.Rollback()
 		ss.broken.Store(sessionLost(err))
-		r.s.close(ss)
+		r.unpin(ss)
 		if lockBusy(err) || wait > 0 && waitCut(err) {
 			return r.s.notAcquired(ctx, req.Key), nil
 		}
@@ -191,19 +209,92 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	fence, err := r.s.grant(sctx, r.db, ss, req, "")
 	if err != nil {
 		_ = tx.Rollback()
-		r.s.close(ss)
+		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	if err := txOpen(sctx, tx); err != nil {
 		_ = tx.Rollback()
 		ss.broken.Store(true)
-		r.s.close(ss)
+		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", fmt.Errorf("the row was not held across the fence's write: %w", err))
 	}
 	r.mu.Lock()
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
 	r.mu.Unlock()
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granted.Sub(began)}, nil
+}
+
+// minRowLockConns is the smallest pool limit (SetMaxOpenConns) that rowlock
+// works with: a connection pinned for each held lock, and one for the
+// grants and the other statements.
+const minRowLockConns = 2
+
+// poolTooSmall is the error for a pool whose limit n is below
+// minRowLockConns.
+func poolTooSmall(n int) error {
+	return fmt.Errorf("%w: mysqllock: rowlock needs a pool of at least %d connections, db has SetMaxOpenConns(%d)",
+		dlock.ErrInvalidOption, minRowLockConns, n)
+}
+
+// pin pins a session for one lock. In a pool with a limit of n connections
+// at most n−1 are pinned, so that one is left for the grants and the other
+// statements (else acquisitions would block each other for good): beyond
+// that an attempt fails at once, and a wait (wait true) waits until a
+// pinned session is given back or ctx ends.
+func (r *RowLock) pin(ctx context.Context, ttl time.Duration, wait bool) (*session, error) {
+	for {
+		n := r.db.Stats().MaxOpenConnections
+		if n > 0 && n < minRowLockConns {
+			return nil, poolTooSmall(n)
+		}
+		r.mu.Lock()
+		if n == 0 || r.pinned < n-1 {
+			r.pinned++
+			r.mu.Unlock()
+			break
+		}
+		freed := r.freed
+		r.mu.Unlock()
+		if !wait {
+			return nil, fmt.Errorf("mysqllock: rowlock: no connection to pin: SetMaxOpenConns(%d) allows %d held locks", n, n-1)
+		}
+		t := time.NewTimer(time.Second) // the limit may be raised meanwhile
+		select {
+		case <-freed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+		t.Stop()
+	}
+	ss, err := r.s.open(ctx, ttl)
+	if err != nil {
+		r.unpinned()
+		return nil, err
+	}
+	return ss, nil
+}
+
+// unpin gives a session back: in a pool with a limit to the pool at once
+// (a parked session would keep a connection from it), else parked for
+// reuse.
+func (r *RowLock) unpin(ss *session) {
+	if r.db.Stats().MaxOpenConnections > 0 {
+		r.s.discard(ss)
+	} else {
+		r.s.close(ss)
+	}
+	r.unpinned()
+}
+
+// unpinned counts a pinned session given back and wakes the waits for one.
+func (r *RowLock) unpinned() {
+	r.mu.Lock()
+	r.pinned--
+	close(r.freed)
+	r.freed = make(chan struct{})
+	r.mu.Unlock()
 }
 
 // Server flavours, as far as waitQuery needs to know.
@@ -329,7 +420,7 @@ func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
 	if sessionLost(err) {
 		h.ss.broken.Store(true)
 	}
-	r.s.close(h.ss)
+	r.unpin(h.ss)
 	return err
 }
 

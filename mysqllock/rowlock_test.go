@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -120,6 +121,88 @@ func TestRowLockWaitCutErrors(t *testing.T) {
 	} {
 		if got := mysqllock.WaitCut(c.err); got != c.cut {
 			t.Errorf("waitCut(%v) = %v, want %v", c.err, got, c.cut)
+		}
+	}
+}
+
+// TestRowLockSmallPools runs rowlock over pools with small limits. Each held
+// lock pins a connection and each grant needs another: a pool of 1 is
+// refused (at NewRowLock, and at each call if the limit is lowered after),
+// with a limit of n up to n−1 locks are held, an attempt beyond that fails
+// at once instead of blocking until its deadline, a wait beyond it takes the
+// key once a lock is released, and no session is kept out of the pool once
+// its lock is released.
+func TestRowLockSmallPools(t *testing.T) {
+	ctx := t.Context()
+	newBackend(t, "") // migrated
+	db := open(t, "")
+	db.SetMaxOpenConns(1)
+	if _, err := mysqllock.NewRowLock(db, &mysqllock.Options{Table: testTable}); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Fatalf("NewRowLock over a pool of 1: %v, want ErrInvalidOption", err)
+	}
+	db.SetMaxOpenConns(0)
+	r, err := mysqllock.NewRowLock(db, &mysqllock.Options{Table: testTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	db.SetMaxOpenConns(1)
+	req := func() dlock.Request {
+		return dlock.Request{Key: locktest.UniqueKey("rowlock-pool"), Token: dlock.NewToken(), TTL: 10 * time.Second}
+	}
+	bounded := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 20*time.Second) }
+	c, cancel := bounded()
+	if _, err := r.Acquire(c, req()); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("Acquire after the pool's limit was lowered to 1: %v, want ErrInvalidOption", err)
+	}
+	cancel()
+
+	for _, n := range []int{2, 3} {
+		db.SetMaxOpenConns(n)
+		var held []dlock.Request
+		for range n - 1 {
+			q := req()
+			c, cancel := bounded()
+			res, err := r.Acquire(c, q)
+			cancel()
+			if err != nil || !res.Acquired {
+				t.Fatalf("pool of %d: lock %d of %d: %+v, %v", n, len(held)+1, n-1, res, err)
+			}
+			held = append(held, q)
+		}
+		c, cancel := bounded()
+		res, err := r.Acquire(c, req())
+		cancel()
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("pool of %d with %d locks held: an attempt at another key: %+v, %v; want an error at once", n, n-1, res, err)
+		}
+		// A wait for another key is served by the first release.
+		waited := make(chan error, 1)
+		w := req()
+		go func() {
+			c, cancel := bounded()
+			defer cancel()
+			res, err := r.AcquireWait(c, w)
+			if err == nil && !res.Acquired {
+				err = fmt.Errorf("not acquired: %+v", res)
+			}
+			waited <- err
+		}()
+		time.Sleep(100 * time.Millisecond) // the wait is waiting (else it takes the key at once)
+		if err := r.Release(ctx, held[0].Key, held[0].Token); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waited; err != nil {
+			t.Fatalf("pool of %d: a wait for a connection: %v", n, err)
+		}
+		held = append(held[1:], w)
+		for _, q := range held {
+			if err := r.Release(ctx, q.Key, q.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if inUse := db.Stats().InUse; inUse != 0 {
+			t.Errorf("pool of %d: %d connections still checked out with no lock held", n, inUse)
 		}
 	}
 }
