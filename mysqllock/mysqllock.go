@@ -8,6 +8,14 @@
 // The strategy works through connection pools, proxies and Galera, and a
 // crashed holder's lock frees itself when its TTL runs out.
 //
+// Every strategy's grants, and so its fencing tokens, are only as durable as
+// the server's commits: with innodb_flush_log_at_trx_commit other than 1,
+// or the binary log on and sync_binlog other than 1, a crash can lose a
+// committed grant and a fencing token is handed out twice. No statement can
+// override these settings, so each strategy's Check method reports them,
+// and with Options.Logger set, Migrate and the first acquisition log a
+// warning (see Options.Logger).
+//
 //	db, _ := sql.Open("mysql", "user:pass@tcp(host:3306)/app")
 //	b, err := mysqllock.New(db, nil)
 //	err = b.Migrate(ctx) // once: creates the table
@@ -20,6 +28,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"sort"
 	"strings"
@@ -47,6 +56,13 @@ type Options struct {
 	// digits. The default is DefaultTable.
 	Table string
 
+	// Logger receives a warning for each server setting that breaks a
+	// guarantee of the strategy (see Backend.Check: commits that are not
+	// durable, Galera for the session strategies), from Migrate and, for
+	// the lease and rowlock strategies, once from the first acquisition.
+	// The default (nil) logs nothing and checks nothing.
+	Logger *slog.Logger
+
 	// NoDoorbell turns off the lease strategy's doorbells. By default a
 	// lease holder also holds a named lock (a "doorbell": GET_LOCK on a
 	// session pinned from a *sql.DB), so that waiters block in the server,
@@ -67,6 +83,7 @@ type Backend struct {
 	q      queries
 	bell   *GetLock    // the doorbells; nil without them
 	noBell atomic.Bool // doorbells turned out to be unavailable (Galera)
+	warn   warner
 }
 
 var (
@@ -89,7 +106,7 @@ func New(db DB, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{db: db, table: table, q: newQueries(table)}
+	b := &Backend{db: db, table: table, q: newQueries(table), warn: warner{log: logger(opts)}}
 	if sdb, ok := db.(*sql.DB); ok && (opts == nil || !opts.NoDoorbell) {
 		b.bell = &GetLock{db: sdb, s: newSessions(sdb, ""), bell: true}
 		b.bell.s.keepTimeout = true // a doorbell's session may idle: its death only rings
@@ -104,6 +121,14 @@ func (b *Backend) Close() error {
 		return b.bell.Close()
 	}
 	return nil
+}
+
+// logger is opts.Logger, nil without options.
+func logger(opts *Options) *slog.Logger {
+	if opts == nil {
+		return nil
+	}
+	return opts.Logger
 }
 
 // checkArgs validates a constructor's arguments and returns the quoted table.
@@ -166,10 +191,14 @@ func execScript(ctx context.Context, db DB, script string) error {
 }
 
 // Migrate creates the lock tables of every strategy if they do not exist. It
-// is safe to run concurrently and repeatedly.
+// is safe to run concurrently and repeatedly. With Options.Logger it then
+// logs a warning for each finding of Check (and one if Check fails).
 func (b *Backend) Migrate(ctx context.Context) error {
 	if err := execScript(ctx, b.db, schemaFor(b.table)); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: %w", b.table, err)
+	}
+	if err := b.warn.warn(ctx, b.Check); err != nil {
+		b.warn.log.WarnContext(ctx, "mysqllock: could not check the server's settings", "err", err)
 	}
 	return nil
 }
@@ -262,6 +291,7 @@ func isDeadlock(err error) bool {
 // the session holding this request's doorbell (0 if none): the lease is not
 // taken while anyone else holds a fresh doorbell (see newQueries).
 func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
+	b.warn.warnOnce(ctx, b.Check)
 	ttl := req.TTL.Microseconds()
 	q := b.q.acquire
 	args := []any{req.Key, req.Token[:], req.Owner, ttl, req.Metadata,

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -19,16 +20,34 @@ import (
 // until release (COMMIT).
 //
 // Waiting happens in InnoDB, which grants the row to the next waiter when the
-// holder commits. Crash and pause behave as for GetLock: the server rolls
-// back a dead or timed-out session (wait_timeout is set to the TTL) and the
-// row is free. Each held lock is one open transaction on a connection of its
-// own. Fencing tokens come from the per-key counter row, bumped on every grant
-// in a separate autocommit statement so that it is durable at once. Works on
-// Galera with its usual caveat: a conflicting write on another node aborts
-// the holder's transaction (reported as a loss at the next renewal). As
-// with GetLock, a session the server ends by itself frees the row at once,
-// and the holder is told only at its next check (up to TTL/3 later): guard
-// the resource with the fencing token.
+// holder commits. A wait is bounded by innodb_lock_wait_timeout, set for it,
+// and on MariaDB it runs with max_statement_time = 0, so that a statement
+// limit from the user's grants, the DSN or the server does not end it.
+// Crash and pause behave as for GetLock: the server rolls back a dead or
+// timed-out session (wait_timeout is set to the TTL) and the row is free.
+//
+// Each held lock is one open transaction on a connection of its own, pinned
+// from db, and each grant needs one more connection for a moment. So a pool
+// limited to n connections (SetMaxOpenConns) must allow at least 2, and
+// holds at most n−1 locks at once: beyond that Acquire fails at once and
+// AcquireWait waits for a lock's release. In a limited pool a released
+// lock's connection goes back to the pool at once.
+//
+// Fencing tokens come from the per-key counter row, bumped on every grant in
+// an autocommit statement on another connection, so that it is durable at
+// once. A fence is reported only if the row stayed locked across its write:
+// after the write commits, the locking transaction must still be open, or
+// the acquisition fails. So fences reported to holders strictly increase.
+// Commits are only as durable as the server's settings make them: see Check.
+//
+// As with GetLock, a session the server ends by itself frees the row at
+// once, and the holder is told only at its next check (up to TTL/3 later):
+// guard the resource with the fencing token.
+//
+// Not for Galera: row locks are local to a node and the locking transaction
+// writes nothing, so certification never aborts a second holder and clients
+// on two nodes would hold a key at once. The first use there fails with
+// ErrGalera; use the lease strategy (New).
 type RowLock struct {
 	db    *sql.DB
 	s     *sessions
@@ -36,6 +55,13 @@ type RowLock struct {
 	mu    sync.Mutex
 	held  map[string]*rowHold
 	known map[string]struct{} // keys whose row exists
+	// flavor is the server's (flavorUnknown until a wait has asked).
+	flavor atomic.Int32
+	warn   warner
+	// pinned counts the sessions pinned for held locks and acquisitions
+	// (under mu); freed is closed and replaced when one is given back.
+	pinned int
+	freed  chan struct{}
 }
 
 type rowHold struct {
@@ -66,17 +92,19 @@ func lockBusy(err error) bool {
 
 // NewRowLock returns the rowlock strategy over db, whose connections it pins
 // for held locks. It does no I/O; Migrate creates the tables. Call Close to
-// roll back what is still held and return the connections.
+// roll back what is still held and return the connections. The error
+// matches dlock.ErrInvalidOption for a pool limited to one connection.
 func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	table, err := checkArgs(db == nil, opts)
 	if err != nil {
 		return nil, err
 	}
+	if n := db.Stats().MaxOpenConnections; n == 1 {
+		return nil, poolTooSmall(n)
+	}
 	base := strings.TrimSuffix(table, "`")
-	s := newSessions(db, base+"_session`")
-	s.galeraOK = true
-	return &RowLock{db: db, s: s, rows: base + "_rows`",
-		held: make(map[string]*rowHold), known: make(map[string]struct{})}, nil
+	return &RowLock{freed: make(chan struct{}), db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
+		held: make(map[string]*rowHold), known: make(map[string]struct{}), warn: warner{log: logger(opts)}}, nil
 }
 
 // Close rolls back every held lock and returns the pinned connections.
@@ -84,6 +112,7 @@ func (r *RowLock) Close() error {
 	r.mu.Lock()
 	holds := r.held
 	r.held = make(map[string]*rowHold)
+	r.pinned -= len(holds)
 	r.mu.Unlock()
 	for _, h := range holds {
 		_ = h.tx.Rollback()
@@ -112,35 +141,37 @@ func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // the session's wait_timeout counts from its last statement's reply, which
 // came before that (by one network trip, which the Locker's margin covers).
 func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
+	r.warn.warnOnce(ctx, r.Check)
 	r.mu.Lock()
 	_, mine := r.held[req.Key]
 	r.mu.Unlock()
 	if mine && wait == 0 {
 		return r.s.notAcquired(ctx, req.Key), nil
 	}
-	ss, err := r.s.open(ctx, req.TTL)
+	ss, err := r.pin(ctx, req.TTL, wait > 0)
 	if err != nil {
+		if wait > 0 && ctx.Err() != nil { // waited for a connection in vain
+			return dlock.Result{}, nil
+		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	sctx, cancel := detached(ctx)
 	defer cancel()
 	if err := r.ensureRow(sctx, ss, req.Key); err != nil {
 		ss.broken.Store(sessionLost(err))
-		r.s.close(ss)
+		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	// The transaction outlives this call: it is the lock.
 	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		ss.broken.Store(true)
-		r.s.close(ss)
+		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	q := `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE NOWAIT`
 	if wait > 0 {
-		q = `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE`
-		secs := int(math.Ceil(wait.Seconds()))
-		if _, err = tx.ExecContext(sctx, fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", secs)); err == nil {
+		if q, err = r.waitQuery(sctx, tx, int(math.Ceil(wait.Seconds()))); err == nil {
 			stop := context.AfterFunc(ctx, func() { killQuery(r.db, ss.id) })
 			wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), wait+statementTimeout)
 			var name []byte
@@ -149,7 +180,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 			if !stop() { // ctx ended: drop the session, and with it any grant
 				ss.broken.Store(true)
 				_ = tx.Rollback()
-				r.s.close(ss)
+				r.unpin(ss)
 				return dlock.Result{}, nil
 			}
 		}
@@ -160,24 +191,162 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	if err != nil {
 		_ = tx.Rollback()
 		ss.broken.Store(sessionLost(err))
-		r.s.close(ss)
-		if lockBusy(err) {
+		r.unpin(ss)
+		if lockBusy(err) || wait > 0 && waitCut(err) {
 			return r.s.notAcquired(ctx, req.Key), nil
 		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
 	granted := time.Now()
+	if f := rowLockedHook.Load(); f != nil {
+		(*f)(req.Key, ss.id)
+	}
+	// The fence is written on another connection, so that it is durable at
+	// once; it counts only if the row stayed locked across its write. The
+	// locking transaction still open after the write commits proves that.
+	// If its session ended before, another client may have locked the row
+	// and written a smaller fence meanwhile.
 	fence, err := r.s.grant(sctx, r.db, ss, req, "")
 	if err != nil {
 		_ = tx.Rollback()
-		r.s.close(ss)
+		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
+	}
+	if err := txOpen(sctx, tx); err != nil {
+		_ = tx.Rollback()
+		ss.broken.Store(true)
+		r.unpin(ss)
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", fmt.Errorf("the row was not held across the fence's write: %w", err))
 	}
 	r.mu.Lock()
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
 	r.mu.Unlock()
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granted.Sub(began)}, nil
 }
+
+// minRowLockConns is the smallest pool limit (SetMaxOpenConns) that rowlock
+// works with: a connection pinned for each held lock, and one for the
+// grants and the other statements.
+const minRowLockConns = 2
+
+// poolTooSmall is the error for a pool whose limit n is below
+// minRowLockConns.
+func poolTooSmall(n int) error {
+	return fmt.Errorf("%w: mysqllock: rowlock needs a pool of at least %d connections, db has SetMaxOpenConns(%d)",
+		dlock.ErrInvalidOption, minRowLockConns, n)
+}
+
+// pin pins a session for one lock. In a pool with a limit of n connections
+// at most n−1 are pinned, so that one is left for the grants and the other
+// statements (else acquisitions would block each other for good): beyond
+// that an attempt fails at once, and a wait (wait true) waits until a
+// pinned session is given back or ctx ends.
+func (r *RowLock) pin(ctx context.Context, ttl time.Duration, wait bool) (*session, error) {
+	for {
+		n := r.db.Stats().MaxOpenConnections
+		if n > 0 && n < minRowLockConns {
+			return nil, poolTooSmall(n)
+		}
+		r.mu.Lock()
+		if n == 0 || r.pinned < n-1 {
+			r.pinned++
+			r.mu.Unlock()
+			break
+		}
+		freed := r.freed
+		r.mu.Unlock()
+		if !wait {
+			return nil, fmt.Errorf("mysqllock: rowlock: no connection to pin: SetMaxOpenConns(%d) allows %d held locks", n, n-1)
+		}
+		t := time.NewTimer(time.Second) // the limit may be raised meanwhile
+		select {
+		case <-freed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+		t.Stop()
+	}
+	ss, err := r.s.open(ctx, ttl)
+	if err != nil {
+		r.unpinned()
+		return nil, err
+	}
+	return ss, nil
+}
+
+// unpin gives a session back: in a pool with a limit to the pool at once
+// (a parked session would keep a connection from it), else parked for
+// reuse.
+func (r *RowLock) unpin(ss *session) {
+	if r.db.Stats().MaxOpenConnections > 0 {
+		r.s.discard(ss)
+	} else {
+		r.s.close(ss)
+	}
+	r.unpinned()
+}
+
+// unpinned counts a pinned session given back and wakes the waits for one.
+func (r *RowLock) unpinned() {
+	r.mu.Lock()
+	r.pinned--
+	close(r.freed)
+	r.freed = make(chan struct{})
+	r.mu.Unlock()
+}
+
+// Server flavours, as far as waitQuery needs to know.
+const (
+	flavorUnknown = iota
+	flavorMariaDB // has SET STATEMENT and max_statement_time
+	flavorMySQL
+)
+
+// waitQuery returns the blocking locking read for a wait of secs seconds. On
+// MariaDB the read runs with max_statement_time = 0 (a limit from the user's
+// grants, the DSN or the server would end the wait with error 1969) and its
+// innodb_lock_wait_timeout, both for that statement only. Elsewhere the
+// session's innodb_lock_wait_timeout is set first.
+func (r *RowLock) waitQuery(ctx context.Context, tx *sql.Tx, secs int) (string, error) {
+	q := `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE`
+	if r.flavor.Load() == flavorUnknown {
+		var v sql.NullString
+		err := tx.QueryRowContext(ctx, "SELECT @@max_statement_time").Scan(&v)
+		var me *mysql.MySQLError
+		switch {
+		case err == nil:
+			r.flavor.Store(flavorMariaDB)
+		case errors.As(err, &me) && me.Number == 1193: // unknown variable
+			r.flavor.Store(flavorMySQL)
+		default:
+			return "", err
+		}
+	}
+	if r.flavor.Load() == flavorMariaDB {
+		return fmt.Sprintf("SET STATEMENT max_statement_time = 0, innodb_lock_wait_timeout = %d FOR %s", secs, q), nil
+	}
+	_, err := tx.ExecContext(ctx, fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", secs))
+	return q, err
+}
+
+// MySQL error numbers of a statement ended by a time limit.
+const (
+	errStatementTimeout = 1969 // MariaDB: max_statement_time exceeded
+	errQueryTimeout     = 3024 // MySQL: max_execution_time exceeded
+)
+
+// waitCut reports whether err says that a statement time limit ended a
+// wait: the wait is over, nothing was taken.
+func waitCut(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == errStatementTimeout || me.Number == errQueryTimeout)
+}
+
+// rowLockedHook, when set (by tests), runs in take between locking the row
+// and writing the fence, with the key and the locking session's id.
+var rowLockedHook atomic.Pointer[func(key string, connID int64)]
 
 // ensureRow creates key's row if it does not exist yet. The plain read does
 // not wait for locks; INSERT IGNORE runs only for a missing row.
@@ -251,7 +420,7 @@ func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
 	if sessionLost(err) {
 		h.ss.broken.Store(true)
 	}
-	r.s.close(h.ss)
+	r.unpin(h.ss)
 	return err
 }
 
@@ -267,27 +436,42 @@ func (r *RowLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 			errs[i] = dlock.ErrNotHeld
 			continue
 		}
-		var open int
 		h.ss.mu.Lock()
-		err := h.tx.QueryRowContext(sctx, "SELECT @@in_transaction").Scan(&open)
-		var me *mysql.MySQLError
-		if errors.As(err, &me) && me.Number == 1193 { // MySQL: no such variable
-			err = h.tx.QueryRowContext(sctx, "SELECT 1").Scan(&open)
-		}
+		err := txOpen(sctx, h.tx)
 		h.ss.mu.Unlock()
 		switch {
+		case errors.Is(err, errTxEnded):
+			r.drop(l.Key, h, false)
+			errs[i] = fmt.Errorf("%w: %v", dlock.ErrNotHeld, err)
 		case sessionLost(err):
 			h.ss.broken.Store(true)
 			r.drop(l.Key, h, false)
 			errs[i] = fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
 		case err != nil:
 			errs[i] = wrapErr(r.rows, "rowlock extend", err)
-		case open != 1:
-			r.drop(l.Key, h, false)
-			errs[i] = fmt.Errorf("%w: the transaction holding the row ended", dlock.ErrNotHeld)
 		}
 	}
 	return errs, nil
+}
+
+// errTxEnded says that a locking transaction ended without our COMMIT.
+var errTxEnded = errors.New("the transaction holding the row ended")
+
+// txOpen asks the locking transaction whether it is still open (then its
+// session is alive and its row lock held since the locking read): nil if so,
+// errTxEnded if the session is alive without it, the statement's error if
+// the session is gone.
+func txOpen(ctx context.Context, tx *sql.Tx) error {
+	var open int
+	err := tx.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&open)
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == 1193 { // MySQL: no such variable
+		err = tx.QueryRowContext(ctx, "SELECT 1").Scan(&open)
+	}
+	if err == nil && open != 1 {
+		return errTxEnded
+	}
+	return err
 }
 
 // Release implements dlock.Backend: COMMIT.

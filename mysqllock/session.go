@@ -18,9 +18,10 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// ErrGalera is returned by the session strategies on a Galera cluster, where
-// GET_LOCK is not replicated (and locks are not safe): use the lease
-// strategy (New) there.
+// ErrGalera is returned by the session strategies (GetLock, RowLock) on a
+// Galera cluster: named locks and InnoDB row locks are local to one node, so
+// clients on two nodes would hold a key at once. Use the lease strategy
+// (New) there.
 var ErrGalera = errors.New("mysqllock: session locks are unsafe on Galera (wsrep_on=ON); use the lease strategy")
 
 // session is a connection pinned for holding session locks.
@@ -101,9 +102,6 @@ type sessions struct {
 	idle  []*session // healthy sessions holding nothing, kept for reuse
 	// keepTimeout leaves wait_timeout as the server has it (doorbells).
 	keepTimeout bool
-	// galeraOK skips the Galera check (rowlock: row locks work there, with
-	// Galera's write-conflict aborts).
-	galeraOK bool
 	// galeraKnown and galera (under mu) are the Galera check's answer once
 	// the server has given one. An error is no answer: it fails that
 	// check's caller only, and the next session checks again.
@@ -117,9 +115,6 @@ func newSessions(db *sql.DB, table string) *sessions {
 // checkGalera refuses to run on Galera. The server is asked until it
 // answers, then never again.
 func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
-	if s.galeraOK {
-		return nil
-	}
 	s.mu.Lock()
 	known, galera := s.galeraKnown, s.galera
 	s.mu.Unlock()

@@ -1,0 +1,147 @@
+package mysqllock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Finding is a server setting that breaks a guarantee of a strategy, as
+// reported by Check.
+type Finding struct {
+	Setting string // the server variable, e.g. "innodb_flush_log_at_trx_commit"
+	Value   string // its value on the server
+	Problem string // what breaks, one sentence
+	Fix     string // what to set instead
+}
+
+// String formats f on one line: "setting=value: problem; fix: fix".
+func (f Finding) String() string {
+	return fmt.Sprintf("%s=%s: %s; fix: %s", f.Setting, f.Value, f.Problem, f.Fix)
+}
+
+// Check reports the server settings under which the lease strategy's
+// guarantees do not hold: commits that are not durable (a grant can be
+// lost in a crash, and its fencing token handed out again). None of them
+// can be overridden per transaction. No finding and no error means that
+// nothing known to be unsafe was found; settings outside the server, such
+// as asynchronous replicas that a failover promotes, are not seen.
+func (b *Backend) Check(ctx context.Context) ([]Finding, error) {
+	return checkServer(ctx, b.db, false)
+}
+
+// Check reports the server settings under which the getlock strategy's
+// guarantees do not hold: those of Backend.Check, and Galera (where the
+// strategy refuses to run).
+func (g *GetLock) Check(ctx context.Context) ([]Finding, error) {
+	return checkServer(ctx, g.s.db, true)
+}
+
+// Check reports the server settings under which the rowlock strategy's
+// guarantees do not hold: those of Backend.Check, and Galera (where the
+// strategy refuses to run).
+func (r *RowLock) Check(ctx context.Context) ([]Finding, error) {
+	return checkServer(ctx, r.db, true)
+}
+
+// checkServer reads the global settings that decide whether a committed
+// grant survives a crash, and with session strategies whether the server
+// is a Galera node. Reading them needs no privilege.
+func checkServer(ctx context.Context, db DB, session bool) ([]Finding, error) {
+	var flush, syncBinlog, logBin string
+	if err := queryRow(ctx, db, `SELECT @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.sync_binlog, @@GLOBAL.log_bin`,
+		&flush, &syncBinlog, &logBin); err != nil {
+		return nil, fmt.Errorf("mysqllock: check: %w", err)
+	}
+	var out []Finding
+	// MariaDB's 3 is 1 with 5.5-style group commit: as durable.
+	if flush != "1" && flush != "3" {
+		out = append(out, Finding{
+			Setting: "innodb_flush_log_at_trx_commit", Value: flush,
+			Problem: "a committed grant can be lost in a server or OS crash, and its fencing token handed out again",
+			Fix:     "SET GLOBAL innodb_flush_log_at_trx_commit = 1",
+		})
+	}
+	if logBin == "1" && syncBinlog != "1" {
+		out = append(out, Finding{
+			Setting: "sync_binlog", Value: syncBinlog,
+			Problem: "with the binary log on, a committed grant can be lost in an OS crash (and be missing on replicas), and its fencing token handed out again",
+			Fix:     "SET GLOBAL sync_binlog = 1",
+		})
+	}
+	if session {
+		var on sql.NullString
+		err := queryRow(ctx, db, "SELECT @@wsrep_on", &on)
+		var me *mysql.MySQLError
+		switch {
+		case errors.As(err, &me) && me.Number == 1193: // not MariaDB: no Galera
+		case err != nil:
+			return nil, fmt.Errorf("mysqllock: check: %w", err)
+		case on.String == "1" || on.String == "ON":
+			out = append(out, Finding{
+				Setting: "wsrep_on", Value: on.String,
+				Problem: "Galera: named locks and row locks are local to a node, so this strategy refuses to run (ErrGalera)",
+				Fix:     "use the lease strategy (mysqllock.New)",
+			})
+		}
+	}
+	return out, nil
+}
+
+// queryRow runs a one-row query through db and scans it into dest.
+func queryRow(ctx context.Context, db DB, q string, dest ...any) error {
+	rows, err := db.QueryContext(ctx, q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	return rows.Close()
+}
+
+// warner logs a strategy's findings through Options.Logger: at Migrate, and
+// once at the first acquisition. Without a Logger it does nothing (no I/O).
+type warner struct {
+	log  *slog.Logger
+	done atomic.Bool // the first acquisition's check has run
+}
+
+// warn logs the findings of check; it returns check's error unlogged.
+func (w *warner) warn(ctx context.Context, check func(context.Context) ([]Finding, error)) error {
+	if w.log == nil {
+		return nil
+	}
+	fs, err := check(ctx)
+	if err != nil {
+		return err
+	}
+	for _, f := range fs {
+		w.log.WarnContext(ctx, "mysqllock: unsafe server setting", "setting", f.Setting, "value", f.Value,
+			"problem", f.Problem, "fix", f.Fix)
+	}
+	return nil
+}
+
+// warnOnce is warn until it succeeds once. A failed check is not logged:
+// the acquisition that follows reports the server's trouble.
+func (w *warner) warnOnce(ctx context.Context, check func(context.Context) ([]Finding, error)) {
+	if w.log == nil || !w.done.CompareAndSwap(false, true) {
+		return
+	}
+	if w.warn(ctx, check) != nil {
+		w.done.Store(false)
+	}
+}

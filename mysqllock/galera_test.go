@@ -1,0 +1,96 @@
+package mysqllock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
+)
+
+// TestGaleraRefusesSessionStrategies runs each strategy on a one-node
+// Galera cluster that the test starts. InnoDB row locks and named locks are
+// local to a Galera node, so rowlock and getlock must refuse with ErrGalera
+// (on a real cluster two clients on two nodes would both hold a key); the
+// lease strategy, whose grants are replicated writes, must work.
+func TestGaleraRefusesSessionStrategies(t *testing.T) {
+	db := openDSN(t, startGalera(t))
+	ctx := t.Context()
+	var on string
+	if err := db.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on); err != nil || on != "1" {
+		t.Fatalf("the test server is not a Galera node: wsrep_on=%q, %v", on, err)
+	}
+	const table = "dlock_galera"
+	lease, err := mysqllock.New(db, &mysqllock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Close()
+	if err := lease.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	req := func() dlock.Request {
+		return dlock.Request{Key: locktest.UniqueKey("galera"), Token: dlock.NewToken(), TTL: 5 * time.Second}
+	}
+
+	row, err := mysqllock.NewRowLock(db, &mysqllock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer row.Close()
+	if res, err := row.Acquire(ctx, req()); !errors.Is(err, mysqllock.ErrGalera) {
+		t.Errorf("rowlock Acquire on Galera: %+v, %v; want ErrGalera", res, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if res, err := row.AcquireWait(wctx, req()); !errors.Is(err, mysqllock.ErrGalera) {
+		t.Errorf("rowlock AcquireWait on Galera: %+v, %v; want ErrGalera", res, err)
+	}
+
+	get, err := mysqllock.NewGetLock(db, &mysqllock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer get.Close()
+	if res, err := get.Acquire(ctx, req()); !errors.Is(err, mysqllock.ErrGalera) {
+		t.Errorf("getlock Acquire on Galera: %+v, %v; want ErrGalera", res, err)
+	}
+
+	for name, c := range map[string]checker{"rowlock": row, "getlock": get, "lease": lease} {
+		fs, err := c.Check(ctx)
+		if err != nil {
+			t.Fatalf("%s: Check: %v", name, err)
+		}
+		found := false
+		for _, f := range fs {
+			found = found || f.Setting == "wsrep_on"
+		}
+		if want := name != "lease"; found != want {
+			t.Errorf("%s: Check on Galera found %v; want a wsrep_on finding: %v", name, fs, want)
+		}
+	}
+
+	l := dlock.New(lease, nil)
+	defer l.Close(ctx)
+	key := locktest.UniqueKey("galera-lease")
+	var last uint64
+	for i := range 3 {
+		lk, err := l.Acquire(ctx, key, dlock.WithTTL(5*time.Second))
+		if err != nil {
+			t.Fatalf("lease acquisition %d on Galera: %v", i, err)
+		}
+		if lk.Token() <= last {
+			t.Errorf("lease fence %d after %d", lk.Token(), last)
+		}
+		last = lk.Token()
+		if _, err := l.TryAcquire(ctx, key); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("a second lease holder on Galera: %v", err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
