@@ -45,6 +45,12 @@ start_mariadb() {
   mysql_ok
 }
 
+# The Galera tests start a one-node Galera MariaDB of their own.
+if [ ! -f /usr/lib/galera/libgalera_smm.so ]; then
+  log "installing galera-4 from Debian"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 >/dev/null || true
+fi
+
 if ! start_mariadb; then
   if [ "${CI:-}" = true ]; then die "MariaDB is required and could not be started"; fi
   log "WARNING: no MariaDB; the MySQL tests will be skipped"
