@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -15,6 +16,7 @@ type Backend struct {
 	pool  *pgxpool.Pool
 	tb    tables
 	grace time.Duration // < 0: no queue
+	log   *slog.Logger
 	ln    *listener
 	q     leaseQueries
 }
@@ -38,7 +40,7 @@ func New(pool *pgxpool.Pool, opts *Options) (*Backend, error) {
 	if grace == 0 {
 		grace = DefaultGrace
 	}
-	return &Backend{pool: pool, tb: tb, grace: grace, ln: newListener(pool, tb.channel), q: newLeaseQueries(tb)}, nil
+	return &Backend{pool: pool, tb: tb, grace: grace, log: logger(o), ln: newListener(pool, tb.channel), q: newLeaseQueries(tb)}, nil
 }
 
 // checkArgs validates a constructor's arguments.
@@ -62,10 +64,15 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// Migrate creates the tables of both strategies if they do not exist. It is
-// safe to run concurrently and repeatedly. Acquisitions never create them:
-// without them they fail with an error matching dlock.ErrNoSchema.
-func (b *Backend) Migrate(ctx context.Context) error { return migrate(ctx, b.pool, b.tb) }
+// Migrate creates the tables of both strategies if they do not exist, and
+// logs what Check finds to Options.Logger. It is safe to run concurrently
+// and repeatedly. Acquisitions never create the tables: without them they
+// fail with an error matching dlock.ErrNoSchema.
+func (b *Backend) Migrate(ctx context.Context) error { return migrate(ctx, b.pool, b.tb, b.log) }
+
+// Check reports the server settings that weaken the lease strategy's
+// guarantees; see the function Check.
+func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(ctx, b.pool) }
 
 type leaseQueries struct {
 	acquire, unregister, extend, release, forceRelease, list string
@@ -75,6 +82,13 @@ type leaseQueries struct {
 // autocommit statement whose times all come from one clock_timestamp() of
 // the server (now() would be the start of the transaction, the same here,
 // but clock_timestamp() does not depend on how the statement is wrapped).
+//
+// Every statement that writes commits durably whatever the server's, the
+// database's or the role's default (set_config of synchronous_commit, local
+// to the statement's transaction): a grant or an extension that a crash
+// forgets would let the key be granted again, with a fence already handed
+// out, while its holder still trusts it (a forgotten release would only
+// leave the key held until the lease's end).
 //
 // The acquisition takes the row if its lease is over and, during the grace
 // period after it ended, only if no live waiter queued ahead of this one
@@ -101,7 +115,7 @@ type leaseQueries struct {
 func newLeaseQueries(tb tables) leaseQueries {
 	l, w := tb.lease, tb.waiters
 	return leaseQueries{
-		acquire: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+		acquire: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'on', true) AS sc),
 acq AS (
   INSERT INTO ` + l + ` AS l (name, token, owner, fence, acquired_at, expires_at, metadata)
   SELECT $1, $2, $3, 1, c.now, c.now + $4::bigint * interval '1 microsecond', $5 FROM c
@@ -135,21 +149,21 @@ SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   (extract(epoch FROM h.expires_at - c.now) * 1000000)::bigint
 FROM c LEFT JOIN ` + l + ` h ON h.name = $1`,
 		unregister: `DELETE FROM ` + w + ` WHERE name = $1 AND token = $2`,
-		extend: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+		extend: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'on', true) AS sc)
 UPDATE ` + l + ` AS l SET expires_at = c.now + x.ttl * interval '1 microsecond'
 FROM c, unnest($1::bytea[], $2::bytea[], $3::bigint[]) AS x(name, token, ttl)
 WHERE l.name = x.name AND l.token = x.token AND l.expires_at > clock_timestamp()
 RETURNING l.name, l.token`,
 		release: `WITH r AS (
   UPDATE ` + l + ` SET expires_at = clock_timestamp()
-  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() AND set_config('synchronous_commit', 'on', true) IS NOT NULL
   RETURNING name
 )
 SELECT pg_notify($3, encode(r.name, 'hex') || COALESCE(' ' || (SELECT encode(q.token, 'hex') FROM ` + w + ` q
   WHERE q.name = r.name AND q.until > clock_timestamp() ORDER BY q.since, q.token LIMIT 1), '')) FROM r`,
 		forceRelease: `WITH r AS (
   UPDATE ` + l + ` SET expires_at = clock_timestamp()
-  WHERE name = $1 AND expires_at > clock_timestamp()
+  WHERE name = $1 AND expires_at > clock_timestamp() AND set_config('synchronous_commit', 'on', true) IS NOT NULL
   RETURNING name
 )
 SELECT pg_notify($2, encode(r.name, 'hex')) FROM r`,

@@ -55,6 +55,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"time"
@@ -91,6 +92,44 @@ type Options struct {
 	// the queue off: a free lease goes to whoever asks first. The default is
 	// DefaultGrace. The advisory strategy ignores it.
 	Grace time.Duration
+
+	// Logger receives what Migrate finds wrong with the server's settings
+	// (see Check) and the loss of advisory sessions. The default discards
+	// everything.
+	Logger *slog.Logger
+}
+
+// logger returns o's Logger, or one that discards everything.
+func logger(o Options) *slog.Logger {
+	if o.Logger != nil {
+		return o.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// dial opens a connection outside pool with pool's configuration, running
+// the pool's BeforeConnect and AfterConnect hooks as the pool would: the
+// connections that dlock keeps (advisory sessions, the LISTEN connection)
+// never take one of the user's pool connections.
+func dial(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
+	cfg := pool.Config()
+	cc := cfg.ConnConfig
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cc); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.AfterConnect != nil {
+		if err := cfg.AfterConnect(ctx, conn); err != nil {
+			closeConn(conn)
+			return nil, err
+		}
+	}
+	return conn, nil
 }
 
 var (
@@ -169,12 +208,13 @@ func (tb tables) schema() string {
 
 // migrate creates the tables, serialised by an advisory transaction lock
 // because concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog's
-// unique indexes.
-func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables) error {
+// unique indexes, in a transaction that commits durably whatever the
+// server's default. Then it logs what Check finds.
+func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables, log *slog.Logger) error {
 	ddl := tb.schema()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		id := int64(hashKey("migrate\x00" + tb.base))
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", id); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1), set_config('synchronous_commit', 'on', true)", id); err != nil {
 			return err
 		}
 		// No arguments: the simple protocol, which runs several statements.
@@ -183,6 +223,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables) error {
 	})
 	if err != nil {
 		return fmt.Errorf("pglock: migrate %s: %w", tb.lease, err)
+	}
+	findings, err := Check(ctx, pool)
+	if err != nil {
+		log.Warn("pglock: could not check the server's settings", "err", err)
+	}
+	for _, f := range findings {
+		level := slog.LevelWarn
+		if f.Severity == SeverityInfo {
+			level = slog.LevelInfo
+		}
+		log.Log(ctx, level, "pglock: "+f.Message, "setting", f.Setting)
 	}
 	return nil
 }
