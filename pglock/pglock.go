@@ -25,18 +25,38 @@
 // The lease strategy works through any pool or proxy (PgBouncer in any mode:
 // every operation is one autocommit statement, though LISTEN needs session
 // pooling: in transaction pooling waiters fall back to sleeping until the
-// lease ends). A crashed holder's lock frees itself when its TTL runs out;
-// each acquisition and release is a durable commit.
+// lease ends). A crashed holder's lock frees itself when its TTL runs out.
 //
 // # Advisory (NewAdvisory)
 //
-// Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) on
-// connections pinned from the pool (*pgxpool.Conn held while locks are held).
-// See Advisory for its guarantees: a crashed holder's locks are freed the
-// moment the server sees its connection close, waiting happens in the server
-// (first come, first served), but it needs a real session: it is unsafe
-// behind a pooler in transaction or statement mode (PgBouncer's default for
-// many deployments), which pglock detects where it can.
+// Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) held
+// by server sessions that the Advisory opens itself. See Advisory for its
+// guarantees: a crashed holder's locks are freed the moment the server sees
+// its connection close, a session that ends is reported at once, waiting
+// happens in the server (first come, first served), but it needs a real
+// session: it is unsafe behind a pooler in transaction or statement mode
+// (PgBouncer's default for many deployments), which pglock detects where it
+// can.
+//
+// # Both strategies
+//
+// Pool size: the connections that dlock keeps open (the LISTEN connection,
+// the advisory sessions) are opened with the pool's configuration but outside
+// the pool, so they never take one of the user's connections and any pool
+// size works, 1 included. Statements on the pool are short, one at a time
+// per call.
+//
+// Durability: every statement that writes (a grant and its fence, a renewal,
+// a release, Migrate's DDL) commits with synchronous_commit on, set locally
+// to its own transaction, whatever the server's, the database's or the
+// role's default: a crash never makes the server forget a fence it handed
+// out. What dlock cannot set per transaction (fsync, full_page_writes,
+// asynchronous standbys that a failover may promote) Check reports, and
+// Migrate logs to Options.Logger.
+//
+// Limits: the table name is checked at New (see Options.Table) so that every
+// derived name fits PostgreSQL's 63-byte identifiers; keys of any length
+// dlock accepts; any TTL dlock accepts.
 //
 //	pool, _ := pgxpool.New(ctx, "postgres://app@db/app")
 //	b, err := pglock.New(pool, nil)
