@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -365,4 +366,70 @@ func TestLongestTableName(t *testing.T) {
 		lk.Release(ctx)
 		l.Close(ctx)
 	}
+}
+
+// TestLeaseAbandonedAcquireLeavesKeyFree makes an acquisition statement wait
+// for its row (locked by another transaction) past its caller's deadline,
+// on a network where no new connection gets through (so that a cancel
+// request cannot reach the server). When the row is unlocked the statement
+// could still take the lease, after its caller was told it failed and after
+// the Locker's resolution found nothing to release: the key would then be
+// held by nobody until its TTL. It must end free.
+func TestLeaseAbandonedAcquireLeavesKeyFree(t *testing.T) {
+	ctx := context.Background()
+	pool := open(t, "")
+	cfg := openConfig(t)
+	var cut atomic.Bool
+	dialer := &net.Dialer{KeepAlive: time.Minute}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if cut.Load() {
+			return nil, errors.New("test: no new connections")
+		}
+		return dialer.DialContext(ctx, network, addr)
+	}
+	cfg.MinConns = 3
+	victim := openWith(t, cfg)
+	for i := 0; victim.Stat().IdleConns() < 3; i++ { // connections for the statement and the resolution
+		if i == 500 {
+			t.Fatal("the pool did not open its connections")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	l := dlock.New(newLease(t, victim), nil)
+	defer l.Close(ctx)
+	key := fmt.Sprintf("abandoned/%d", time.Now().UnixNano())
+	lk, err := l.TryAcquire(ctx, key) // creates the row
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk.Release(ctx)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT FROM "`+testTable()+`" WHERE name = $1 FOR UPDATE`, []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	cut.Store(true)
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = l.TryAcquire(cctx, key, dlock.WithTTL(time.Minute))
+	cancel()
+	if err == nil {
+		t.Fatal("acquired a key whose row was locked")
+	}
+	time.Sleep(200 * time.Millisecond) // the Locker's resolution has run
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cut.Store(false)
+	other := dlock.New(newLease(t, nil), nil)
+	defer other.Close(ctx)
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer wcancel()
+	lk2, err := other.Acquire(wctx, key)
+	if err != nil {
+		t.Fatalf("an acquisition its caller gave up on holds the key: %v", err)
+	}
+	lk2.Release(ctx)
 }
