@@ -314,7 +314,8 @@ func TestSmallPools(t *testing.T) {
 }
 
 // TestAdvisoryLongTTL takes advisory locks with TTLs beyond what
-// idle_session_timeout (int milliseconds, at most 24.8 days) can express.
+// idle_session_timeout (int milliseconds, at most 24.8 days) can express:
+// any TTL dlock accepts works, on both strategies.
 func TestAdvisoryLongTTL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -331,6 +332,16 @@ func TestAdvisoryLongTTL(t *testing.T) {
 		if err := lk.Release(ctx); err != nil {
 			t.Errorf("TTL %s: release: %v", ttl, err)
 		}
+	}
+	// The lease strategy takes them too.
+	ll := dlock.New(newLease(t, nil), nil)
+	defer ll.Close(ctx)
+	lk, err := ll.TryAcquire(ctx, fmt.Sprintf("longttl/%d/lease", time.Now().UnixNano()), dlock.WithTTL(100*365*24*time.Hour))
+	if err != nil {
+		t.Fatalf("lease, TTL of 100 years: %v", err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Errorf("lease, TTL of 100 years: release: %v", err)
 	}
 }
 
