@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -23,30 +23,46 @@ import (
 var ErrTransactionPooling = errors.New("pglock: the connection's server session changed between statements (a pooler in transaction mode?); advisory locks need session pooling: use the lease strategy")
 
 // Advisory is the advisory strategy: session-level advisory locks
-// (pg_try_advisory_lock, pg_advisory_lock) held by connections pinned from
-// the caller's pool. It is safe for concurrent use. Create it with
-// NewAdvisory and Close it to give the pinned connections back.
+// (pg_try_advisory_lock, pg_advisory_lock) held by server sessions that it
+// opens with the pool's configuration, outside the pool. It is safe for
+// concurrent use. Create it with NewAdvisory and Close it to end its
+// sessions.
 //
 // Guarantees and trade-offs:
 //
 //   - A holder that crashes loses its connection, and the server frees its
 //     locks at once. A holder that stops talking (paused, partitioned) is
-//     dropped by the server after idle_session_timeout, which each pinned
-//     session sets to the longest TTL it serves (PostgreSQL 14+), while
-//     renewal checks every TTL/3 that the session still holds each lock (in
-//     pg_locks, for its own backend pid) and reports a loss otherwise, for
-//     example after pg_terminate_backend.
+//     dropped by the server after idle_session_timeout, which each session
+//     sets to the longest TTL it serves (PostgreSQL 14+; TTLs beyond what
+//     the setting can hold, about 24.8 days, turn it off for that session:
+//     the lock then lasts until the server sees the connection end).
+//   - A session that ends while it holds locks (pg_terminate_backend,
+//     idle_session_timeout, a server restart) is noticed at once, whether
+//     or not a statement is under way, and every lock it held is reported
+//     lost (dlock.LossReporter); renewal also checks every TTL/3 that the
+//     session still holds each lock (in pg_locks, for its backend pid).
+//   - A caller's context never ends a session: statements on a session run
+//     detached from it, bounded by a fixed limit of their own. A caller
+//     whose context ends first gets its error at once; its statement is
+//     cancelled with a cancel request, which ends the statement and keeps
+//     the session, and whatever it did is settled without the caller (a
+//     lock granted after the caller left is unlocked). A context that has
+//     already ended is refused before any I/O, except by Release: an
+//     advisory lock has no TTL that would free it otherwise, so the unlock
+//     is still sent, and Release returns the context's error.
 //   - Uncontended locks share one session however many there are. Each
-//     blocked waiter, and each lock it was granted, uses a session of its own
-//     until released; released sessions are kept for reuse.
+//     blocked waiter, and each lock it was granted, uses a session of its
+//     own until released; released sessions are kept for reuse for a few
+//     seconds. None of them is a connection of the pool, so the pool may
+//     have any size, 1 included.
 //   - Waiting happens in the server (pg_advisory_lock), which hands the lock
-//     to the first waiter the moment it is released. A wait whose context
-//     ends is cancelled with a cancel request; if the lock was granted
-//     anyway its session is closed, so no grant outlives the wait.
+//     to the first waiter the moment it is released.
 //   - Advisory locks are re-entrant per session, so the Advisory itself
 //     refuses a second grant of a lock its sessions already hold.
 //   - Fencing tokens come from a per-key counter row (the "_session" table)
-//     bumped on every grant while the lock is held.
+//     bumped on every grant while the lock is held, in a transaction that
+//     commits durably (synchronous_commit on) whatever the server's or the
+//     role's default.
 //   - Keys are hashed to 64 bits (AdvisoryKeys) and locked with the two-int
 //     form of the functions, which PostgreSQL keeps apart from the bigint
 //     form applications use. Two distinct keys that collide (about one
@@ -55,24 +71,30 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //   - Advisory locks live in one database of one server: not replicated, and
 //     unsafe behind a pooler in transaction or statement mode, where two
 //     statements of a "session" can run on different server sessions (see
-//     ErrTransactionPooling: every statement on a pinned session checks
+//     ErrTransactionPooling: every statement on a session checks
 //     pg_backend_pid(), which catches such a pooler as soon as it switches).
 type Advisory struct {
 	pool *pgxpool.Pool
 	tb   tables
+	log  *slog.Logger
+	q    advisoryQueries
+	loss dlock.LossHandlers
 
-	mainMu sync.Mutex // serialises opening the main session
-	mu     sync.Mutex
-	main   *session          // takes uncontended locks
-	held   map[uint64]*hold  // by lock id
-	idle   []*session        // sessions holding nothing, kept for reuse
-	all    map[*session]bool // every pinned session
-	closed bool
-	q      advisoryQueries
+	mainSem chan struct{} // serialises choosing the main session
+	mu      sync.Mutex
+	main    *session          // takes uncontended locks
+	held    map[uint64]*hold  // by lock id
+	idle    []*session        // sessions holding nothing, kept for reuse
+	all     map[*session]bool // every open session
+	closed  bool
+	wg      sync.WaitGroup // the sessions' goroutines
 
 	// afterUnlock, if set (tests only), runs in Release between the unlock
 	// statement and the bookkeeping that follows it.
 	afterUnlock func()
+	// grantHook, if set (tests only), receives the synchronous_commit in
+	// force in each grant's transaction.
+	grantHook func(syncCommit string)
 }
 
 // hold is a lock this process holds; its fields after ss are guarded by
@@ -91,42 +113,46 @@ type hold struct {
 	done bool
 }
 
-// session is a pinned connection.
-type session struct {
-	mu       sync.Mutex // serialises statements
-	conn     *pgxpool.Conn
-	pid      uint32
-	timeout  atomic.Int64 // idle_session_timeout as set, in ns (0: not set)
-	lastUsed atomic.Int64 // UnixNano of the last statement
-	n        int          // locks held; guarded by Advisory.mu
-	broken   atomic.Bool
-}
-
 var (
 	_ dlock.Backend       = (*Advisory)(nil)
 	_ dlock.Waiter        = (*Advisory)(nil)
 	_ dlock.Lister        = (*Advisory)(nil)
 	_ dlock.ForceReleaser = (*Advisory)(nil)
+	_ dlock.LossReporter  = (*Advisory)(nil)
 )
 
-// NewAdvisory returns the advisory strategy over pool, whose connections it
-// pins while it holds locks. It does no I/O; Migrate (of either strategy)
-// creates the fencing table. The error matches dlock.ErrInvalidOption for a
-// nil pool or a bad table name.
+// NewAdvisory returns the advisory strategy over pool. Its server sessions
+// are connections of their own, opened with pool's configuration (its
+// BeforeConnect and AfterConnect hooks included); the pool itself serves
+// Migrate, List, ForceRelease and the description of a refusal's holder.
+// It does no I/O; Migrate (of either strategy) creates the fencing table.
+// The error matches dlock.ErrInvalidOption for a nil pool or a bad table
+// name.
 func NewAdvisory(pool *pgxpool.Pool, opts *Options) (*Advisory, error) {
-	tb, _, err := checkArgs(pool == nil, opts)
+	tb, o, err := checkArgs(pool == nil, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &Advisory{pool: pool, tb: tb, held: make(map[uint64]*hold), all: make(map[*session]bool),
-		q: newAdvisoryQueries(tb)}, nil
+	return &Advisory{pool: pool, tb: tb, log: logger(o), held: make(map[uint64]*hold), all: make(map[*session]bool),
+		mainSem: make(chan struct{}, 1), q: newAdvisoryQueries(tb)}, nil
 }
 
-// Migrate creates the tables of both strategies if they do not exist.
-func (a *Advisory) Migrate(ctx context.Context) error { return migrate(ctx, a.pool, a.tb) }
+// Migrate creates the tables of both strategies if they do not exist, and
+// logs what Check finds to Options.Logger.
+func (a *Advisory) Migrate(ctx context.Context) error { return migrate(ctx, a.pool, a.tb, a.log) }
 
-// Close unlocks every lock still held and gives the pinned connections back
-// to the pool. It does not close the pool.
+// Check reports the server settings that weaken the advisory strategy's
+// guarantees; see the function Check.
+func (a *Advisory) Check(ctx context.Context) ([]Finding, error) { return Check(ctx, a.pool) }
+
+// OnLoss implements dlock.LossReporter: f learns of every lock held by a
+// session that ended, as soon as the session's end is seen.
+func (a *Advisory) OnLoss(f func(key string, token dlock.Token, cause error)) (stop func()) {
+	return a.loss.Add(f)
+}
+
+// Close ends every session, which frees every lock still held. It does not
+// close the pool.
 func (a *Advisory) Close() error {
 	a.mu.Lock()
 	a.closed = true
@@ -138,8 +164,9 @@ func (a *Advisory) Close() error {
 	a.idle, a.main = nil, nil
 	a.mu.Unlock()
 	for _, ss := range all {
-		a.discard(ss)
+		ss.stop()
 	}
+	a.wg.Wait()
 	return nil
 }
 
@@ -152,17 +179,20 @@ func AdvisoryKeys(key string) (int32, int32) { return split(hashKey(key)) }
 func split(id uint64) (int32, int32) { return int32(id >> 32), int32(id) }
 
 type advisoryQueries struct {
-	try, wait, check, holder, list string
+	try, wait, unlock, check, holder, list string
 }
 
 // The grant statements take the lock and, only if they got it, bump the
-// key's fencing row in the same statement. A session-level advisory lock
-// survives the rollback of a failed statement, so after an error the lock is
-// unlocked (or the session closed).
+// key's fencing row in the same statement, whose transaction commits
+// durably (set_config of synchronous_commit, local to the transaction):
+// with the server's, the database's or the role's default at off, a crash
+// would forget fences already handed out, and hand them out again. A
+// session-level advisory lock survives the rollback of a failed statement,
+// so after an error the lock is unlocked (or the session closed).
 func newAdvisoryQueries(tb tables) advisoryQueries {
 	s := tb.session
 	grant := func(lock string) string {
-		return `WITH l AS MATERIALIZED (SELECT ` + lock + `),
+		return `WITH l AS MATERIALIZED (SELECT ` + lock + `, set_config('synchronous_commit', 'on', true) AS sc),
 g AS (
   INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata)
   SELECT $3, $4, $5, $6, 1, pg_backend_pid(), clock_timestamp(), $7 FROM l WHERE l.ok
@@ -170,13 +200,14 @@ g AS (
     fence = s.fence + 1, pid = EXCLUDED.pid, acquired_at = EXCLUDED.acquired_at, metadata = EXCLUDED.metadata
   RETURNING s.fence
 )
-SELECT l.ok, (SELECT fence FROM g), pg_backend_pid() FROM l`
+SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchronous_commit') FROM l`
 	}
 	const ours = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 	return advisoryQueries{
-		try:  grant(`pg_try_advisory_lock($1::int4, $2::int4) AS ok`),
-		wait: grant(`true AS ok FROM (SELECT pg_advisory_lock($1::int4, $2::int4)) w`),
+		try:    grant(`pg_try_advisory_lock($1::int4, $2::int4) AS ok`),
+		wait:   grant(`true AS ok FROM (SELECT pg_advisory_lock($1::int4, $2::int4)) w`),
+		unlock: `SELECT pg_advisory_unlock($1::int4, $2::int4), pg_backend_pid()`,
 		// check returns the session's pid and the indexes (1-based) of the
 		// locks in $1/$2 that it does not hold.
 		check: `SELECT pg_backend_pid(), COALESCE((SELECT array_agg(x.i) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS x(a, b, i)
@@ -191,33 +222,60 @@ ORDER BY s.name`,
 	}
 }
 
-// statementTimeout bounds a statement on a pinned session. Statements there
-// do not run under the caller's context: pgx closes the connection when a
-// statement's context ends, which would drop every lock of the session.
-const statementTimeout = 10 * time.Second
-
-// sessionCtx is the context of a statement on a pinned session.
-func sessionCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+// ended reports an error matching ctx.Err() if ctx has ended or its
+// deadline has passed (before its timer fired).
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
-// sessionLost reports whether err leaves a session unusable: anything but an
-// error the server reported for the statement, or a server error that ends
-// the session (class 57P: admin shutdown, terminated, ...; 08: connection).
-func sessionLost(err error) bool {
-	if err == nil {
-		return false
+// connect opens a session outside the pool, with the pool's configuration.
+// A failure or an ended ctx loses nothing: the session holds nothing yet.
+func (a *Advisory) connect(ctx context.Context) (*session, error) {
+	conn, err := dial(ctx, a.pool)
+	if err != nil {
+		return nil, err
 	}
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		return true
+	// The user's configuration may bound statements; a wait in the server
+	// must not be cut short by it (the bounds are dlock's own).
+	var pid uint32
+	err = conn.QueryRow(ctx, `SELECT pg_backend_pid(), set_config('statement_timeout', '0', false),
+  set_config('lock_timeout', '0', false), set_config('idle_in_transaction_session_timeout', '0', false)`).Scan(&pid, nil, nil, nil)
+	if err != nil {
+		closeConn(conn)
+		return nil, err
 	}
-	return len(pe.Code) == 5 && (pe.Code[:3] == "57P" || pe.Code[:2] == "08") || pe.Severity == "FATAL"
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		closeConn(conn)
+		return nil, dlock.ErrClosed
+	}
+	ss := a.newSession(conn, pid)
+	a.all[ss] = true
+	return ss, nil
 }
 
-// open pins a session (a parked one if possible) whose idle_session_timeout
-// covers ttl.
-func (a *Advisory) open(ctx context.Context, ttl time.Duration) (*session, error) {
+// closeConn closes a connection that no session owns yet.
+func closeConn(c *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = c.Close(ctx)
+	cancel()
+}
+
+// Sessions kept for reuse: at most maxIdle, each for at most parkIdle.
+const (
+	maxIdle  = 4
+	parkIdle = 10 * time.Second
+)
+
+// open returns a session for a wait: a parked one if possible.
+func (a *Advisory) open(ctx context.Context) (*session, error) {
 	for {
 		a.mu.Lock()
 		if a.closed {
@@ -231,35 +289,13 @@ func (a *Advisory) open(ctx context.Context, ttl time.Duration) (*session, error
 		}
 		a.mu.Unlock()
 		if ss == nil {
-			break
+			return a.connect(ctx)
 		}
-		if a.fresh(ss) {
-			if err := a.cover(ctx, ss, ttl); err == nil {
-				return ss, nil
-			}
+		if a.fresh(ss) && !ss.isGone() {
+			return ss, nil
 		}
-		a.discard(ss)
+		ss.stop()
 	}
-	c, err := a.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	ss := &session{conn: c}
-	ss.touch()
-	sctx, cancel := sessionCtx(ctx)
-	defer cancel()
-	if err := c.QueryRow(sctx, "SELECT pg_backend_pid()").Scan(&ss.pid); err != nil {
-		closeConn(c)
-		return nil, err
-	}
-	if err := a.cover(ctx, ss, ttl); err != nil {
-		closeConn(c)
-		return nil, err
-	}
-	a.mu.Lock()
-	a.all[ss] = true
-	a.mu.Unlock()
-	return ss, nil
 }
 
 // fresh reports whether a session holding nothing can be reused: the server
@@ -267,201 +303,222 @@ func (a *Advisory) open(ctx context.Context, ttl time.Duration) (*session, error
 func (a *Advisory) fresh(ss *session) bool {
 	timeout := time.Duration(ss.timeout.Load())
 	idle := time.Since(time.Unix(0, ss.lastUsed.Load()))
-	return !ss.broken.Load() && (timeout == 0 || idle < timeout/2)
+	return idle < parkIdle && (timeout == 0 || idle < timeout/2)
 }
 
-// touch records a statement on the session.
-func (ss *session) touch() { ss.lastUsed.Store(time.Now().UnixNano()) }
+// noIdleTimeout marks a session whose idle_session_timeout is off.
+const noIdleTimeout = math.MaxInt64
 
-// cover raises the session's idle_session_timeout to ttl (whole seconds,
-// rounded up), so that the server drops the session, and its locks, when
-// the holder stops talking for longer than its lease. Servers before
-// PostgreSQL 14 lack the setting; there only TCP keepalives notice.
+// maxIdleSessionTimeout is the largest idle_session_timeout (an int of ms).
+const maxIdleSessionTimeout = math.MaxInt32 * time.Millisecond
+
+// idleTimeoutFor is the idle_session_timeout that covers ttl: ttl rounded
+// up to whole seconds, or noIdleTimeout beyond what the setting can hold.
+func idleTimeoutFor(ttl time.Duration) time.Duration {
+	if ttl > maxIdleSessionTimeout-time.Second {
+		return noIdleTimeout
+	}
+	return (ttl + time.Second - 1) / time.Second * time.Second
+}
+
+// cover raises the session's idle_session_timeout to cover ttl, so that the
+// server drops the session, and its locks, when the holder stops talking
+// for longer than its lease; it runs in the session's goroutine. Servers
+// before PostgreSQL 14 lack the setting; there only TCP keepalives notice.
 func (a *Advisory) cover(ctx context.Context, ss *session, ttl time.Duration) error {
-	want := time.Duration(math.Ceil(ttl.Seconds())) * time.Second
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
+	want := idleTimeoutFor(ttl)
 	if want <= time.Duration(ss.timeout.Load()) {
 		return nil
 	}
-	sctx, cancel := sessionCtx(ctx)
-	defer cancel()
-	_, err := ss.conn.Exec(sctx, fmt.Sprintf("SET idle_session_timeout = %d", want.Milliseconds()))
+	ms := want.Milliseconds()
+	if want == noIdleTimeout {
+		ms = 0
+	}
+	_, err := ss.conn.Exec(ctx, fmt.Sprintf("SET idle_session_timeout = %d", ms))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42704" { // unrecognized configuration parameter
 		err = nil
 	}
 	if err != nil {
-		ss.broken.Store(true)
 		return err
 	}
 	ss.timeout.Store(int64(want))
-	ss.touch()
 	return nil
 }
 
-// closeConn closes a pinned connection, ending its session and its locks,
-// and lets the pool forget it.
-func closeConn(c *pgxpool.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	_ = c.Conn().Close(ctx)
-	cancel()
-	c.Release()
-}
-
-// discard gives a session back to the pool after dropping its locks and
-// settings, or closes it if it is broken.
-func (a *Advisory) discard(ss *session) {
-	a.mu.Lock()
-	delete(a.all, ss)
-	a.mu.Unlock()
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if ss.conn == nil {
-		return
-	}
-	c := ss.conn
-	ss.conn = nil
-	if !ss.broken.Load() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := c.Exec(ctx, "SELECT pg_advisory_unlock_all(); RESET idle_session_timeout")
-		cancel()
-		if err == nil {
-			c.Release()
-			return
-		}
-	}
-	closeConn(c)
-}
-
 // park keeps a session that holds nothing for reuse (the main session stays
-// where it is).
+// where it is), and ends sessions parked too long.
 func (a *Advisory) park(ss *session) {
 	a.mu.Lock()
 	if ss.n > 0 || ss == a.main {
 		a.mu.Unlock()
 		return
 	}
-	if !a.closed && !ss.broken.Load() && len(a.idle) < maxIdle {
+	var stale []*session
+	keep := a.idle[:0]
+	for _, p := range a.idle {
+		if time.Since(p.parkedAt) < parkIdle {
+			keep = append(keep, p)
+		} else {
+			stale = append(stale, p)
+		}
+	}
+	a.idle = keep
+	if !a.closed && len(a.idle) < maxIdle {
+		ss.parkedAt = time.Now()
 		a.idle = append(a.idle, ss)
-		a.mu.Unlock()
-		return
+	} else {
+		stale = append(stale, ss)
 	}
 	a.mu.Unlock()
-	a.discard(ss)
+	for _, p := range stale {
+		p.stop()
+	}
 }
-
-// maxIdle bounds the sessions kept for reuse.
-const maxIdle = 4
 
 // mainSession returns the session that takes uncontended locks, replacing
-// it if it is broken or holds nothing and may have timed out.
-func (a *Advisory) mainSession(ctx context.Context, ttl time.Duration) (*session, error) {
-	a.mainMu.Lock()
-	defer a.mainMu.Unlock()
+// it if it ended, or if it holds nothing and may have timed out.
+func (a *Advisory) mainSession(ctx context.Context) (*session, error) {
+	select {
+	case a.mainSem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-a.mainSem }()
 	a.mu.Lock()
 	ss := a.main
-	stale := ss != nil && (ss.broken.Load() || ss.n == 0 && !a.fresh(ss))
-	if stale {
+	if ss != nil && (ss.isGone() || ss.n == 0 && !a.fresh(ss)) {
 		a.main = nil
-	}
-	a.mu.Unlock()
-	if stale {
-		a.dropHolds(ss)
-		a.discard(ss)
-		ss = nil
-	}
-	if ss == nil {
-		var err error
-		if ss, err = a.open(ctx, ttl); err != nil {
-			return nil, err
-		}
-		a.mu.Lock()
-		a.main = ss
 		a.mu.Unlock()
+		ss.stop() // holds nothing (or is gone already)
+		ss = nil
+	} else {
+		a.mu.Unlock()
+	}
+	if ss != nil {
 		return ss, nil
 	}
-	return ss, a.cover(ctx, ss, ttl)
+	ss, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	a.main = ss
+	a.mu.Unlock()
+	return ss, nil
 }
 
-// dropHolds forgets the locks of a session that is gone.
-func (a *Advisory) dropHolds(ss *session) {
+// ended forgets a session whose goroutine has ended, and reports the locks
+// it held as lost unless it was stopped on purpose (cause nil).
+func (a *Advisory) ended(ss *session, cause error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	delete(a.all, ss)
+	if a.main == ss {
+		a.main = nil
+	}
+	for i, p := range a.idle {
+		if p == ss {
+			a.idle = append(a.idle[:i], a.idle[i+1:]...)
+			break
+		}
+	}
+	var lost []*hold
 	for id, h := range a.held {
 		if h.ss == ss {
 			delete(a.held, id)
 			h.done = true
+			lost = append(lost, h)
 		}
 	}
 	ss.n = 0
-	if a.main == ss {
-		a.main = nil
+	closed := a.closed
+	a.mu.Unlock()
+	if closed || cause == nil {
+		return
+	}
+	err := fmt.Errorf("pglock: the server session holding it ended: %w", cause)
+	if len(lost) > 0 {
+		a.log.Warn("pglock: an advisory session ended; its locks are lost", "locks", len(lost), "err", cause)
+	}
+	for _, h := range lost {
+		a.loss.Report(h.key, h.token, err)
 	}
 }
 
-// lost marks a session gone: its locks are dropped by the server.
-func (a *Advisory) lost(ss *session) {
-	ss.broken.Store(true)
-	a.dropHolds(ss)
-	a.discard(ss)
-}
-
-// heldLocally returns the local holder of id, if any.
-func (a *Advisory) heldLocally(id uint64) *hold {
+// heldLocally returns the local hold that forbids a grant of id on ss: a
+// hold that is not being released, or one being released on ss itself (a
+// grant there would be re-entrant, and its unlock would undo the wrong
+// one).
+func (a *Advisory) heldLocally(id uint64, ss *session) *hold {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h := a.held[id]
-	if h != nil && (h.ss.broken.Load() || h.releasing) {
+	if h == nil || h.done || h.releasing && h.ss != ss {
 		return nil
 	}
 	return h
 }
 
+// grantResult is the outcome of a grant job.
+type grantResult struct {
+	ok      bool
+	fence   uint64
+	holder  *hold     // the local hold that refused it
+	granted time.Time // when the granting reply arrived
+}
+
 // Acquire implements dlock.Backend: pg_try_advisory_lock on the main
 // session, and the fencing row in the same statement. If the main session
-// turns out to be gone it is replaced and the attempt made once more.
+// turns out to be gone it is replaced and the attempt made once more. An
+// ended ctx is refused before any I/O.
 func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	id := hashKey(req.Key)
-	for try := 0; try < 2; try++ {
-		if h := a.heldLocally(id); h != nil {
+	for try := 0; ; try++ {
+		if h := a.heldLocally(id, nil); h != nil {
 			return a.notAcquired(ctx, req.Key, h), nil
 		}
-		if err := ctx.Err(); err != nil {
+		if err := ended(ctx); err != nil {
 			return dlock.Result{}, err
 		}
-		ss, err := a.mainSession(ctx, req.TTL)
+		ss, err := a.mainSession(ctx)
 		if err != nil {
-			return dlock.Result{}, wrapErr(a.tb, "advisory acquire", err)
+			return dlock.Result{}, a.wrap("advisory acquire", err)
 		}
-		ss.mu.Lock()
-		// Checked again under the session's lock: a second grant on the
-		// same session would succeed (advisory locks are re-entrant).
-		if h := a.heldLocally(id); h != nil {
-			ss.mu.Unlock()
-			return a.notAcquired(ctx, req.Key, h), nil
-		}
-		ok, fence, err := a.grant(ctx, ss, a.q.try, id, req, statementTimeout)
-		if ok {
-			a.record(id, req, ss)
-		}
-		ss.mu.Unlock()
-		if sessionLost(err) {
-			// Whatever the statement did died with the session.
-			a.lost(ss)
-			if try == 0 && !errors.Is(err, ErrTransactionPooling) {
-				continue
+		var res grantResult
+		err = ss.do(ctx, statementBound, false, func(jctx context.Context, j *job) error {
+			// Checked again in the session's turn: a second grant on the
+			// same session would succeed (advisory locks are re-entrant).
+			if res.holder = a.heldLocally(id, ss); res.holder != nil {
+				return nil
 			}
+			if err := a.cover(jctx, ss, req.TTL); err != nil {
+				return err
+			}
+			return a.grant(jctx, j, ss, a.q.try, id, req, &res)
+		})
+		switch {
+		case errors.Is(err, errLeft):
+			return dlock.Result{}, ctx.Err()
+		case endsSession(err) && try == 0 && !errors.Is(err, ErrTransactionPooling):
+			continue // whatever the statement did died with the session
+		case err != nil:
+			return dlock.Result{}, a.wrap("advisory acquire", err)
+		case res.holder != nil || !res.ok:
+			return a.notAcquired(ctx, req.Key, res.holder), nil
 		}
-		if err != nil {
-			return dlock.Result{}, wrapErr(a.tb, "advisory acquire", err)
-		}
-		if !ok {
-			return a.notAcquired(ctx, req.Key, nil), nil
-		}
-		return dlock.Result{Acquired: true, Fence: fence}, nil
+		return dlock.Result{Acquired: true, Fence: res.fence}, nil
 	}
-	return dlock.Result{}, fmt.Errorf("pglock: advisory acquire: session lost twice")
+}
+
+// wrap is wrapErr, with dlock.ErrClosed for an Advisory that was closed.
+func (a *Advisory) wrap(op string, err error) error {
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed || errors.Is(err, dlock.ErrClosed) {
+		return dlock.ErrClosed
+	}
+	return wrapErr(a.tb, op, err)
 }
 
 // record notes a grant.
@@ -474,50 +531,88 @@ func (a *Advisory) record(id uint64, req dlock.Request, ss *session) {
 	a.mu.Unlock()
 }
 
-// grant runs a grant statement on ss (whose mu the caller holds) and checks
-// that the session is still the one it was. After an error that leaves the
-// session usable it unlocks what the statement may have locked.
-func (a *Advisory) grant(ctx context.Context, ss *session, q string, id uint64, req dlock.Request, timeout time.Duration) (bool, uint64, error) {
-	if ss.conn == nil {
-		// Discarded since the caller picked it: a renewal on it found it
-		// lost, or Close. Nothing was sent; the error reads as a lost session.
-		return false, 0, errors.New("pglock: session closed")
-	}
+// grant runs a grant statement in the session's goroutine, checks that the
+// session is still the one it was, and settles the outcome: a grant whose
+// caller still waits is recorded; one whose caller left is unlocked. After
+// an error that leaves the session usable it unlocks what the statement may
+// have locked.
+func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id uint64, req dlock.Request, res *grantResult) error {
 	k1, k2 := split(id)
-	var ok bool
 	var fence *int64
 	var pid uint32
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	err := ss.conn.QueryRow(sctx, q, k1, k2, []byte(req.Key), int64(id), req.Token[:], req.Owner, req.Metadata).
-		Scan(&ok, &fence, &pid)
-	ss.touch()
+	var syncCommit string
+	err := ss.conn.QueryRow(ctx, q, k1, k2, []byte(req.Key), int64(id), req.Token[:], req.Owner, req.Metadata).
+		Scan(&res.ok, &fence, &pid, &syncCommit)
+	res.granted = time.Now()
 	switch {
 	case err == nil && pid != ss.pid:
-		ss.broken.Store(true)
-		return false, 0, ErrTransactionPooling
-	case err == nil && ok && fence == nil:
+		return ErrTransactionPooling
+	case err == nil && res.ok && fence == nil:
 		err = errors.New("pglock: no fence from the grant")
-	case err == nil:
-		if !ok {
-			return false, 0, nil
-		}
-		return true, uint64(*fence), nil
+	case err == nil && res.ok && q == a.q.wait && a.heldLocally(id, nil) != nil:
+		// Cannot happen (the server excludes other sessions); refuse.
+		err = fmt.Errorf("pglock: advisory lock of %q granted twice in one process", req.Key)
 	}
-	if !sessionLost(err) {
-		_, uerr := ss.conn.Exec(sctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", k1, k2)
-		if uerr != nil {
-			ss.broken.Store(true)
-			err = errors.Join(err, uerr)
+	if err == nil && a.grantHook != nil {
+		a.grantHook(syncCommit)
+	}
+	if err != nil {
+		res.ok = false
+		if sessionLost(err) {
+			return err
+		}
+		j.waitCancel()
+		if _, uerr := a.unlock(ctx, ss, id); uerr != nil {
+			return errors.Join(err, uerr)
+		}
+		return err
+	}
+	if res.ok {
+		res.fence = uint64(*fence)
+	}
+	if j.settle() {
+		if res.ok {
+			a.record(id, req, ss)
+		}
+		return nil
+	}
+	// The caller left: nobody will use or release this grant.
+	if res.ok {
+		j.waitCancel()
+		_, err = a.unlock(ctx, ss, id)
+	}
+	return err
+}
+
+// unlock runs pg_advisory_unlock in the session's goroutine and checks the
+// session. A statement cancelled by a late cancel request is run again; if
+// the cancelled one had unlocked, the next reports it not held, which then
+// counts as unlocked.
+func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64) (bool, error) {
+	k1, k2 := split(id)
+	var ok bool
+	var pid uint32
+	var err error
+	for try := 0; try < 3; try++ {
+		err = ss.conn.QueryRow(ctx, a.q.unlock, k1, k2).Scan(&ok, &pid)
+		if !cancelled(err) {
+			ok = ok || try > 0
+			break
 		}
 	}
-	return false, 0, err
+	if err == nil && pid != ss.pid {
+		return false, ErrTransactionPooling
+	}
+	return ok, err
 }
 
 // notAcquired describes the holder: the local one, or the key's last grant.
 func (a *Advisory) notAcquired(ctx context.Context, key string, h *hold) dlock.Result {
 	if h != nil && h.key == key {
 		return dlock.Result{Holder: dlock.LockInfo{Key: key, Token: h.token}}
+	}
+	if ended(ctx) != nil {
+		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
 	}
 	var r holderRow
 	err := a.pool.QueryRow(ctx, a.q.holder, []byte(key)).Scan(&r.name, &r.token, &r.owner, &r.fence, &r.metadata, &r.acquiredAt)
@@ -530,86 +625,57 @@ func (a *Advisory) notAcquired(ctx context.Context, key string, h *hold) dlock.R
 
 // AcquireWait implements dlock.Waiter: pg_advisory_lock on a session of its
 // own, for up to 30 s. When ctx ends first the wait is cancelled with a
-// cancel request; a grant that raced with the cancellation is undone by
-// closing the session.
+// cancel request, and a grant that raced with the cancellation is unlocked.
 func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	began := time.Now()
-	ss, err := a.open(ctx, req.TTL)
+	if ended(ctx) != nil {
+		return dlock.Result{}, nil
+	}
+	ss, err := a.open(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return dlock.Result{}, nil
 		}
-		return dlock.Result{}, wrapErr(a.tb, "advisory acquire", err)
+		return dlock.Result{}, a.wrap("advisory acquire", err)
 	}
 	id := hashKey(req.Key)
-	type outcome struct {
-		ok    bool
-		fence uint64
-		err   error
-	}
-	done := make(chan outcome, 1)
-	ss.mu.Lock()
-	go func() {
-		ok, fence, err := a.grant(context.Background(), ss, a.q.wait, id, req, maxWait+statementTimeout)
-		done <- outcome{ok, fence, err}
-	}()
-	t := time.NewTimer(maxWait)
-	var out outcome
-	var granted time.Time
-	cancelled := false
-	select {
-	case out = <-done:
-		granted = time.Now()
-	case <-ctx.Done():
-		cancelled = true
-	case <-t.C:
-		cancelled = true
-	}
-	t.Stop()
-	if cancelled {
-		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if ss.conn != nil { // nil if Close discarded it
-			_ = ss.conn.Conn().PgConn().CancelRequest(cctx)
+	wctx, cancel := context.WithTimeout(ctx, maxWait)
+	defer cancel()
+	var res grantResult
+	err = ss.do(wctx, maxWait+statementBound, false, func(jctx context.Context, j *job) error {
+		defer func() {
+			if !res.ok {
+				a.park(ss)
+			}
+		}()
+		if err := a.cover(jctx, ss, req.TTL); err != nil {
+			return err
 		}
-		cancel()
-		out = <-done
-	}
-	ss.mu.Unlock()
-	if cancelled {
-		// Granted or not, a cancel request may still be in flight and hit a
-		// later statement: close the session, which ends any grant.
-		ss.broken.Store(true)
-		a.discard(ss)
+		return a.grant(jctx, j, ss, a.q.wait, id, req, &res)
+	})
+	switch {
+	case errors.Is(err, errLeft):
+		return dlock.Result{}, nil
+	case err != nil:
+		return dlock.Result{}, a.wrap("advisory acquire", err)
+	case !res.ok:
 		return dlock.Result{}, nil
 	}
-	if out.err != nil {
-		if sessionLost(out.err) {
-			ss.broken.Store(true)
-		}
-		a.park(ss)
-		return dlock.Result{}, wrapErr(a.tb, "advisory acquire", out.err)
-	}
-	if h := a.heldLocally(id); h != nil {
-		// Cannot happen (the server excludes other sessions); refuse.
-		a.lost(ss)
-		return dlock.Result{}, fmt.Errorf("pglock: advisory lock of %q granted twice in one process", req.Key)
-	}
-	a.record(id, req, ss)
 	// The session's idle_session_timeout counts from the reply that
 	// granted the lock, which came before it was received by one network
 	// trip (the Locker's margin covers that), not from the wait's start.
-	return dlock.Result{Acquired: true, Fence: out.fence, SentAfter: granted.Sub(began)}, nil
+	return dlock.Result{Acquired: true, Fence: res.fence, SentAfter: res.granted.Sub(began)}, nil
 }
 
 // holding returns the session where token holds key.
-func (a *Advisory) holding(key string, token dlock.Token) (uint64, *session) {
+func (a *Advisory) holding(key string, token dlock.Token) *session {
 	id := hashKey(key)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if h := a.held[id]; h != nil && h.key == key && h.token == token && !h.ss.broken.Load() {
-		return id, h.ss
+	if h := a.held[id]; h != nil && h.key == key && h.token == token && !h.done {
+		return h.ss
 	}
-	return id, nil
+	return nil
 }
 
 // beginRelease returns the hold of key and token, marked as being released,
@@ -619,7 +685,7 @@ func (a *Advisory) beginRelease(key string, token dlock.Token) *hold {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	h := a.held[id]
-	if h == nil || h.key != key || h.token != token || h.ss.broken.Load() || h.releasing {
+	if h == nil || h.key != key || h.token != token || h.done || h.releasing {
 		return nil
 	}
 	h.releasing = true
@@ -648,12 +714,14 @@ func (a *Advisory) dropHold(h *hold) {
 
 // Extend implements dlock.Backend: one query per session checks that the
 // server still grants each lock to that session (pg_locks, for its backend
-// pid), which also keeps the session from going idle.
+// pid), which also keeps the session from going idle. A renewal whose ctx
+// ends first reports the context's error for its leases (the Locker tries
+// again); the session is left alone.
 func (a *Advisory) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
 	errs := make([]error, len(leases))
 	bySession := map[*session][]int{}
 	for i, l := range leases {
-		if _, ss := a.holding(l.Key, l.Token); ss != nil {
+		if ss := a.holding(l.Key, l.Token); ss != nil {
 			bySession[ss] = append(bySession[ss], i)
 		} else {
 			errs[i] = dlock.ErrNotHeld
@@ -664,37 +732,36 @@ func (a *Advisory) Extend(ctx context.Context, leases []dlock.Lease) ([]error, e
 		for j, i := range idx {
 			k1s[j], k2s[j] = AdvisoryKeys(leases[i].Key)
 		}
-		var pid uint32
-		var missing []int64
-		ss.mu.Lock()
-		err := errors.New("session closed")
-		if ss.conn != nil {
-			sctx, cancel := sessionCtx(ctx)
-			err = ss.conn.QueryRow(sctx, a.q.check, k1s, k2s).Scan(&pid, &missing)
-			cancel()
-			ss.touch()
-		}
-		ss.mu.Unlock()
-		if err == nil && pid != ss.pid {
-			err = ErrTransactionPooling
-		}
-		gone := make(map[int]bool, len(missing))
-		for _, m := range missing {
-			gone[int(m)-1] = true
+		gone := make(map[int]bool)
+		err := ended(ctx)
+		if err == nil {
+			err = ss.do(ctx, statementBound, false, func(jctx context.Context, _ *job) error {
+				var pid uint32
+				var missing []int64
+				err := ss.conn.QueryRow(jctx, a.q.check, k1s, k2s).Scan(&pid, &missing)
+				if err == nil && pid != ss.pid {
+					err = ErrTransactionPooling
+				}
+				if err != nil {
+					return err
+				}
+				for _, m := range missing {
+					i := idx[int(m)-1]
+					gone[int(m)-1] = true
+					a.forget(hashKey(leases[i].Key), leases[i].Token)
+				}
+				return nil
+			})
 		}
 		for j, i := range idx {
 			switch {
-			case err != nil && (sessionLost(err) || errors.Is(err, ErrTransactionPooling)):
+			case endsSession(err):
 				errs[i] = fmt.Errorf("%w: session lost: %w", dlock.ErrNotHeld, err)
 			case err != nil:
 				errs[i] = wrapErr(a.tb, "advisory extend", err)
 			case gone[j]:
 				errs[i] = dlock.ErrNotHeld
-				a.forget(hashKey(leases[i].Key), leases[i].Token)
 			}
-		}
-		if err != nil && (sessionLost(err) || errors.Is(err, ErrTransactionPooling)) {
-			a.lost(ss)
 		}
 	}
 	return errs, nil
@@ -711,52 +778,52 @@ func (a *Advisory) forget(id uint64, token dlock.Token) {
 }
 
 // Release implements dlock.Backend: pg_advisory_unlock on the holding
-// session. A session that holds nothing more is kept for reuse.
+// session. A session that holds nothing more is kept for reuse. The unlock
+// runs to its end even when ctx ends first (even if it had ended before the
+// call): Release then returns the context's error at once, and the lock is
+// freed without it.
 func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) error {
 	h := a.beginRelease(key, token)
 	if h == nil {
 		return dlock.ErrNotHeld
 	}
 	ss := h.ss
-	k1, k2 := split(h.id)
 	var ok bool
-	var pid uint32
-	ss.mu.Lock()
-	err := errors.New("session closed")
-	if ss.conn != nil {
-		sctx, cancel := sessionCtx(ctx)
-		err = ss.conn.QueryRow(sctx, "SELECT pg_advisory_unlock($1::int4, $2::int4), pg_backend_pid()", k1, k2).Scan(&ok, &pid)
-		cancel()
-		ss.touch()
-	}
-	ss.mu.Unlock()
-	if a.afterUnlock != nil {
-		a.afterUnlock()
-	}
-	if err == nil && pid != ss.pid {
-		err = ErrTransactionPooling
-	}
+	err := ss.do(ctx, statementBound, true, func(jctx context.Context, _ *job) error {
+		var err error
+		ok, err = a.unlock(jctx, ss, h.id)
+		if a.afterUnlock != nil {
+			a.afterUnlock()
+		}
+		switch {
+		case err == nil:
+			a.dropHold(h)
+		case endsSession(err):
+			// The session, and the lock with it, is gone.
+		default:
+			a.mu.Lock()
+			mine := a.held[h.id] == h && !h.done
+			if mine {
+				h.releasing = false // the unlock may not have run: still held
+			}
+			a.mu.Unlock()
+			if !mine {
+				// Another session of this process was granted the key
+				// meanwhile, so the server did unlock it.
+				a.dropHold(h)
+				ok, err = true, nil
+			}
+		}
+		return err
+	})
 	switch {
-	case err != nil && (sessionLost(err) || errors.Is(err, ErrTransactionPooling)):
-		a.lost(ss)
+	case errors.Is(err, errLeft):
+		return fmt.Errorf("pglock: advisory release: %w (the unlock goes on without the caller)", context.Cause(ctx))
+	case endsSession(err):
 		return fmt.Errorf("%w: session lost: %w", dlock.ErrNotHeld, err)
 	case err != nil:
-		a.mu.Lock()
-		mine := a.held[h.id] == h && !h.done
-		if mine {
-			h.releasing = false // the unlock may not have run: still held
-		}
-		a.mu.Unlock()
-		if mine {
-			return wrapErr(a.tb, "advisory release", err)
-		}
-		// Another session of this process was granted the key meanwhile,
-		// so the server did unlock it.
-		a.dropHold(h)
-		return nil
-	}
-	a.dropHold(h)
-	if !ok {
+		return wrapErr(a.tb, "advisory release", err)
+	case !ok:
 		return dlock.ErrNotHeld
 	}
 	return nil

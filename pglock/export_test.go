@@ -6,26 +6,31 @@ import (
 	"github.com/dlock-dev/dlock"
 )
 
-// GrantAfterSessionLoss runs Acquire's steps for req with a concurrent
-// renewal's reaction to a lost session in between: Acquire picks the main
-// session, then (before it locks the session for its statement) a renewal
-// on that session finds it gone and discards it (Extend → lost), then
-// Acquire runs its grant statement on the session it picked. It returns the
-// grant's outcome.
+// GrantAfterSessionLoss runs Acquire's steps for req with the main
+// session's end in between: Acquire picks the main session, then the
+// session ends (as when the server drops it) before Acquire's grant runs on
+// it. It returns the grant's outcome.
 func GrantAfterSessionLoss(ctx context.Context, a *Advisory, req dlock.Request) (bool, uint64, error) {
-	ss, err := a.mainSession(ctx, req.TTL)
+	ss, err := a.mainSession(ctx)
 	if err != nil {
 		return false, 0, err
 	}
-	a.lost(ss)
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return a.grant(ctx, ss, a.q.try, hashKey(req.Key), req, statementTimeout)
+	ss.stop()
+	<-ss.exited
+	var res grantResult
+	err = ss.do(ctx, statementBound, false, func(jctx context.Context, j *job) error {
+		return a.grant(jctx, j, ss, a.q.try, hashKey(req.Key), req, &res)
+	})
+	return res.ok, res.fence, err
 }
 
 // SetAfterUnlock sets the hook Release runs between its unlock statement
 // and its bookkeeping.
 func SetAfterUnlock(a *Advisory, f func()) { a.afterUnlock = f }
+
+// SetGrantHook sets the hook that receives the synchronous_commit in force
+// in each grant's transaction.
+func SetGrantHook(a *Advisory, f func(syncCommit string)) { a.grantHook = f }
 
 // SessionCounts returns the number of holds each pinned session carries,
 // and how many holds the Advisory has on its books.

@@ -2,7 +2,10 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -15,8 +18,13 @@ type Backend struct {
 	pool  *pgxpool.Pool
 	tb    tables
 	grace time.Duration // < 0: no queue
+	log   *slog.Logger
 	ln    *listener
 	q     leaseQueries
+
+	bg   context.Context // ended by Close: stops the resolutions under way
+	stop context.CancelFunc
+	wg   sync.WaitGroup // acquisition statements and their resolutions
 }
 
 var (
@@ -38,7 +46,9 @@ func New(pool *pgxpool.Pool, opts *Options) (*Backend, error) {
 	if grace == 0 {
 		grace = DefaultGrace
 	}
-	return &Backend{pool: pool, tb: tb, grace: grace, ln: newListener(pool, tb.channel), q: newLeaseQueries(tb)}, nil
+	bg, stop := context.WithCancel(context.Background())
+	return &Backend{pool: pool, tb: tb, grace: grace, log: logger(o), ln: newListener(pool, tb.channel), q: newLeaseQueries(tb),
+		bg: bg, stop: stop}, nil
 }
 
 // checkArgs validates a constructor's arguments.
@@ -55,17 +65,25 @@ func checkArgs(nilPool bool, opts *Options) (tables, Options, error) {
 }
 
 // Close stops the connection that listens for releases on behalf of
-// waiters (waiting acquisitions then fall back to the Locker's backoff). It
-// does not close the pool and does not release locks.
+// waiters (waiting acquisitions then fall back to the Locker's backoff), and
+// waits for the acquisition statements still under way. It does not close
+// the pool and does not release locks.
 func (b *Backend) Close() error {
 	b.ln.close()
+	b.stop()
+	b.wg.Wait()
 	return nil
 }
 
-// Migrate creates the tables of both strategies if they do not exist. It is
-// safe to run concurrently and repeatedly. Acquisitions never create them:
-// without them they fail with an error matching dlock.ErrNoSchema.
-func (b *Backend) Migrate(ctx context.Context) error { return migrate(ctx, b.pool, b.tb) }
+// Migrate creates the tables of both strategies if they do not exist, and
+// logs what Check finds to Options.Logger. It is safe to run concurrently
+// and repeatedly. Acquisitions never create the tables: without them they
+// fail with an error matching dlock.ErrNoSchema.
+func (b *Backend) Migrate(ctx context.Context) error { return migrate(ctx, b.pool, b.tb, b.log) }
+
+// Check reports the server settings that weaken the lease strategy's
+// guarantees; see the function Check.
+func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(ctx, b.pool) }
 
 type leaseQueries struct {
 	acquire, unregister, extend, release, forceRelease, list string
@@ -75,6 +93,13 @@ type leaseQueries struct {
 // autocommit statement whose times all come from one clock_timestamp() of
 // the server (now() would be the start of the transaction, the same here,
 // but clock_timestamp() does not depend on how the statement is wrapped).
+//
+// Every statement that writes commits durably whatever the server's, the
+// database's or the role's default (set_config of synchronous_commit, local
+// to the statement's transaction): a grant or an extension that a crash
+// forgets would let the key be granted again, with a fence already handed
+// out, while its holder still trusts it (a forgotten release would only
+// leave the key held until the lease's end).
 //
 // The acquisition takes the row if its lease is over and, during the grace
 // period after it ended, only if no live waiter queued ahead of this one
@@ -101,7 +126,7 @@ type leaseQueries struct {
 func newLeaseQueries(tb tables) leaseQueries {
 	l, w := tb.lease, tb.waiters
 	return leaseQueries{
-		acquire: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+		acquire: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'on', true) AS sc),
 acq AS (
   INSERT INTO ` + l + ` AS l (name, token, owner, fence, acquired_at, expires_at, metadata)
   SELECT $1, $2, $3, 1, c.now, c.now + $4::bigint * interval '1 microsecond', $5 FROM c
@@ -135,21 +160,21 @@ SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   (extract(epoch FROM h.expires_at - c.now) * 1000000)::bigint
 FROM c LEFT JOIN ` + l + ` h ON h.name = $1`,
 		unregister: `DELETE FROM ` + w + ` WHERE name = $1 AND token = $2`,
-		extend: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now)
+		extend: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'on', true) AS sc)
 UPDATE ` + l + ` AS l SET expires_at = c.now + x.ttl * interval '1 microsecond'
 FROM c, unnest($1::bytea[], $2::bytea[], $3::bigint[]) AS x(name, token, ttl)
 WHERE l.name = x.name AND l.token = x.token AND l.expires_at > clock_timestamp()
 RETURNING l.name, l.token`,
 		release: `WITH r AS (
   UPDATE ` + l + ` SET expires_at = clock_timestamp()
-  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() AND set_config('synchronous_commit', 'on', true) IS NOT NULL
   RETURNING name
 )
 SELECT pg_notify($3, encode(r.name, 'hex') || COALESCE(' ' || (SELECT encode(q.token, 'hex') FROM ` + w + ` q
   WHERE q.name = r.name AND q.until > clock_timestamp() ORDER BY q.since, q.token LIMIT 1), '')) FROM r`,
 		forceRelease: `WITH r AS (
   UPDATE ` + l + ` SET expires_at = clock_timestamp()
-  WHERE name = $1 AND expires_at > clock_timestamp()
+  WHERE name = $1 AND expires_at > clock_timestamp() AND set_config('synchronous_commit', 'on', true) IS NOT NULL
   RETURNING name
 )
 SELECT pg_notify($2, encode(r.name, 'hex')) FROM r`,
@@ -163,19 +188,42 @@ ORDER BY name`,
 
 // attempt is one run of the acquisition statement. since is the caller's
 // place in the waiter queue (nil: now); register > 0 makes a refused waiter
-// (re)join the queue for that long. It returns the caller's place.
+// (re)join the queue for that long. It returns the caller's place. An ended
+// ctx is refused before any I/O; a ctx that ends during the statement
+// returns an error matching errLeft (see detached).
 func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Time, register time.Duration) (dlock.Result, *time.Time, error) {
 	grace := us(b.grace)
 	if b.grace < 0 {
 		register = 0
 	}
+	if err := ended(ctx); err != nil {
+		return dlock.Result{}, nil, err
+	}
 	var fence *int64
 	var place *time.Time
 	var h holderRow
-	err := b.pool.QueryRow(ctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
-		grace, since, us(register)).
-		Scan(&fence, &place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs)
+	sent := time.Now()
+	ran, err := b.detached(ctx, func(sctx context.Context, c *pgxpool.Conn) error {
+		return c.QueryRow(sctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
+			grace, since, us(register)).
+			Scan(&fence, &place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs)
+	}, func(c *pgxpool.Conn, err error) {
+		// Nobody will use or renew this grant.
+		if err == nil && fence != nil {
+			b.undo(c, req)
+		} else if err != nil && sessionLost(err) {
+			b.resolveUntil(req, sent)
+		}
+	})
+	if errors.Is(err, errLeft) {
+		return dlock.Result{}, nil, err
+	}
 	if err != nil {
+		if ran && sessionLost(err) {
+			// The connection broke mid-statement: the statement may still
+			// commit on the server after the Locker's own resolution.
+			b.resolveUntil(req, sent)
+		}
 		return dlock.Result{}, nil, wrapErr(b.tb, "acquire", err)
 	}
 	if fence != nil {
@@ -185,9 +233,127 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 	return dlock.Result{Holder: info, Remaining: rem}, place, nil
 }
 
-// Acquire implements dlock.Backend with one statement.
+// detached runs stmt on a connection of the pool, detached from ctx (bounded
+// by statementBound), and waits for it until ctx ends; ran reports whether
+// stmt was run (false: no connection could be had). If ctx ends first it
+// returns an error matching errLeft and ctx.Err() at once, sends a cancel
+// request for the statement, and once the statement has ended (cancelled or
+// not) runs abandoned with its error on the same connection, in the
+// background: a statement whose caller left is settled from its own
+// outcome, never raced by a resolution on another connection.
+func (b *Backend) detached(ctx context.Context, stmt func(ctx context.Context, c *pgxpool.Conn) error, abandoned func(c *pgxpool.Conn, err error)) (ran bool, err error) {
+	c, err := b.pool.Acquire(ctx)
+	if err != nil {
+		if ended(ctx) != nil {
+			return false, errors.Join(errLeft, context.Cause(ctx))
+		}
+		return false, err
+	}
+	var mu sync.Mutex
+	var left, settled bool
+	done := make(chan error, 1)
+	cancelSent := make(chan struct{})
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		defer c.Release()
+		sctx, cancel := context.WithTimeout(context.Background(), statementBound)
+		err := stmt(sctx, c)
+		cancel()
+		mu.Lock()
+		settled = true
+		gone := left
+		mu.Unlock()
+		if !gone {
+			done <- err
+			return
+		}
+		<-cancelSent
+		abandoned(c, err)
+	}()
+	select {
+	case err := <-done:
+		return true, err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	if settled {
+		mu.Unlock()
+		return true, <-done
+	}
+	left = true
+	mu.Unlock()
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		cctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+		_ = c.Conn().PgConn().CancelRequest(cctx)
+		cancel()
+		close(cancelSent)
+	}()
+	return true, errors.Join(errLeft, context.Cause(ctx))
+}
+
+// undo releases a lease that an abandoned acquisition took, on the
+// connection that took it.
+func (b *Backend) undo(c *pgxpool.Conn, req dlock.Request) {
+	ctx, cancel := context.WithTimeout(b.bg, cleanupTimeout)
+	defer cancel()
+	for try := 0; try < 3; try++ { // a late cancel request may hit it
+		_, err := c.Exec(ctx, b.q.release, []byte(req.Key), req.Token[:], b.tb.channel)
+		if err == nil || !cancelled(err) {
+			if err != nil {
+				b.log.Warn("pglock: could not release a lease whose acquisition was abandoned; it expires with its TTL",
+					"key", req.Key, "ttl", req.TTL, "err", err)
+			}
+			return
+		}
+	}
+}
+
+// resolveUntil releases, in the background, the lease that an acquisition
+// whose connection broke mid-statement may take, until that lease would
+// have ended anyway: the statement may still be running on the server, and
+// commit after any single resolution.
+func (b *Backend) resolveUntil(req dlock.Request, sent time.Time) {
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		until := sent.Add(req.TTL + time.Second)
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for time.Now().Before(until) {
+			select {
+			case <-t.C:
+			case <-b.bg.Done():
+				return
+			}
+			ctx, cancel := context.WithTimeout(b.bg, cleanupTimeout)
+			err := b.free(ctx, "release", b.q.release, []byte(req.Key), req.Token[:], b.tb.channel)
+			cancel()
+			if err == nil {
+				b.log.Warn("pglock: released a lease taken by an acquisition whose connection broke", "key", req.Key)
+				return
+			}
+			t.Reset(resolveEvery)
+		}
+	}()
+}
+
+// Bounds of the resolution of abandoned acquisitions.
+const (
+	cleanupTimeout = 5 * time.Second
+	resolveEvery   = time.Second
+)
+
+// Acquire implements dlock.Backend with one statement. A ctx that ends
+// while it runs returns its error at once; the statement is cancelled, and a
+// lease it took all the same is released.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	res, _, err := b.attempt(ctx, req, nil, 0)
+	if errors.Is(err, errLeft) {
+		return dlock.Result{}, ctx.Err()
+	}
 	return res, err
 }
 
@@ -229,6 +395,9 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		var err error
 		sending := time.Now()
 		res, place, err = b.attempt(ctx, req, since, waitStep+waitSlack)
+		if errors.Is(err, errLeft) {
+			return dlock.Result{}, nil
+		}
 		if err != nil {
 			return res, err
 		}

@@ -15,9 +15,11 @@ import (
 // waiter left, so that a busy key does not pay for a new LISTEN per wait.
 const listenIdle = 10 * time.Second
 
-// listener holds one connection of the pool that LISTENs on the Backend's
-// channel, and wakes the waiters of the key each NOTIFY names. It starts on
-// the first wait and stops after listenIdle without waiters, or on close.
+// listener holds one connection that LISTENs on the Backend's channel, and
+// wakes the waiters of the key each NOTIFY names. The connection is opened
+// with the pool's configuration but outside the pool, so that it never takes
+// one of the user's connections. It starts on the first wait and stops after
+// listenIdle without waiters, or on close.
 type listener struct {
 	pool    *pgxpool.Pool
 	channel string
@@ -130,7 +132,7 @@ const errListenerClosed = listenerError("pglock: backend closed")
 func (l *listener) loop(ctx context.Context, r *listenRun) {
 	defer l.wg.Done()
 	defer r.cancel()
-	conn, err := l.pool.Acquire(ctx)
+	conn, err := dial(ctx, l.pool)
 	if err == nil {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err = conn.Exec(actx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize())
@@ -140,7 +142,7 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 	close(r.ready)
 	if err == nil {
 		for {
-			n, err := conn.Conn().WaitForNotification(ctx)
+			n, err := conn.WaitForNotification(ctx)
 			if err != nil {
 				break
 			}
@@ -148,12 +150,7 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 		}
 	}
 	if conn != nil {
-		// Never hand a LISTENing connection back to the pool: close it
-		// (a cancelled wait has closed it already).
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = conn.Conn().Close(cctx)
-		cancel()
-		conn.Release()
+		closeConn(conn)
 	}
 	l.mu.Lock()
 	if l.run == r {

@@ -25,18 +25,38 @@
 // The lease strategy works through any pool or proxy (PgBouncer in any mode:
 // every operation is one autocommit statement, though LISTEN needs session
 // pooling: in transaction pooling waiters fall back to sleeping until the
-// lease ends). A crashed holder's lock frees itself when its TTL runs out;
-// each acquisition and release is a durable commit.
+// lease ends). A crashed holder's lock frees itself when its TTL runs out.
 //
 // # Advisory (NewAdvisory)
 //
-// Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) on
-// connections pinned from the pool (*pgxpool.Conn held while locks are held).
-// See Advisory for its guarantees: a crashed holder's locks are freed the
-// moment the server sees its connection close, waiting happens in the server
-// (first come, first served), but it needs a real session: it is unsafe
-// behind a pooler in transaction or statement mode (PgBouncer's default for
-// many deployments), which pglock detects where it can.
+// Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) held
+// by server sessions that the Advisory opens itself. See Advisory for its
+// guarantees: a crashed holder's locks are freed the moment the server sees
+// its connection close, a session that ends is reported at once, waiting
+// happens in the server (first come, first served), but it needs a real
+// session: it is unsafe behind a pooler in transaction or statement mode
+// (PgBouncer's default for many deployments), which pglock detects where it
+// can.
+//
+// # Both strategies
+//
+// Pool size: the connections that dlock keeps open (the LISTEN connection,
+// the advisory sessions) are opened with the pool's configuration but outside
+// the pool, so they never take one of the user's connections and any pool
+// size works, 1 included. Statements on the pool are short, one at a time
+// per call.
+//
+// Durability: every statement that writes (a grant and its fence, a renewal,
+// a release, Migrate's DDL) commits with synchronous_commit on, set locally
+// to its own transaction, whatever the server's, the database's or the
+// role's default: a crash never makes the server forget a fence it handed
+// out. What dlock cannot set per transaction (fsync, full_page_writes,
+// asynchronous standbys that a failover may promote) Check reports, and
+// Migrate logs to Options.Logger.
+//
+// Limits: the table name is checked at New (see Options.Table) so that every
+// derived name fits PostgreSQL's 63-byte identifiers; keys of any length
+// dlock accepts; any TTL dlock accepts.
 //
 //	pool, _ := pgxpool.New(ctx, "postgres://app@db/app")
 //	b, err := pglock.New(pool, nil)
@@ -55,6 +75,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strings"
 	"time"
@@ -91,6 +112,44 @@ type Options struct {
 	// the queue off: a free lease goes to whoever asks first. The default is
 	// DefaultGrace. The advisory strategy ignores it.
 	Grace time.Duration
+
+	// Logger receives what Migrate finds wrong with the server's settings
+	// (see Check) and the loss of advisory sessions. The default discards
+	// everything.
+	Logger *slog.Logger
+}
+
+// logger returns o's Logger, or one that discards everything.
+func logger(o Options) *slog.Logger {
+	if o.Logger != nil {
+		return o.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// dial opens a connection outside pool with pool's configuration, running
+// the pool's BeforeConnect and AfterConnect hooks as the pool would: the
+// connections that dlock keeps (advisory sessions, the LISTEN connection)
+// never take one of the user's pool connections.
+func dial(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
+	cfg := pool.Config()
+	cc := cfg.ConnConfig
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cc); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.AfterConnect != nil {
+		if err := cfg.AfterConnect(ctx, conn); err != nil {
+			closeConn(conn)
+			return nil, err
+		}
+	}
+	return conn, nil
 }
 
 var (
@@ -169,12 +228,13 @@ func (tb tables) schema() string {
 
 // migrate creates the tables, serialised by an advisory transaction lock
 // because concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog's
-// unique indexes.
-func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables) error {
+// unique indexes, in a transaction that commits durably whatever the
+// server's default. Then it logs what Check finds.
+func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables, log *slog.Logger) error {
 	ddl := tb.schema()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		id := int64(hashKey("migrate\x00" + tb.base))
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", id); err != nil {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1), set_config('synchronous_commit', 'on', true)", id); err != nil {
 			return err
 		}
 		// No arguments: the simple protocol, which runs several statements.
@@ -183,6 +243,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables) error {
 	})
 	if err != nil {
 		return fmt.Errorf("pglock: migrate %s: %w", tb.lease, err)
+	}
+	findings, err := Check(ctx, pool)
+	if err != nil {
+		log.Warn("pglock: could not check the server's settings", "err", err)
+	}
+	for _, f := range findings {
+		level := slog.LevelWarn
+		if f.Severity == SeverityInfo {
+			level = slog.LevelInfo
+		}
+		log.Log(ctx, level, "pglock: "+f.Message, "setting", f.Setting)
 	}
 	return nil
 }

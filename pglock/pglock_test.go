@@ -75,10 +75,8 @@ func needServer(t *testing.T) {
 	open(t, "")
 }
 
-// open returns a new pool on the test server; appName, if set, names its
-// connections in pg_stat_activity. Without a server the test fails under
-// CI=true and is skipped otherwise.
-func open(t testing.TB, appName string) *pgxpool.Pool {
+// openConfig returns the pool configuration of the test server.
+func openConfig(t testing.TB) *pgxpool.Config {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("-short: needs a PostgreSQL server")
@@ -87,14 +85,30 @@ func open(t testing.TB, appName string) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if appName != "" {
-		cfg.ConnConfig.RuntimeParams["application_name"] = appName
-	}
+	return cfg
+}
+
+// openWith returns a new pool with cfg, closed when the test ends.
+func openWith(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return pool
+}
+
+// open returns a new pool on the test server; appName, if set, names its
+// connections in pg_stat_activity. Without a server the test fails under
+// CI=true and is skipped otherwise.
+func open(t testing.TB, appName string) *pgxpool.Pool {
+	t.Helper()
+	cfg := openConfig(t)
+	if appName != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = appName
+	}
+	pool := openWith(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := pool.Ping(ctx); err != nil {
