@@ -160,12 +160,21 @@ func newAdvisory(t testing.TB, pool *pgxpool.Pool) *pglock.Advisory {
 
 func TestConformanceLease(t *testing.T) {
 	needServer(t)
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newLease(t, nil) })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newLease(t, nil) },
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend { return newLease(t, smallPool(t, conns)) }))
+}
+
+// smallPool returns a pool of at most conns connections on the test server.
+func smallPool(t testing.TB, conns int) *pgxpool.Pool {
+	cfg := openConfig(t)
+	cfg.MaxConns = int32(conns)
+	return openWith(t, cfg)
 }
 
 func TestConformanceAdvisory(t *testing.T) {
 	needServer(t)
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newAdvisory(t, nil) }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint())
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newAdvisory(t, nil) }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint(),
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend { return newAdvisory(t, smallPool(t, conns)) }))
 }
 
 // The fair-share tests run 8 processes on one key for 3 s each: no process
