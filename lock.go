@@ -14,11 +14,13 @@ import (
 // leases (every backend's default strategy) that happens before the store
 // lets anyone else take the key: the client gives up at its own deadline,
 // which precedes the store's expiry. Session strategies (mysqllock's GetLock
-// and RowLock, pglock's Advisory), whose lock ends the instant the server
-// ends the session (a cut connection, KILL, a proxy or server restart), can
-// only tell the holder at its next check, up to TTL/3 later; a shorter TTL
-// narrows that window. In every case, pass Token to the resource you guard
-// so that it refuses a stale holder.
+// and RowLock, pglock's Advisory) lose their lock the instant the server
+// ends the session (a cut connection, KILL, a proxy or server restart); the
+// holder is told as soon as the client sees the session end (backends that
+// implement LossReporter watch their sessions), at the latest at its next
+// check, TTL/3 later, and a waiter may take the lock in between. In every
+// case, pass Token to the resource you guard so that it refuses a stale
+// holder.
 type Lock struct {
 	l    *Locker
 	ls   *lease
