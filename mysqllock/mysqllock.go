@@ -17,6 +17,7 @@ package mysqllock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -44,7 +45,8 @@ type DB interface {
 type Options struct {
 	// Table is the lock table, optionally qualified by database
 	// ("locks.dlock_locks"). Each part is 1..64 of [A-Za-z0-9_$], not all
-	// digits. The default is DefaultTable.
+	// digits, and the table itself at most 56, for the tables named after
+	// it ("_session", "_rows"). The default is DefaultTable.
 	Table string
 
 	// NoDoorbell turns off the lease strategy's doorbells. By default a
@@ -57,6 +59,27 @@ type Options struct {
 	// waiters use the Locker's backoff and a releasing client may barge
 	// back in, for more acquisitions per second and no fairness.
 	NoDoorbell bool
+
+	// Connector, if set, opens the connections that GetLock and the lease
+	// strategy's doorbells pin for their sessions, in a pool of their own
+	// outside db's pool and its limits (SetMaxOpenConns): give it the
+	// server that db uses, as mysql.NewConnector(cfg) does. Without it the
+	// sessions are pinned from db, whose limit (if any) must then be at
+	// least 2 (New and NewGetLock fail with dlock.ErrInvalidOption, and so
+	// does every call if the limit is lowered after); with a limit of n,
+	// at most n−2 waiters of a Backend wait in the server at once, the
+	// others poll with the Locker's backoff, and a session that holds
+	// nothing goes back to db at once. RowLock does not use it. The
+	// default is nil.
+	Connector driver.Connector
+}
+
+// connector returns opts.Connector, if any.
+func connector(opts *Options) driver.Connector {
+	if opts == nil {
+		return nil
+	}
+	return opts.Connector
 }
 
 // Backend is the lease strategy on MySQL/MariaDB. It is safe for concurrent
@@ -83,7 +106,8 @@ var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)
 var digitsRE = regexp.MustCompile(`^[0-9]+$`)
 
 // New returns a Backend over db. It does no I/O; call Migrate once to create
-// the table. The error matches dlock.ErrInvalidOption for a bad table name.
+// the table. The error matches dlock.ErrInvalidOption for a bad table name,
+// or for doorbells on a pool whose limit is below 2 (see Options.Connector).
 func New(db DB, opts *Options) (*Backend, error) {
 	table, err := checkArgs(db == nil, opts)
 	if err != nil {
@@ -91,7 +115,11 @@ func New(db DB, opts *Options) (*Backend, error) {
 	}
 	b := &Backend{db: db, table: table, q: newQueries(table)}
 	if sdb, ok := db.(*sql.DB); ok && (opts == nil || !opts.NoDoorbell) {
-		b.bell = &GetLock{db: sdb, s: newSessions(sdb, ""), bell: true}
+		s := newSessions(sdb, "").forStrategy("the lease strategy with doorbells (Options.NoDoorbell unset)", minSessionConns, connector(opts))
+		if err := s.checkPool(); err != nil {
+			return nil, err
+		}
+		b.bell = &GetLock{s: s, bell: true}
 		b.bell.s.keepTimeout = true // a doorbell's session may idle: its death only rings
 	}
 	return b, nil
@@ -118,6 +146,10 @@ func checkArgs(nilDB bool, opts *Options) (string, error) {
 	return table, err
 }
 
+// longestSuffix is the longest suffix of the tables that Migrate names
+// after Options.Table (see schema.sql).
+const longestSuffix = "_session"
+
 func quoteTable(name string) (string, error) {
 	if name == "" {
 		name = DefaultTable
@@ -131,6 +163,10 @@ func quoteTable(name string) (string, error) {
 			return "", fmt.Errorf("%w: mysqllock: table %q: each part must be 1-64 of [A-Za-z0-9_$], not all digits", dlock.ErrInvalidOption, name)
 		}
 		parts[i] = "`" + p + "`"
+	}
+	if t := parts[len(parts)-1]; len(t)-2+len(longestSuffix) > 64 {
+		return "", fmt.Errorf("%w: mysqllock: table %q: the name is at most %d characters, so that the tables named after it (%s) fit the server's 64",
+			dlock.ErrInvalidOption, name, 64-len(longestSuffix), longestSuffix)
 	}
 	return strings.Join(parts, "."), nil
 }
@@ -314,6 +350,9 @@ func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine in
 // Extend implements dlock.Backend with one UPDATE and one SELECT per distinct
 // TTL in leases.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	if err := b.checkPool(); err != nil {
+		return nil, err
+	}
 	byTTL := map[time.Duration][]int{}
 	for i, l := range leases {
 		byTTL[l.TTL] = append(byTTL[l.TTL], i)
@@ -363,6 +402,9 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 // it was taken: a stalled former holder) wakes nobody, so it is released as
 // long past: the acquisition statement then keeps it for no one in line.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
+	if err := b.checkPool(); err != nil {
+		return err
+	}
 	q := b.q.release
 	if b.bells() && b.bell.sessionOf(key, token) == 0 {
 		q = b.q.releaseNoBell
