@@ -19,6 +19,11 @@ import (
 // two databases (or tables) of a server share a doorbell. That costs wake-ups
 // (a waiter may sleep until its recheck) and up to staleBell of delay, never
 // exclusion, which the lease rows alone decide.
+//
+// A doorbell is not the lock: when its session ends (KILL, a cut
+// connection), the server frees it and its waiters wake early, find the
+// lease still held and back off. A lost doorbell is therefore never
+// reported as a lost lease.
 
 // staleBell is how long after a lease's end a doorbell held by someone else
 // still stops others from taking the lease: the waiter first in line takes

@@ -24,6 +24,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -294,10 +295,66 @@ func isDeadlock(err error) bool {
 	return errors.As(err, &me) && me.Number == errDeadlock
 }
 
-// acquireLease is one attempt at the lease row. With doorbells, inLine is
+// acquireLease is one attempt at the lease row (see tryLease).
+//
+// Its statements run under a bound of their own (statementTimeout), not
+// under ctx: a statement cut by the caller's deadline may still land on the
+// server after the Locker's resolving release has looked for it, and hold
+// the key for its TTL. ctx bounds the caller's wait instead: when it ends
+// first the call returns its error, and a grant that lands afterwards is
+// released as soon as it is known. A ctx that has ended already fails the
+// call before any I/O.
+func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
+	if ctx.Done() == nil {
+		return b.tryLease(ctx, req, inLine)
+	}
+	if err := ctxErr(ctx); err != nil {
+		return dlock.Result{}, b.wrap("acquire", err)
+	}
+	type outcome struct {
+		res dlock.Result
+		err error
+	}
+	var mu sync.Mutex
+	left := false
+	done := make(chan outcome, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+		res, err := b.tryLease(sctx, req, inLine)
+		cancel()
+		mu.Lock()
+		if !left {
+			done <- outcome{res, err}
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if res.Acquired { // granted to a caller that has gone
+			rctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+			_ = b.free(rctx, "release", b.q.release, req.Key, req.Token[:])
+			cancel()
+		}
+	}()
+	select {
+	case o := <-done:
+		return o.res, o.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case o := <-done:
+		return o.res, o.err
+	default:
+	}
+	left = true
+	return dlock.Result{}, b.wrap("acquire", ctx.Err())
+}
+
+// tryLease is one attempt at the lease row. With doorbells, inLine is
 // the session holding this request's doorbell (0 if none): the lease is not
 // taken while anyone else holds a fresh doorbell (see newQueries).
-func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
+func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	ttl := req.TTL.Microseconds()
 	q := b.q.acquire
 	args := []any{req.Key, req.Token[:], req.Owner, ttl, req.Metadata,

@@ -119,10 +119,11 @@ func TestGetLockShortDeadlinesKeepOtherLocks(t *testing.T) {
 }
 
 // delayProxy forwards TCP connections to upstream, delaying every chunk of
-// data by the current delay.
+// data by the current delay (only the chunks that contain only, if set).
 type delayProxy struct {
 	ln    net.Listener
 	delay atomic.Int64 // nanoseconds
+	only  atomic.Value // string
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	conns []net.Conn
@@ -174,7 +175,9 @@ func (p *delayProxy) pipe(dst, src net.Conn) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			time.Sleep(time.Duration(p.delay.Load()))
+			if only, _ := p.only.Load().(string); only == "" || strings.Contains(string(buf[:n]), only) {
+				time.Sleep(time.Duration(p.delay.Load()))
+			}
 			if _, err := dst.Write(buf[:n]); err != nil {
 				return
 			}
@@ -562,5 +565,104 @@ func TestPoolLimitLoweredAfterNew(t *testing.T) {
 			db.SetMaxOpenConns(0)
 			lk.Release(ctx)
 		})
+	}
+}
+
+// TestLeaseAbandonedAcquisitionIsUndone: an acquisition whose statement is
+// still on its way when the caller's deadline ends must not leave the key
+// held once it lands. The Locker resolves the unknown outcome with a
+// release, which must not be overtaken by the acquisition itself.
+func TestLeaseAbandonedAcquisitionIsUndone(t *testing.T) {
+	ctx := t.Context()
+	newBackend(t, "") // migrated
+	cfg, _ := mysql.ParseDSN(dsn())
+	p := newDelayProxy(t, cfg.Addr)
+	// Interpolated parameters: the whole INSERT travels in one packet.
+	db, err := sql.Open("mysql", proxiedDSN(t, p.ln.Addr().String())+"?interpolateParams=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	b, err := mysqllock.New(db, &mysqllock.Options{Table: testTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	l := locktest.NewLocker(t, b)
+	other := locktest.NewLocker(t, newBackend(t, ""))
+	for round := range 3 {
+		key := locktest.UniqueKey("abandoned-acquisition")
+		p.only.Store("INSERT INTO")
+		p.delay.Store(int64(time.Second))
+		actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		lk, err := l.TryAcquire(actx, key, dlock.WithTTL(30*time.Second))
+		cancel()
+		if err == nil {
+			t.Fatalf("round %d: TryAcquire returned %v within a deadline shorter than its statement's delay", round, lk.Token())
+		}
+		time.Sleep(2 * time.Second) // the delayed statement has landed
+		var k *dlock.Lock
+		for try := 0; k == nil && try < 100; try++ {
+			if k, err = other.TryAcquire(ctx, key); k == nil {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		if k == nil {
+			t.Fatalf("round %d: the key stayed held after an abandoned acquisition landed: %v", round, err)
+		}
+		k.Release(ctx)
+		p.delay.Store(0)
+	}
+}
+
+// TestDoorbellLossIsNotLeaseLoss kills the session holding a lease's
+// doorbell while a waiter waits on it: the doorbell is not the lock, so the
+// holder keeps its lease, the woken waiter does not take it, and the waiter
+// gets it once the holder releases.
+func TestDoorbellLossIsNotLeaseLoss(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	const ttl = 10 * time.Second
+	b := newBackend(t, "")
+	key := locktest.UniqueKey("doorbell-loss")
+	holder := locktest.NewLocker(t, b)
+	lk, err := holder.Acquire(ctx, key, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := locktest.NewLocker(t, newBackend(t, ""))
+	got := make(chan *dlock.Lock, 1)
+	go func() {
+		w, _ := waiter.Acquire(ctx, key, dlock.WithTTL(ttl))
+		got <- w
+	}()
+	time.Sleep(300 * time.Millisecond) // the waiter waits on the doorbell
+	admin := open(t, "")
+	var id int64
+	if err := admin.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", mysqllock.DoorbellName(b, key)).Scan(&id); err != nil {
+		t.Fatalf("the holder's doorbell: %v", err)
+	}
+	if _, err := admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case w := <-got:
+		t.Fatalf("the waiter took the key while its lease was held (%v)", w != nil)
+	case <-time.After(time.Second):
+	}
+	if err := lk.Err(); err != nil {
+		t.Errorf("the lease was reported lost with its doorbell: %v", err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case w := <-got:
+		if w == nil {
+			t.Fatal("the waiter did not get the released key")
+		}
+		w.Release(ctx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not get the released key within 5 s")
 	}
 }
