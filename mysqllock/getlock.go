@@ -137,41 +137,49 @@ func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
 }
 
 // mainSession reserves req.Key on the shared session, opening it if needed;
-// false if the session holds (or is taking) the key already.
+// false if the session holds (or is taking) the key already. The
+// reservation is made under g.mu while the session is still g.main: a
+// shared session that holds nothing may be given back (unmark), and a
+// GET_LOCK on it then would be undone by its reset.
 func (g *GetLock) mainSession(ctx context.Context, req dlock.Request) (*session, bool, error) {
 	g.mu.Lock()
-	ss := g.main
-	g.mu.Unlock()
-	if ss == nil || ss.broken.Load() {
-		// Opened without g.mu: a pool with no connection to spare makes
-		// this wait, and renewals must not wait with it.
-		fresh, err := g.s.open(ctx, req.TTL)
-		if err != nil {
-			return nil, false, err
-		}
-		g.mu.Lock()
-		if g.main == nil || g.main.broken.Load() {
-			g.main = fresh
-			fresh = nil
-		}
-		ss = g.main
+	if ss := g.main; ss != nil && !ss.broken.Load() {
+		ok := g.reserveLocked(ss, req)
 		g.mu.Unlock()
-		if fresh != nil { // another acquisition opened one first
-			g.s.close(fresh)
-		}
+		return ss, ok, nil
 	}
-	if !g.reserve(ss, req) {
-		return ss, false, nil
+	g.mu.Unlock()
+	// Opened without g.mu: a pool with no connection to spare makes this
+	// wait, and renewals must not wait with it.
+	fresh, err := g.s.open(ctx, req.TTL)
+	if err != nil {
+		return nil, false, err
 	}
-	return ss, true, nil
+	g.mu.Lock()
+	if g.main == nil || g.main.broken.Load() {
+		g.main = fresh
+		fresh = nil
+	}
+	ss := g.main
+	ok := g.reserveLocked(ss, req)
+	g.mu.Unlock()
+	if fresh != nil { // another acquisition opened one first
+		g.s.close(fresh)
+	}
+	return ss, ok, nil
 }
 
-// reserve marks req.Key as being taken on ss; false if ss holds it already
-// (GET_LOCK is re-entrant per session, so a second GET_LOCK would succeed)
-// or ss was found broken meanwhile.
+// reserve marks req.Key as being taken on ss (a session of its own).
 func (g *GetLock) reserve(ss *session, req dlock.Request) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	return g.reserveLocked(ss, req)
+}
+
+// reserveLocked marks req.Key as being taken on ss; false if ss holds it
+// already (GET_LOCK is re-entrant per session, so a second GET_LOCK would
+// succeed) or ss was found broken. g.mu is held.
+func (g *GetLock) reserveLocked(ss *session, req dlock.Request) bool {
 	if _, ok := ss.keys[req.Key]; ok || ss.broken.Load() {
 		return false
 	}

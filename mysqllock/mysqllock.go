@@ -68,10 +68,10 @@ type Options struct {
 	// sessions are pinned from db, whose limit (if any) must then be at
 	// least 2 (New and NewGetLock fail with dlock.ErrInvalidOption, and so
 	// does every call if the limit is lowered after); with a limit of n,
-	// at most n−2 waiters of a Backend wait in the server at once, the
-	// others poll with the Locker's backoff, and a session that holds
-	// nothing goes back to db at once. RowLock does not use it. The
-	// default is nil.
+	// at most n−2 waiters of one GetLock or Backend wait in the server at
+	// once (each on a session of its own), the others poll with the
+	// Locker's backoff, and a session that holds nothing goes back to db at
+	// once. RowLock does not use it. The default is nil.
 	Connector driver.Connector
 }
 

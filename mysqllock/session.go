@@ -113,10 +113,9 @@ func (ss *session) queryRow(ctx context.Context, query string, args []any, dest 
 //
 // In the caller's pool a limit (SetMaxOpenConns) is shared with everything
 // else: a session that holds nothing goes straight back to the pool, and
-// sessions of their own (waiters) are opened only while minConns − 2 + 1
-// connections stay free for the rest (see ownSlots). Without a limit, or in
-// a pool of its own, up to maxIdle sessions holding nothing are kept for
-// reuse.
+// sessions of their own (waiters) leave two connections to the rest (see
+// ownSlots). Without a limit, or in a pool of their own, up to maxIdle
+// sessions holding nothing are kept for reuse.
 type sessions struct {
 	db      *sql.DB // where sessions come from
 	private bool    // db is a pool of its own, over Options.Connector
