@@ -295,60 +295,88 @@ func isDeadlock(err error) bool {
 	return errors.As(err, &me) && me.Number == errDeadlock
 }
 
-// acquireLease is one attempt at the lease row (see tryLease).
-//
-// Its statements run under a bound of their own (statementTimeout), not
-// under ctx: a statement cut by the caller's deadline may still land on the
+// acquireLease is one attempt at the lease row (see tryLease), run by
+// outlive: a statement cut by the caller's deadline may still land on the
 // server after the Locker's resolving release has looked for it, and hold
-// the key for its TTL. ctx bounds the caller's wait instead: when it ends
-// first the call returns its error, and a grant that lands afterwards is
+// the key for its TTL; instead, a grant that lands after the caller left is
 // released as soon as it is known. A ctx that has ended already fails the
 // call before any I/O.
 func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
-	if ctx.Done() == nil {
-		return b.tryLease(ctx, req, inLine)
-	}
 	if err := ctxErr(ctx); err != nil {
 		return dlock.Result{}, b.wrap("acquire", err)
 	}
-	type outcome struct {
-		res dlock.Result
-		err error
-	}
-	var mu sync.Mutex
-	left := false
-	done := make(chan outcome, 1)
-	go func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
-		res, err := b.tryLease(sctx, req, inLine)
-		cancel()
-		mu.Lock()
-		if !left {
-			done <- outcome{res, err}
-			mu.Unlock()
-			return
-		}
-		mu.Unlock()
+	res, err := outlive(ctx, func(ctx context.Context) (dlock.Result, error) {
+		return b.tryLease(ctx, req, inLine)
+	}, func(res dlock.Result, _ error) {
 		if res.Acquired { // granted to a caller that has gone
 			rctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
 			_ = b.free(rctx, "release", b.q.release, req.Key, req.Token[:])
 			cancel()
 		}
+	})
+	if callerLeft(err) {
+		return dlock.Result{}, b.wrap("acquire", err)
+	}
+	return res, err
+}
+
+// outlive runs f under a context of its own (ctx's values, bounded by
+// statementTimeout) and returns its result, or ctx's error as soon as ctx
+// ends (or at once if it has ended): a statement that the driver cuts when
+// its context ends may still land on the server, at a time nobody knows.
+// When the caller has left, left gets f's result once f is done.
+func outlive[T any](ctx context.Context, f func(context.Context) (T, error), left func(T, error)) (T, error) {
+	if ctx.Done() == nil {
+		return f(ctx)
+	}
+	type outcome struct {
+		v   T
+		err error
+	}
+	var mu sync.Mutex
+	gone := false
+	done := make(chan outcome, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+		v, err := f(sctx)
+		cancel()
+		mu.Lock()
+		if !gone {
+			done <- outcome{v, err}
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if left != nil {
+			left(v, err)
+		}
 	}()
+	var zero T
+	if err := ctxErr(ctx); err != nil {
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case o := <-done:
+			return o.v, o.err
+		default:
+		}
+		gone = true
+		return zero, leftError{err}
+	}
 	select {
 	case o := <-done:
-		return o.res, o.err
+		return o.v, o.err
 	case <-ctx.Done():
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	select {
 	case o := <-done:
-		return o.res, o.err
+		return o.v, o.err
 	default:
 	}
-	left = true
-	return dlock.Result{}, b.wrap("acquire", ctx.Err())
+	gone = true
+	return zero, leftError{ctx.Err()}
 }
 
 // tryLease is one attempt at the lease row. With doorbells, inLine is
@@ -453,7 +481,9 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 }
 
 // Release implements dlock.Backend. The lease is freed before the doorbell
-// rings, so that the woken waiter finds it free.
+// rings, so that the woken waiter finds it free. The release goes ahead
+// even if ctx ends (or has ended) first: ctx bounds only the wait for its
+// answer, and the error is then ctx's.
 //
 // A lease released without its doorbell (another session held the bell when
 // it was taken: a stalled former holder) wakes nobody, so it is released as
@@ -466,8 +496,14 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	if b.bells() && b.bell.sessionOf(key, token) == 0 {
 		q = b.q.releaseNoBell
 	}
-	err := b.free(ctx, "release", q, key, token[:])
-	b.ring(ctx, key, token)
+	_, err := outlive(ctx, func(ctx context.Context) (struct{}, error) {
+		err := b.free(ctx, "release", q, key, token[:])
+		b.ring(ctx, key, token)
+		return struct{}{}, err
+	}, nil)
+	if callerLeft(err) {
+		err = b.wrap("release", err)
+	}
 	return err
 }
 

@@ -666,3 +666,31 @@ func TestDoorbellLossIsNotLeaseLoss(t *testing.T) {
 		t.Fatal("the waiter did not get the released key within 5 s")
 	}
 }
+
+// TestLeaseExpiredReleaseFreesKey: a Release whose context has already
+// ended returns that error, but the lease is released all the same, rather
+// than left to its TTL with nobody renewing it.
+func TestLeaseExpiredReleaseFreesKey(t *testing.T) {
+	ctx := t.Context()
+	l := locktest.NewLocker(t, newBackend(t, ""))
+	lk, err := l.TryAcquire(ctx, locktest.UniqueKey("lease-expired-release"), dlock.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	if err := lk.Release(expired); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Release with an expired context: %v, want context.DeadlineExceeded", err)
+	}
+	other := locktest.NewLocker(t, newBackend(t, ""))
+	var k *dlock.Lock
+	for try := 0; k == nil && try < 100; try++ {
+		if k, err = other.TryAcquire(ctx, lk.Key()); k == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if k == nil {
+		t.Fatalf("the lease released with an expired context stayed held: %v", err)
+	}
+	k.Release(ctx)
+}
