@@ -19,6 +19,11 @@ import (
 // two databases (or tables) of a server share a doorbell. That costs wake-ups
 // (a waiter may sleep until its recheck) and up to staleBell of delay, never
 // exclusion, which the lease rows alone decide.
+//
+// A doorbell is not the lock: when its session ends (KILL, a cut
+// connection), the server frees it and its waiters wake early, find the
+// lease still held and back off. A lost doorbell is therefore never
+// reported as a lost lease.
 
 // staleBell is how long after a lease's end a doorbell held by someone else
 // still stops others from taking the lease: the waiter first in line takes
@@ -39,9 +44,22 @@ func recheck(ttl time.Duration) time.Duration { return max(ttl/4, 2*staleBell) }
 // bells reports whether doorbells are in use.
 func (b *Backend) bells() bool { return b.bell != nil && !b.noBell.Load() }
 
+// checkPool refuses every call while db's pool limit is below what
+// doorbells need (it was lowered after New): their sessions would take the
+// connections that the lease statements need, and those would wait.
+func (b *Backend) checkPool() error {
+	if !b.bells() {
+		return nil
+	}
+	return b.bell.s.checkPool()
+}
+
 // Acquire implements dlock.Backend: one attempt at the lease, then its
 // doorbell.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := b.checkPool(); err != nil {
+		return dlock.Result{}, err
+	}
 	res, err := b.acquireLease(ctx, req, 0)
 	if err != nil || !res.Acquired || !b.bells() {
 		return res, err
@@ -65,7 +83,9 @@ func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Res
 // free) and by recheck, then take the lease as the first in line. If the
 // lease is still held (its holder died, or took it without a doorbell), back
 // off while keeping the doorbell, never beyond the lease's end. Doorbell
-// failures are never errors: they only cost the wake-up.
+// failures are never errors: they only cost the wake-up. In a pool with a
+// limit, when no connection can be spared for a waiter's doorbell session,
+// it returns dlock.ErrUnsupported and the Locker polls instead.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if !b.bells() {
 		return dlock.Result{}, dlock.ErrUnsupported
@@ -88,6 +108,8 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	switch {
 	case errors.Is(err, ErrGalera):
 		b.noBell.Store(true)
+		return dlock.Result{}, dlock.ErrUnsupported
+	case errors.Is(err, dlock.ErrUnsupported): // no connection to spare: took nothing
 		return dlock.Result{}, dlock.ErrUnsupported
 	case err != nil: // a broken doorbell must not make the Locker spin
 		sleep(ctx, bo.Next(res.Remaining))

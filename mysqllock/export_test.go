@@ -13,7 +13,7 @@ func ReleaseQuery(b *Backend) string { return b.q.release }
 // CheckGalera runs g's Galera check under ctx on a connection pinned without
 // it, as if ctx ended while the check's query ran.
 func CheckGalera(ctx context.Context, g *GetLock) error {
-	c, err := g.db.Conn(context.Background())
+	c, err := g.s.db.Conn(context.Background())
 	if err != nil {
 		return err
 	}
@@ -55,3 +55,6 @@ func RowLockWaitTimeout(ctx context.Context, r *RowLock, key string) (secs int, 
 
 // LockBusy exposes rowlock's "not acquired" error classification.
 var LockBusy = lockBusy
+
+// GetLockName returns the named lock that g takes for key.
+func GetLockName(g *GetLock, key string) string { return g.name(key) }

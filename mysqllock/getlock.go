@@ -13,7 +13,8 @@ import (
 )
 
 // GetLock is the getlock strategy: MySQL named locks (GET_LOCK /
-// RELEASE_LOCK) held by sessions pinned from the caller's pool.
+// RELEASE_LOCK) held by sessions pinned from the caller's pool, or from a
+// pool of their own over Options.Connector.
 //
 // Waiting happens in the server, which hands the lock to the next waiter the
 // moment it is released (no client polling). A holder that crashes loses its
@@ -21,19 +22,37 @@ import (
 // talking (paused, partitioned) is dropped by the server after its session's
 // wait_timeout, which is kept at the largest TTL of the locks on that session
 // (rounded up to seconds), while renewal checks the lock every TTL/3 and
-// reports a loss before that.
-// Uncontended locks share one session however many there are; each blocked
-// waiter and each lock handed over by a wait uses a session of its own until
-// released. Keys longer than 58 characters are hashed into the server's
-// 64-character name limit. Fencing tokens come from a per-key counter row
-// bumped on every grant.
+// reports a loss before that. TTLs above MaxSessionTTL are refused with
+// dlock.ErrInvalidOption. Uncontended locks share one session however many
+// there are; each blocked waiter and each lock handed over by a wait uses a
+// session of its own until released. Keys longer than 58 characters or 186
+// bytes are hashed into the servers' name limits (MySQL: 64 characters;
+// MariaDB: 192 bytes). Fencing tokens come from a per-key counter row bumped
+// on every grant.
 //
-// When the server ends the session by itself (the connection is cut, KILL,
-// a proxy restart), the lock is free at once and a waiter may take it
-// before the holder is told: the holder learns of it at its next check, up
-// to TTL/3 later (the fault harness measured this under connection cuts). A
-// lease (New) does not have this gap. Guard the resource with the fencing
+// A session shared by several locks is never ended by one caller: its
+// statements run under a bound of their own (30 s), not under the caller's
+// context, whose end (a deadline, a cancellation, one lease's renewal
+// deadline) returns the call at once while the statement finishes. An
+// acquisition whose caller left is undone when its statement ends. A
+// release goes ahead even if its context has ended (the call then returns
+// the context's error), so a released lock never stays held by a session
+// that other locks keep alive. A context that has ended before an
+// acquisition starts fails it before any I/O.
+//
+// When the server ends a session by itself (the connection is cut, KILL,
+// wait_timeout, a restart), every lock on it is free at once. GetLock
+// reports each of them lost at once (dlock.LossReporter) when a statement on
+// the session fails, or when its liveness check, every 100 ms on each
+// session holding locks, finds the connection closed (a read of the socket,
+// no round trip; it needs the driver's checkConnLiveness, on by default).
+// A cut that the client's socket does not see (a partition) is found by the
+// next renewal, up to TTL/3 later; a waiter may hold the lock before then.
+// A lease (New) does not have this gap. Guard the resource with the fencing
 // token, or choose a short TTL to narrow the window.
+//
+// Without a Connector the sessions count against db's pool: see
+// Options.Connector for the limits.
 //
 // Named locks belong to the whole server, not to a database or a table: two
 // applications (or staging and production) that share a server and use the
@@ -43,12 +62,15 @@ import (
 // Not for Galera (GET_LOCK is not replicated: NewGetLock's first use fails
 // with ErrGalera), Group Replication or proxies that multiplex sessions.
 type GetLock struct {
-	db      *sql.DB
-	s       *sessions
-	bell    bool // a lease's doorbell: "dbell" names, no fencing row
-	mu      sync.Mutex
-	main    *session                 // takes the uncontended locks
-	byToken map[dlock.Token]*session // where each held or pending token is
+	s    *sessions
+	bell bool // a lease's doorbell: "dbell" names, no fencing row
+	loss dlock.LossHandlers
+	warn warner
+
+	mu       sync.Mutex
+	main     *session                 // takes the uncontended locks
+	byToken  map[dlock.Token]*session // where each held or pending token is
+	watching bool                     // the liveness watch runs
 }
 
 var (
@@ -56,17 +78,41 @@ var (
 	_ dlock.Waiter        = (*GetLock)(nil)
 	_ dlock.Lister        = (*GetLock)(nil)
 	_ dlock.ForceReleaser = (*GetLock)(nil)
+	_ dlock.LossReporter  = (*GetLock)(nil)
 )
 
+// minSessionConns is the smallest limit of a caller's pool that GetLock and
+// the doorbells work with: the shared session, and one connection for every
+// other statement.
+const minSessionConns = 2
+
+// MaxSessionTTL is the longest TTL that GetLock accepts: the server caps a
+// session's wait_timeout at one year, and would end a session kept for a
+// longer TTL before its holder checks it.
+const MaxSessionTTL = 365 * 24 * time.Hour
+
 // NewGetLock returns the getlock strategy over db, whose connections it pins
-// for held locks. It does no I/O; Migrate (any strategy's) creates the
-// fencing table. Call Close to return the pinned connections.
+// for held locks (or over opts.Connector's, outside db's pool). It does no
+// I/O; Migrate (any strategy's) creates the fencing table. Call Close to
+// return the pinned connections. The error matches dlock.ErrInvalidOption
+// for a bad table name or a pool limit below 2 without a Connector.
 func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	table, err := checkArgs(db == nil, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &GetLock{db: db, s: newSessions(db, strings.TrimSuffix(table, "`")+"_session`")}, nil
+	s := newSessions(db, strings.TrimSuffix(table, "`")+"_session`").forStrategy("getlock", minSessionConns, connector(opts))
+	if err := s.checkPool(); err != nil {
+		return nil, err
+	}
+	return &GetLock{s: s, warn: warner{log: logger(opts)}}, nil
+}
+
+// OnLoss implements dlock.LossReporter: when a session ends (a statement on
+// it fails for good, or the liveness check finds its connection closed),
+// every lock on it is reported at once.
+func (g *GetLock) OnLoss(f func(key string, token dlock.Token, cause error)) (stop func()) {
+	return g.loss.Add(f)
 }
 
 // Close releases every lock still held and returns the pinned connections to
@@ -74,61 +120,74 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 func (g *GetLock) Close() error {
 	g.mu.Lock()
 	g.main = nil
+	clear(g.byToken)
 	g.mu.Unlock()
 	g.s.closeAll()
 	return nil
 }
 
-// mainSession reserves req.Key on the shared session, opening it if needed,
-// and sets the session's wait_timeout to what its locks need; false if the
-// session holds the key already. Reserving and setting under g.mu keeps a
-// concurrent acquisition from lowering wait_timeout below a TTL it has not
-// seen. A session found gone is replaced once.
-func (g *GetLock) mainSession(ctx context.Context, req dlock.Request) (*session, bool, error) {
-	for try := 0; ; try++ {
-		g.mu.Lock()
-		if g.main == nil || g.main.broken.Load() {
-			ss, err := g.s.open(ctx, req.TTL)
-			if err != nil {
-				g.mu.Unlock()
-				return nil, false, err
-			}
-			g.main = ss
-		}
-		ss := g.main
-		if !g.reserveLocked(ss, req) {
-			g.mu.Unlock()
-			return nil, false, nil
-		}
-		sctx, cancel := detached(ctx)
-		err := g.s.cover(sctx, ss, ss.need())
-		cancel()
-		g.mu.Unlock()
-		if err == nil {
-			return ss, true, nil
-		}
-		if !sessionLost(err) {
-			g.forget(ss, req.Key, err)
-			return nil, false, err
-		}
-		g.dropSession(ss)
-		if try > 0 {
-			return nil, false, err
-		}
+// checkRequest refuses, before any I/O, a request that cannot be served.
+func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
+	if err := g.s.checkPool(); err != nil {
+		return err
 	}
+	if !g.bell && req.TTL > MaxSessionTTL {
+		return fmt.Errorf("%w: mysqllock: getlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, req.TTL, MaxSessionTTL)
+	}
+	if err := ctxErr(ctx); err != nil {
+		return err
+	}
+	if !g.bell {
+		g.warn.warnOnce(ctx, g.Check)
+	}
+	return nil
 }
 
-// reserve marks req.Key as being taken on ss; false if ss holds it already
-// (GET_LOCK is re-entrant per session, so a second GET_LOCK would succeed).
+// mainSession reserves req.Key on the shared session, opening it if needed;
+// false if the session holds (or is taking) the key already. The
+// reservation is made under g.mu while the session is still g.main: a
+// shared session that holds nothing may be given back (unmark), and a
+// GET_LOCK on it then would be undone by its reset.
+func (g *GetLock) mainSession(ctx context.Context, req dlock.Request) (*session, bool, error) {
+	g.mu.Lock()
+	if ss := g.main; ss != nil && !ss.broken.Load() {
+		ok := g.reserveLocked(ss, req)
+		g.mu.Unlock()
+		return ss, ok, nil
+	}
+	g.mu.Unlock()
+	// Opened without g.mu: a pool with no connection to spare makes this
+	// wait, and renewals must not wait with it.
+	fresh, err := g.s.open(ctx, req.TTL)
+	if err != nil {
+		return nil, false, err
+	}
+	g.mu.Lock()
+	if g.main == nil || g.main.broken.Load() {
+		g.main = fresh
+		fresh = nil
+	}
+	ss := g.main
+	ok := g.reserveLocked(ss, req)
+	g.mu.Unlock()
+	if fresh != nil { // another acquisition opened one first
+		g.s.close(fresh)
+	}
+	return ss, ok, nil
+}
+
+// reserve marks req.Key as being taken on ss (a session of its own).
 func (g *GetLock) reserve(ss *session, req dlock.Request) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.reserveLocked(ss, req)
 }
 
-// reserveLocked is reserve for a caller that holds g.mu.
+// reserveLocked marks req.Key as being taken on ss; false if ss holds it
+// already (GET_LOCK is re-entrant per session, so a second GET_LOCK would
+// succeed) or ss was found broken. g.mu is held.
 func (g *GetLock) reserveLocked(ss *session, req dlock.Request) bool {
-	if _, ok := ss.keys[req.Key]; ok {
+	if _, ok := ss.keys[req.Key]; ok || ss.broken.Load() {
 		return false
 	}
 	ss.add(req.Key, req.Token, req.TTL)
@@ -136,35 +195,125 @@ func (g *GetLock) reserveLocked(ss *session, req dlock.Request) bool {
 		g.byToken = make(map[dlock.Token]*session)
 	}
 	g.byToken[req.Token] = ss
+	g.watchLocked()
 	return true
 }
 
-// forget drops key from ss and lowers the session's wait_timeout to what
-// its other locks need; a session left holding nothing (other than the
-// main one) goes back to the pool, a broken one is discarded.
-func (g *GetLock) forget(ss *session, key string, err error) {
+// owns reports whether tok holds (or is taking) key on ss.
+func (g *GetLock) owns(ss *session, key string, tok dlock.Token) bool {
 	g.mu.Lock()
-	if h, ok := ss.keys[key]; ok {
-		delete(g.byToken, h.token)
+	defer g.mu.Unlock()
+	h, ok := ss.keys[key]
+	return ok && h.token == tok && !ss.broken.Load()
+}
+
+// unmark drops key (held or being taken by tok) from ss's records and
+// reports whether ss now holds nothing and should go: a session of its own,
+// or the shared one in a caller's pool with a limit.
+func (g *GetLock) unmark(ss *session, key string, tok dlock.Token) (done bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if h, ok := ss.keys[key]; ok && h.token == tok {
+		delete(g.byToken, tok)
 		ss.remove(key)
 	}
-	if sessionLost(err) {
-		ss.broken.Store(true)
+	if len(ss.keys) > 0 || ss.broken.Load() {
+		return false
 	}
-	if len(ss.keys) > 0 && !ss.broken.Load() {
-		ctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
-		if err := g.s.cover(ctx, ss, ss.need()); sessionLost(err) {
-			ss.broken.Store(true) // its holders learn it at their next renewal
+	if ss == g.main {
+		if g.s.limit() == 0 {
+			return false
 		}
-		cancel()
+		g.main = nil
 	}
-	done := ss != g.main && len(ss.keys) == 0 || ss.broken.Load()
-	if ss.broken.Load() && ss == g.main {
+	return true
+}
+
+// forget drops key from ss (after a failed or abandoned acquisition, or a
+// release) and gives ss back if it holds nothing.
+func (g *GetLock) forget(ss *session, key string, tok dlock.Token) {
+	if g.unmark(ss, key, tok) {
+		g.s.close(ss)
+	}
+}
+
+// lost ends a session whose connection is gone or dubious: the server has
+// freed (or will free) all its locks, and each is reported lost at once.
+func (g *GetLock) lost(ss *session, cause error) {
+	type held struct {
+		key string
+		tok dlock.Token
+	}
+	g.mu.Lock()
+	ss.broken.Store(true)
+	var gone []held
+	for k, h := range ss.keys {
+		delete(g.byToken, h.token)
+		gone = append(gone, held{k, h.token})
+	}
+	clear(ss.keys)
+	clear(ss.secs)
+	if g.main == ss {
 		g.main = nil
 	}
 	g.mu.Unlock()
-	if done {
-		g.s.close(ss)
+	err := fmt.Errorf("mysqllock: session %d ended: %w", ss.id, cause)
+	for _, h := range gone {
+		g.loss.Report(h.key, h.tok, err)
+	}
+	g.s.close(ss)
+}
+
+// failed handles a statement's error on ss: a lost session is ended (and
+// its locks reported); otherwise key is forgotten.
+func (g *GetLock) failed(ss *session, key string, tok dlock.Token, err error) {
+	if sessionLost(err) {
+		g.lost(ss, err)
+		return
+	}
+	g.forget(ss, key, tok)
+}
+
+// liveEvery is how often the sessions holding locks are checked for a
+// connection that the server closed: a check reads the socket, without a
+// round trip, so that a killed session's locks are reported lost at once
+// rather than at their next renewal.
+const liveEvery = 100 * time.Millisecond
+
+// watchLocked starts the liveness watch if it is not running. g.mu is held.
+func (g *GetLock) watchLocked() {
+	if !g.watching {
+		g.watching = true
+		go g.watch()
+	}
+}
+
+// watch checks the sessions holding locks every liveEvery, and ends when
+// none holds anything.
+func (g *GetLock) watch() {
+	t := time.NewTicker(liveEvery)
+	defer t.Stop()
+	for range t.C {
+		g.mu.Lock()
+		var held []*session
+		seen := map[*session]bool{}
+		for _, ss := range g.byToken {
+			if !seen[ss] {
+				seen[ss] = true
+				held = append(held, ss)
+			}
+		}
+		if len(held) == 0 {
+			g.watching = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		for _, ss := range held {
+			if err := ss.alive(); err != nil {
+				g.lost(ss, err)
+			}
+		}
 	}
 }
 
@@ -172,27 +321,114 @@ func (g *GetLock) forget(ss *session, key string, err error) {
 // If the main session turns out to be gone (the server drops idle sessions
 // after their wait_timeout), it is replaced and the attempt made once more.
 func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := g.checkRequest(ctx, req); err != nil {
+		return dlock.Result{}, err
+	}
+	began := time.Now()
 	for try := 0; ; try++ {
 		ss, ok, err := g.mainSession(ctx, req)
 		if err != nil {
 			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 		}
 		if !ok {
+			if try == 0 && ss.broken.Load() {
+				continue
+			}
 			return g.notAcquired(ctx, req.Key), nil
 		}
-		res, err := g.take(ctx, ss, req, 0, time.Now())
-		if try == 0 && ss.broken.Load() && !res.Acquired {
+		res, err := g.takeShared(ctx, ss, req, began)
+		if try == 0 && ss.broken.Load() && !res.Acquired && ctxErr(ctx) == nil {
 			continue
 		}
 		return res, err
 	}
 }
 
+// cover sets ss's wait_timeout to what its locks need (the largest TTL), on
+// a caller that holds ss.mu.
+func (g *GetLock) cover(ctx context.Context, ss *session) error {
+	g.mu.Lock()
+	n := ss.need()
+	g.mu.Unlock()
+	if g.s.keepTimeout || n == 0 || n == ss.waitTimeout {
+		return nil
+	}
+	if _, err := ss.conn.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", n)); err != nil {
+		return err
+	}
+	ss.waitTimeout = n
+	return nil
+}
+
+// takeShared takes req.Key (reserved) on the shared session: it raises
+// the session's wait_timeout to what its locks need, runs GET_LOCK(name, 0)
+// and records the grant, all while no other statement runs on the session
+// (so that a concurrent release cannot lower wait_timeout below a TTL it
+// has not seen). If ctx ends first, the caller gets its error at once and
+// the acquisition is undone once its statements end.
+func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request, began time.Time) (dlock.Result, error) {
+	name := g.name(req.Key)
+	var got sql.NullInt64
+	var fence uint64
+	var granting time.Time
+	grab := func(sctx context.Context) error {
+		if err := g.cover(sctx, ss); err != nil {
+			return err
+		}
+		if err := ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got); err != nil {
+			return err
+		}
+		if got.Int64 != 1 || g.bell {
+			return nil
+		}
+		granting = time.Now()
+		var err error
+		if fence, err = g.s.grant(sctx, ss.conn, ss, req, name); err != nil {
+			got.Int64 = 0
+			if !sessionLost(err) {
+				_, err2 := ss.conn.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
+				err = errors.Join(err, err2)
+			}
+		}
+		return err
+	}
+	err := ss.run(ctx, statementTimeout, true, grab, func(err error) {
+		// The caller left: undo what the statements did.
+		if err == nil && got.Int64 == 1 {
+			g.release(ss, req.Key, req.Token)
+			return
+		}
+		g.failed(ss, req.Key, req.Token, err)
+	})
+	switch {
+	case callerLeft(err):
+		// The caller left; the undo runs when the statements end. The
+		// token is no longer found, so the Locker's own resolution
+		// changes nothing.
+		g.mu.Lock()
+		delete(g.byToken, req.Token)
+		g.mu.Unlock()
+		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+	case err != nil:
+		g.failed(ss, req.Key, req.Token, err)
+		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+	case got.Int64 != 1:
+		g.forget(ss, req.Key, req.Token)
+		return g.notAcquired(ctx, req.Key), nil
+	}
+	if g.bell {
+		return dlock.Result{Acquired: true}, nil
+	}
+	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granting.Sub(began)}, nil
+}
+
 // maxWait bounds one server-side wait; the Locker calls AcquireWait again.
 const maxWait = 30 * time.Second
 
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
-// its own, killed with KILL QUERY when ctx ends.
+// its own, killed with KILL QUERY when ctx ends. In a caller's pool with a
+// limit, when no connection can be spared for a session of its own, it
+// returns dlock.ErrUnsupported and the Locker polls with Acquire instead.
 func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	return g.acquireWait(ctx, req, maxWait)
 }
@@ -201,8 +437,14 @@ func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // timeout ends the wait and returns 0, and the session is kept for reuse
 // (a wait ended by ctx is killed, and its session dropped).
 func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time.Duration) (dlock.Result, error) {
+	if err := g.checkRequest(ctx, req); err != nil {
+		return dlock.Result{}, err
+	}
 	began := time.Now()
-	ss, err := g.s.open(ctx, req.TTL)
+	ss, err := g.s.openOwn(ctx, req.TTL)
+	if errors.Is(err, errNoSlot) {
+		return dlock.Result{}, dlock.ErrUnsupported
+	}
 	if err != nil {
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	}
@@ -211,59 +453,51 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 	if d, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(d))
 	}
-	return g.take(ctx, ss, req, max(wait, 0), began)
-}
-
-// take runs GET_LOCK on ss (reserved for req.Key) and records the grant.
-//
-// Statements on a session never run under the caller's ctx: the driver
-// closes the connection when a statement's context ends, which would drop
-// every lock of the session. They run under detached(ctx) instead, and a
-// blocking wait is interrupted with KILL QUERY when ctx ends.
-//
-// The grant's SentAfter (relative to began) is when the statement recording
-// it was sent on the session: the session's wait_timeout counts from its
-// last statement, so a long wait does not shorten the lease.
-func (g *GetLock) take(ctx context.Context, ss *session, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
+	wait = max(wait, 0)
 	name := g.name(req.Key)
 	var got sql.NullInt64
-	var err error
-	if wait == 0 {
-		sctx, cancel := detached(ctx)
-		err = ss.queryRow(sctx, "SELECT GET_LOCK(?, 0)", []any{name}, &got)
-		cancel()
-	} else {
-		stop := context.AfterFunc(ctx, func() { g.kill(ss.id) })
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+statementTimeout)
-		err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, wait.Seconds()).Scan(&got)
-		cancel()
-		if !stop() {
-			// ctx ended: whatever the wait's outcome, drop the session so
-			// that no grant can outlive it.
-			g.forget(ss, req.Key, errAbandoned)
-			return dlock.Result{}, nil
+	// The wait runs on a session of its own, and ends by GET_LOCK's own
+	// timeout or by KILL QUERY, never by a context.
+	stop := context.AfterFunc(ctx, func() { g.kill(ss.id) })
+	err = ss.run(context.WithoutCancel(ctx), wait+statementTimeout, false, func(sctx context.Context) error {
+		if err := g.cover(sctx, ss); err != nil {
+			return err
 		}
+		return ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, wait.Seconds()).Scan(&got)
+	}, nil)
+	if !stop() {
+		// ctx ended: whatever the wait's outcome, drop the session so
+		// that no grant can outlive it.
+		g.lost(ss, errAbandoned)
+		return dlock.Result{}, nil
 	}
-	if err != nil || got.Int64 != 1 {
-		g.forget(ss, req.Key, err)
-		if err != nil {
-			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
-		}
+	if err != nil {
+		g.failed(ss, req.Key, req.Token, err)
+		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+	}
+	if got.Int64 != 1 {
+		g.forget(ss, req.Key, req.Token)
 		return g.notAcquired(ctx, req.Key), nil
 	}
 	if g.bell {
 		return dlock.Result{Acquired: true}, nil
 	}
-	sctx, cancel := detached(ctx)
-	defer cancel()
+	// The grant's SentAfter (relative to began) is when the statement
+	// recording it was sent on the session: the session's wait_timeout
+	// counts from its last statement, so a long wait does not shorten the
+	// lease.
 	granting := time.Now()
-	fence, err := g.s.grant(sctx, ss, ss, req, name)
+	var fence uint64
+	err = ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
+		var err error
+		fence, err = g.s.grant(sctx, ss.conn, ss, req, name)
+		return err
+	}, func(error) { g.lost(ss, errAbandoned) }) // the session holds this lock alone
 	if err != nil {
-		if !sessionLost(err) {
-			_, err2 := ss.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
-			err = errors.Join(err, err2)
+		if callerLeft(err) {
+			return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 		}
-		g.forget(ss, req.Key, err)
+		g.lost(ss, err) // the session holds this lock alone
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	}
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granting.Sub(began)}, nil
@@ -286,7 +520,7 @@ func (g *GetLock) name(key string) string {
 }
 
 // kill interrupts the statement running on session id.
-func (g *GetLock) kill(id int64) { killQuery(g.db, id) }
+func (g *GetLock) kill(id int64) { killQuery(g.s.db, id) }
 
 // holding returns the session where key is held by tok.
 func (g *GetLock) holding(key string, tok dlock.Token) *session {
@@ -308,7 +542,9 @@ func (g *GetLock) sessionOf(key string, tok dlock.Token) int64 {
 
 // Extend implements dlock.Backend: one query per session checks that the
 // server still gives each lock to that session (IS_USED_LOCK =
-// CONNECTION_ID()), which also keeps the session from timing out.
+// CONNECTION_ID()), which also keeps the session from timing out. When ctx
+// ends first (a slow server), the leases of the sessions not yet answered
+// get its error, and their statements go on.
 func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
 	errs := make([]error, len(leases))
 	bySession := map[*session][]int{}
@@ -331,12 +567,17 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		for j := range dest {
 			dest[j] = &ids[j]
 		}
-		sctx, cancel := detached(ctx)
-		err := ss.queryRow(sctx, q, args, dest...)
-		cancel()
+		err := ss.run(ctx, statementTimeout, true, func(sctx context.Context) error {
+			return ss.conn.QueryRowContext(sctx, q, args...).Scan(dest...)
+		}, func(err error) {
+			if sessionLost(err) {
+				g.lost(ss, err)
+			}
+		})
+		lost := sessionLost(err)
 		for j, i := range idx {
 			switch {
-			case sessionLost(err):
+			case lost:
 				errs[i] = fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
 			case err != nil:
 				errs[i] = wrapErr(g.s.table, "getlock extend", err)
@@ -344,41 +585,32 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 				errs[i] = dlock.ErrNotHeld
 			}
 		}
-		if sessionLost(err) {
-			g.dropSession(ss)
+		if lost {
+			g.lost(ss, err)
 		}
 	}
 	return errs, nil
 }
 
-// dropSession discards a session whose connection is gone.
-func (g *GetLock) dropSession(ss *session) {
-	g.mu.Lock()
-	ss.broken.Store(true)
-	for _, h := range ss.keys {
-		delete(g.byToken, h.token)
-	}
-	clear(ss.keys)
-	clear(ss.secs)
-	if g.main == ss {
-		g.main = nil
-	}
-	g.mu.Unlock()
-	g.s.close(ss)
-}
-
-// Release implements dlock.Backend.
+// Release implements dlock.Backend. The release goes ahead even if ctx ends
+// (or has ended) first: ctx bounds only the wait for its answer, and the
+// error is then ctx's.
 func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) error {
 	ss := g.holding(key, token)
 	if ss == nil {
 		return dlock.ErrNotHeld
 	}
 	var got sql.NullInt64
-	sctx, cancel := detached(ctx)
-	err := ss.queryRow(sctx, "SELECT RELEASE_LOCK(?)", []any{g.name(key)}, &got)
-	cancel()
-	g.forget(ss, key, err)
+	err := ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
+		return g.releaseLocked(sctx, ss, key, token, &got)
+	}, func(err error) { g.released(ss, key, token, err) })
+	if callerLeft(err) {
+		return fmt.Errorf("mysqllock: getlock release: %w", err)
+	}
+	g.released(ss, key, token, err)
 	switch {
+	case errors.Is(err, dlock.ErrNotHeld):
+		return dlock.ErrNotHeld
 	case sessionLost(err):
 		return fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
 	case err != nil:
@@ -389,18 +621,65 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 	return nil
 }
 
+// releaseLocked runs RELEASE_LOCK for key on ss if tok holds it there, then
+// lowers the session's wait_timeout to what its other locks need. The
+// caller holds ss.mu: the check and the release cannot be overtaken by
+// another statement on the session.
+func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, tok dlock.Token, got *sql.NullInt64) error {
+	if !g.owns(ss, key, tok) {
+		return dlock.ErrNotHeld
+	}
+	if err := ss.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", g.name(key)).Scan(got); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	if h, ok := ss.keys[key]; ok && h.token == tok {
+		delete(g.byToken, tok)
+		ss.remove(key)
+	}
+	g.mu.Unlock()
+	if err := g.cover(ctx, ss); sessionLost(err) {
+		return err
+	}
+	return nil
+}
+
+// released settles ss after a release of key by tok that ended with err.
+// A release that failed but left the session up is not known to have
+// happened: the session is ended, so that no lock outlives the holder's
+// wish to release it.
+func (g *GetLock) released(ss *session, key string, tok dlock.Token, err error) {
+	switch {
+	case err == nil || errors.Is(err, dlock.ErrNotHeld):
+		g.forget(ss, key, tok)
+	default:
+		g.lost(ss, err)
+	}
+}
+
+// release releases key on ss in the background (an acquisition whose caller
+// left).
+func (g *GetLock) release(ss *session, key string, tok dlock.Token) {
+	var got sql.NullInt64
+	err := ss.run(context.Background(), statementTimeout, false, func(sctx context.Context) error {
+		return g.releaseLocked(sctx, ss, key, tok, &got)
+	}, nil)
+	g.released(ss, key, tok, err)
+}
+
 // ForceRelease implements dlock.ForceReleaser. MySQL cannot release another
 // session's named lock, so this kills the holder's session: every lock that
-// session held is freed, and its holders learn it at their next renewal.
+// session held is freed, and its holders learn it at once if they watch
+// their sessions (GetLock does), else at their next renewal.
 func (g *GetLock) ForceRelease(ctx context.Context, key string) error {
 	var id sql.NullInt64
-	if err := g.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", g.name(key)).Scan(&id); err != nil {
+	if err := g.s.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", g.name(key)).Scan(&id); err != nil {
 		return wrapErr(g.s.table, "getlock force release", err)
 	}
 	if !id.Valid {
 		return dlock.ErrNotHeld
 	}
-	if _, err := g.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id.Int64)); err != nil {
+	if _, err := g.s.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id.Int64)); err != nil {
 		return wrapErr(g.s.table, "getlock force release", err)
 	}
 	return nil

@@ -25,6 +25,7 @@ package mysqllock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -32,6 +33,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,13 +55,14 @@ type DB interface {
 type Options struct {
 	// Table is the lock table, optionally qualified by database
 	// ("locks.dlock_locks"). Each part is 1..64 of [A-Za-z0-9_$], not all
-	// digits. The default is DefaultTable.
+	// digits, and the table itself at most 56, for the tables named after
+	// it ("_session", "_rows"). The default is DefaultTable.
 	Table string
 
 	// Logger receives a warning for each server setting that breaks a
 	// guarantee of the strategy (see Backend.Check: commits that are not
-	// durable, Galera for the session strategies), from Migrate and, for
-	// the lease and rowlock strategies, once from the first acquisition.
+	// durable, Galera for the session strategies), from Migrate and once
+	// from the first acquisition.
 	// The default (nil) logs nothing and checks nothing.
 	Logger *slog.Logger
 
@@ -73,6 +76,27 @@ type Options struct {
 	// waiters use the Locker's backoff and a releasing client may barge
 	// back in, for more acquisitions per second and no fairness.
 	NoDoorbell bool
+
+	// Connector, if set, opens the connections that GetLock and the lease
+	// strategy's doorbells pin for their sessions, in a pool of their own
+	// outside db's pool and its limits (SetMaxOpenConns): give it the
+	// server that db uses, as mysql.NewConnector(cfg) does. Without it the
+	// sessions are pinned from db, whose limit (if any) must then be at
+	// least 2 (New and NewGetLock fail with dlock.ErrInvalidOption, and so
+	// does every call if the limit is lowered after); with a limit of n,
+	// at most n−2 waiters of one GetLock or Backend wait in the server at
+	// once (each on a session of its own), the others poll with the
+	// Locker's backoff, and a session that holds nothing goes back to db at
+	// once. RowLock does not use it. The default is nil.
+	Connector driver.Connector
+}
+
+// connector returns opts.Connector, if any.
+func connector(opts *Options) driver.Connector {
+	if opts == nil {
+		return nil
+	}
+	return opts.Connector
 }
 
 // Backend is the lease strategy on MySQL/MariaDB. It is safe for concurrent
@@ -100,7 +124,8 @@ var identRE = regexp.MustCompile(`^[A-Za-z0-9_$]{1,64}$`)
 var digitsRE = regexp.MustCompile(`^[0-9]+$`)
 
 // New returns a Backend over db. It does no I/O; call Migrate once to create
-// the table. The error matches dlock.ErrInvalidOption for a bad table name.
+// the table. The error matches dlock.ErrInvalidOption for a bad table name,
+// or for doorbells on a pool whose limit is below 2 (see Options.Connector).
 func New(db DB, opts *Options) (*Backend, error) {
 	table, err := checkArgs(db == nil, opts)
 	if err != nil {
@@ -108,7 +133,11 @@ func New(db DB, opts *Options) (*Backend, error) {
 	}
 	b := &Backend{db: db, table: table, q: newQueries(table), warn: warner{log: logger(opts)}}
 	if sdb, ok := db.(*sql.DB); ok && (opts == nil || !opts.NoDoorbell) {
-		b.bell = &GetLock{db: sdb, s: newSessions(sdb, ""), bell: true}
+		s := newSessions(sdb, "").forStrategy("the lease strategy with doorbells (Options.NoDoorbell unset)", minSessionConns, connector(opts))
+		if err := s.checkPool(); err != nil {
+			return nil, err
+		}
+		b.bell = &GetLock{s: s, bell: true}
 		b.bell.s.keepTimeout = true // a doorbell's session may idle: its death only rings
 	}
 	return b, nil
@@ -143,6 +172,10 @@ func checkArgs(nilDB bool, opts *Options) (string, error) {
 	return table, err
 }
 
+// longestSuffix is the longest suffix of the tables that Migrate names
+// after Options.Table (see schema.sql).
+const longestSuffix = "_session"
+
 func quoteTable(name string) (string, error) {
 	if name == "" {
 		name = DefaultTable
@@ -156,6 +189,10 @@ func quoteTable(name string) (string, error) {
 			return "", fmt.Errorf("%w: mysqllock: table %q: each part must be 1-64 of [A-Za-z0-9_$], not all digits", dlock.ErrInvalidOption, name)
 		}
 		parts[i] = "`" + p + "`"
+	}
+	if t := parts[len(parts)-1]; len(t)-2+len(longestSuffix) > 64 {
+		return "", fmt.Errorf("%w: mysqllock: table %q: the name is at most %d characters, so that the tables named after it (%s) fit the server's 64",
+			dlock.ErrInvalidOption, name, 64-len(longestSuffix), longestSuffix)
 	}
 	return strings.Join(parts, "."), nil
 }
@@ -287,11 +324,95 @@ func isDeadlock(err error) bool {
 	return errors.As(err, &me) && me.Number == errDeadlock
 }
 
-// acquireLease is one attempt at the lease row. With doorbells, inLine is
-// the session holding this request's doorbell (0 if none): the lease is not
-// taken while anyone else holds a fresh doorbell (see newQueries).
+// acquireLease is one attempt at the lease row (see tryLease), run by
+// outlive: a statement cut by the caller's deadline may still land on the
+// server after the Locker's resolving release has looked for it, and hold
+// the key for its TTL; instead, a grant that lands after the caller left is
+// released as soon as it is known. A ctx that has ended already fails the
+// call before any I/O.
 func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	b.warn.warnOnce(ctx, b.Check)
+	if err := ctxErr(ctx); err != nil {
+		return dlock.Result{}, b.wrap("acquire", err)
+	}
+	res, err := outlive(ctx, func(ctx context.Context) (dlock.Result, error) {
+		return b.tryLease(ctx, req, inLine)
+	}, func(res dlock.Result, _ error) {
+		if res.Acquired { // granted to a caller that has gone
+			rctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
+			_ = b.free(rctx, "release", b.q.release, req.Key, req.Token[:])
+			cancel()
+		}
+	})
+	if callerLeft(err) {
+		return dlock.Result{}, b.wrap("acquire", err)
+	}
+	return res, err
+}
+
+// outlive runs f under a context of its own (ctx's values, bounded by
+// statementTimeout) and returns its result, or ctx's error as soon as ctx
+// ends (or at once if it has ended): a statement that the driver cuts when
+// its context ends may still land on the server, at a time nobody knows.
+// When the caller has left, left gets f's result once f is done.
+func outlive[T any](ctx context.Context, f func(context.Context) (T, error), left func(T, error)) (T, error) {
+	if ctx.Done() == nil {
+		return f(ctx)
+	}
+	type outcome struct {
+		v   T
+		err error
+	}
+	var mu sync.Mutex
+	gone := false
+	done := make(chan outcome, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+		v, err := f(sctx)
+		cancel()
+		mu.Lock()
+		if !gone {
+			done <- outcome{v, err}
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if left != nil {
+			left(v, err)
+		}
+	}()
+	var zero T
+	if err := ctxErr(ctx); err != nil {
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case o := <-done:
+			return o.v, o.err
+		default:
+		}
+		gone = true
+		return zero, leftError{err}
+	}
+	select {
+	case o := <-done:
+		return o.v, o.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case o := <-done:
+		return o.v, o.err
+	default:
+	}
+	gone = true
+	return zero, leftError{ctx.Err()}
+}
+
+// tryLease is one attempt at the lease row. With doorbells, inLine is
+// the session holding this request's doorbell (0 if none): the lease is not
+// taken while anyone else holds a fresh doorbell (see newQueries).
+func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	ttl := req.TTL.Microseconds()
 	q := b.q.acquire
 	args := []any{req.Key, req.Token[:], req.Owner, ttl, req.Metadata,
@@ -344,6 +465,9 @@ func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine in
 // Extend implements dlock.Backend with one UPDATE and one SELECT per distinct
 // TTL in leases.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	if err := b.checkPool(); err != nil {
+		return nil, err
+	}
 	byTTL := map[time.Duration][]int{}
 	for i, l := range leases {
 		byTTL[l.TTL] = append(byTTL[l.TTL], i)
@@ -387,18 +511,29 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 }
 
 // Release implements dlock.Backend. The lease is freed before the doorbell
-// rings, so that the woken waiter finds it free.
+// rings, so that the woken waiter finds it free. The release goes ahead
+// even if ctx ends (or has ended) first: ctx bounds only the wait for its
+// answer, and the error is then ctx's.
 //
 // A lease released without its doorbell (another session held the bell when
 // it was taken: a stalled former holder) wakes nobody, so it is released as
 // long past: the acquisition statement then keeps it for no one in line.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
+	if err := b.checkPool(); err != nil {
+		return err
+	}
 	q := b.q.release
 	if b.bells() && b.bell.sessionOf(key, token) == 0 {
 		q = b.q.releaseNoBell
 	}
-	err := b.free(ctx, "release", q, key, token[:])
-	b.ring(ctx, key, token)
+	_, err := outlive(ctx, func(ctx context.Context) (struct{}, error) {
+		err := b.free(ctx, "release", q, key, token[:])
+		b.ring(ctx, key, token)
+		return struct{}{}, err
+	}, nil)
+	if callerLeft(err) {
+		err = b.wrap("release", err)
+	}
 	return err
 }
 

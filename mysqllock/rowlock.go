@@ -141,6 +141,9 @@ func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // the session's wait_timeout counts from its last statement's reply, which
 // came before that (by one network trip, which the Locker's margin covers).
 func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
+	if req.TTL > MaxSessionTTL {
+		return dlock.Result{}, fmt.Errorf("%w: mysqllock: rowlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, req.TTL, MaxSessionTTL)
+	}
 	r.warn.warnOnce(ctx, r.Check)
 	r.mu.Lock()
 	_, mine := r.held[req.Key]

@@ -33,11 +33,28 @@ type session struct {
 	secs        map[int]int        // getlock: how many of keys need each wait_timeout
 	waitTimeout int                // seconds, as set on the session
 	broken      atomic.Bool        // the connection is gone or dubious
+	own         bool               // counted in sessions.own (a waiter's session)
 	// mu serializes statements on conn: database/sql lets two goroutines
 	// use one *sql.Conn at once, and the driver then breaks the connection
 	// (a renewal check racing an acquisition would drop every lock of the
-	// session). Blocking waits run on sessions of their own, without it.
-	mu sync.Mutex
+	// session).
+	mu stmtLock
+}
+
+// stmtLock is a mutex that a caller can also try to take without waiting.
+type stmtLock chan struct{}
+
+func (l stmtLock) Lock()   { l <- struct{}{} }
+func (l stmtLock) Unlock() { <-l }
+
+// TryLock takes the lock if it is free.
+func (l stmtLock) TryLock() bool {
+	select {
+	case l <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
 
 // keyHold is a key held or being taken on a session.
@@ -91,15 +108,27 @@ func (ss *session) queryRow(ctx context.Context, query string, args []any, dest 
 	return ss.conn.QueryRowContext(ctx, query, args...).Scan(dest...)
 }
 
-// sessions pins connections of a *sql.DB for the session strategies. A
-// session that holds nothing is kept for reuse (up to maxIdle) or goes back
-// to the pool with its settings reset.
+// sessions pins connections for the session strategies: from the caller's
+// *sql.DB, or from a pool of its own over Options.Connector, outside the
+// caller's pool and its limits.
+//
+// In the caller's pool a limit (SetMaxOpenConns) is shared with everything
+// else: a session that holds nothing goes straight back to the pool, and
+// sessions of their own (waiters) leave two connections to the rest (see
+// ownSlots). Without a limit, or in a pool of their own, up to maxIdle
+// sessions holding nothing are kept for reuse.
 type sessions struct {
-	db    *sql.DB
-	table string // quoted session table
-	mu    sync.Mutex
-	all   map[*session]struct{}
-	idle  []*session // healthy sessions holding nothing, kept for reuse
+	db      *sql.DB // where sessions come from
+	private bool    // db is a pool of its own, over Options.Connector
+	table   string  // quoted session table
+	// what names the strategy in errors; minConns is the smallest limit
+	// of the caller's pool that it works with (0: no check).
+	what     string
+	minConns int
+	mu       sync.Mutex
+	all      map[*session]struct{}
+	idle     []*session // healthy sessions holding nothing, kept for reuse
+	own      int        // sessions of their own checked out (under mu)
 	// keepTimeout leaves wait_timeout as the server has it (doorbells).
 	keepTimeout bool
 	// galeraKnown and galera (under mu) are the Galera check's answer once
@@ -110,6 +139,76 @@ type sessions struct {
 
 func newSessions(db *sql.DB, table string) *sessions {
 	return &sessions{db: db, table: table, all: make(map[*session]struct{})}
+}
+
+// connectorOnly hides every method of a connector but Connect and Driver,
+// so that closing the pool built on it does not close the caller's
+// connector (sql.DB.Close closes a connector that is an io.Closer).
+type connectorOnly struct{ driver.Connector }
+
+// forStrategy sets what the sessions are for and how small a caller's pool
+// may be; with a connector, sessions come from a pool of their own.
+func (s *sessions) forStrategy(what string, minConns int, c driver.Connector) *sessions {
+	s.what, s.minConns = what, minConns
+	if c != nil {
+		s.db, s.private = sql.OpenDB(connectorOnly{c}), true
+	}
+	return s
+}
+
+// limit is the caller's pool limit that sessions count against (0: none).
+func (s *sessions) limit() int {
+	if s.private {
+		return 0
+	}
+	return s.db.Stats().MaxOpenConnections
+}
+
+// checkPool refuses a caller's pool too small for the strategy (its limit
+// may have been lowered after New).
+func (s *sessions) checkPool() error {
+	if n := s.limit(); n > 0 && n < s.minConns {
+		return fmt.Errorf("%w: mysqllock: %s needs a pool of at least %d connections, db has SetMaxOpenConns(%d): raise it, or set Options.Connector to pin sessions outside the pool",
+			dlock.ErrInvalidOption, s.what, s.minConns, n)
+	}
+	return nil
+}
+
+// ownSlots is how many sessions of their own (waiters, and the locks they
+// were handed) may be checked out of a caller's pool with a limit: all but
+// one connection for the shared session and one for every other statement
+// (renewals of leases, KILL QUERY, reads of the session table). -1: no
+// bound.
+func (s *sessions) ownSlots() int {
+	n := s.limit()
+	if n == 0 {
+		return -1
+	}
+	return max(n-2, 0)
+}
+
+// errNoSlot means that a session of its own would take a connection that the
+// caller's pool cannot spare.
+var errNoSlot = errors.New("mysqllock: no connection to spare for a session of its own")
+
+// openOwn is open for a session of its own, counted against ownSlots.
+func (s *sessions) openOwn(ctx context.Context, ttl time.Duration) (*session, error) {
+	s.mu.Lock()
+	if n := s.ownSlots(); n >= 0 && s.own >= n {
+		s.mu.Unlock()
+		return nil, errNoSlot
+	}
+	s.own++
+	s.mu.Unlock()
+	ss, err := s.open(ctx, ttl)
+	if err != nil {
+		s.mu.Lock()
+		s.own--
+		s.mu.Unlock()
+		return nil, err
+	}
+	ss.own = true
+	return ss, nil
 }
 
 // checkGalera refuses to run on Galera. The server is asked until it
@@ -143,6 +242,9 @@ func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
 // it (and its locks) if the holder stops talking for longer: a parked one,
 // or a new one.
 func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error) {
+	if err := s.checkPool(); err != nil {
+		return nil, err
+	}
 	if ss := s.reuse(); ss != nil {
 		if err := s.cover(ctx, ss, waitSecs(ttl)); err == nil {
 			return ss, nil
@@ -154,7 +256,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 	if err != nil {
 		return nil, err
 	}
-	ss := &session{conn: c, keys: make(map[string]keyHold), secs: make(map[int]int)}
+	ss := &session{conn: c, keys: make(map[string]keyHold), secs: make(map[int]int), mu: make(stmtLock, 1)}
 	if err := s.checkGalera(ctx, c); err != nil {
 		c.Close()
 		return nil, err
@@ -197,6 +299,7 @@ func (s *sessions) reuse() *session {
 			s.discard(ss)
 		}
 	}()
+	limited := s.limit() > 0
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for len(s.idle) > 0 {
@@ -204,7 +307,8 @@ func (s *sessions) reuse() *session {
 		s.idle = s.idle[:len(s.idle)-1]
 		// The server drops a session idle for wait_timeout; keep a second
 		// of slack rather than find out with an error.
-		if s.keepTimeout || time.Since(ss.idleSince) < time.Duration(ss.waitTimeout)*time.Second-time.Second {
+		fresh := s.keepTimeout || time.Since(ss.idleSince) < time.Duration(ss.waitTimeout)*time.Second-time.Second
+		if fresh && !limited && ss.alive() == nil {
 			return ss
 		}
 		stale = append(stale, ss)
@@ -213,10 +317,15 @@ func (s *sessions) reuse() *session {
 }
 
 // close parks a healthy session for reuse, or gives it back to the pool.
-// The caller makes sure that it holds nothing.
+// The caller makes sure that it holds nothing. A caller's pool with a limit
+// gets it back at once: a parked session would still be checked out.
 func (s *sessions) close(ss *session) {
 	s.mu.Lock()
-	if !ss.broken.Load() && len(s.idle) < maxIdle {
+	if ss.own {
+		ss.own = false
+		s.own--
+	}
+	if !ss.broken.Load() && len(s.idle) < maxIdle && s.limit() == 0 {
 		ss.idleSince = time.Now()
 		s.idle = append(s.idle, ss)
 		s.mu.Unlock()
@@ -248,7 +357,8 @@ func (s *sessions) discard(ss *session) {
 	ss.conn.Close()
 }
 
-// closeAll gives every session back: their locks are released.
+// closeAll gives every session back: their locks are released. A pool of
+// their own is closed.
 func (s *sessions) closeAll() {
 	s.mu.Lock()
 	all := make([]*session, 0, len(s.all))
@@ -260,10 +370,130 @@ func (s *sessions) closeAll() {
 	for _, ss := range all {
 		s.discard(ss)
 	}
+	if s.private {
+		s.db.Close()
+	}
 }
 
-// statementTimeout bounds a statement on a pinned session.
-const statementTimeout = 10 * time.Second
+// alive checks, without a round trip, that the server has not closed the
+// session's connection (KILL, wait_timeout, a restart): the driver's
+// liveness check reads the socket, where a healthy session between
+// statements has nothing to read. A session busy with a statement is left
+// alone: the statement will tell. With the DSN's checkConnLiveness=false
+// the driver skips the check, and a loss is found by the next statement.
+func (ss *session) alive() error {
+	if !ss.mu.TryLock() {
+		return nil
+	}
+	defer ss.mu.Unlock()
+	return ss.conn.Raw(func(dc any) error {
+		if r, ok := dc.(driver.SessionResetter); ok {
+			return r.ResetSession(context.Background())
+		}
+		return nil
+	})
+}
+
+// errSkipped is run's answer for a statement not run because its caller had
+// left.
+var errSkipped = errors.New("mysqllock: statement skipped: its caller had left")
+
+// run runs f on the session, serialized with its other statements, under a
+// context of its own: ctx's values without its cancellation or deadline,
+// ending after bound. The driver closes the connection when a statement's
+// context ends mid-statement, and the server then frees every lock of the
+// session: a statement on a session that may hold other locks must never end
+// with one caller's deadline.
+//
+// ctx bounds the caller's wait instead. If ctx ends first (or has ended
+// already), run returns its error at once and f goes on without the caller
+// (or, with skip, does not start if it has not yet); left, if not nil, then
+// receives f's error, or errSkipped, once f is done.
+func (ss *session) run(ctx context.Context, bound time.Duration, skip bool, f func(ctx context.Context) error, left func(error)) error {
+	if ctx.Done() == nil {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		sctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		return f(sctx)
+	}
+	cerr := ctxErr(ctx)
+	if cerr != nil && skip {
+		return leftError{cerr}
+	}
+	var mu sync.Mutex
+	gone := cerr != nil
+	done := make(chan error, 1)
+	go func() {
+		ss.mu.Lock()
+		mu.Lock()
+		skipped := skip && gone
+		mu.Unlock()
+		err := errSkipped
+		if !skipped {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+			err = f(sctx)
+			cancel()
+		}
+		ss.mu.Unlock()
+		mu.Lock()
+		if !gone {
+			done <- err
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if left != nil {
+			left(err)
+		}
+	}()
+	if cerr != nil {
+		return leftError{cerr}
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case err := <-done:
+		return err
+	default:
+	}
+	gone = true
+	return leftError{ctx.Err()}
+}
+
+// leftError is run's error when its caller's context ended first: it wraps
+// the context's error.
+type leftError struct{ err error }
+
+func (e leftError) Error() string { return e.err.Error() }
+func (e leftError) Unwrap() error { return e.err }
+
+// callerLeft reports whether err is run's answer to a caller that left.
+func callerLeft(err error) bool {
+	var l leftError
+	return errors.As(err, &l)
+}
+
+// ctxErr is ctx.Err(), also reporting a deadline that has passed but whose
+// timer has not fired yet.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// statementTimeout bounds a statement on a pinned session: a server that
+// does not answer for that long costs the session, and every lock on it.
+const statementTimeout = 30 * time.Second
 
 // detached returns a context for a statement on a pinned session: it keeps
 // ctx's values and deadline but not its cancellation, and ends after
@@ -281,17 +511,31 @@ var errAbandoned = errors.New("mysqllock: session abandoned")
 
 // sessionLost reports whether err leaves the session unusable: anything but
 // an error reported by the server (the driver closes the connection when a
-// statement's context ends, and the server then drops the session's locks).
+// statement's context ends, and the server then drops the session's locks),
+// or the server's word that it ended the session.
 func sessionLost(err error) bool {
+	if err == nil || callerLeft(err) || errors.Is(err, errSkipped) || errors.Is(err, dlock.ErrNotHeld) {
+		return false
+	}
 	var me *mysql.MySQLError
-	return err != nil && !errors.As(err, &me)
+	if !errors.As(err, &me) {
+		return true
+	}
+	switch me.Number {
+	case 1053, // ER_SERVER_SHUTDOWN
+		1927, // ER_CONNECTION_KILLED (MariaDB)
+		4031: // ER_CLIENT_INTERACTION_TIMEOUT (MySQL 8: wait_timeout)
+		return true
+	}
+	return false
 }
 
 // lockName maps a key to a GET_LOCK name: prefix + ":" + key when it fits
-// the server's 64-character limit, else prefix + "#" + a SHA-256 prefix. The
-// two forms cannot collide. prefix has 5 characters.
+// the servers' limits (MySQL: 64 characters; MariaDB: 192 bytes), else
+// prefix + "#" + a SHA-256 prefix. The two forms cannot collide. prefix has
+// 5 characters.
 func lockName(prefix, key string) string {
-	if utf8.RuneCountInString(key) <= 58 {
+	if utf8.RuneCountInString(key) <= 58 && len(key) <= 186 {
 		return prefix + ":" + key
 	}
 	sum := sha256.Sum256([]byte(key))
