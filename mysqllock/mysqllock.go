@@ -77,8 +77,8 @@ type Options struct {
 	// back in, for more acquisitions per second and no fairness.
 	NoDoorbell bool
 
-	// Connector, if set, opens the connections that GetLock and the lease
-	// strategy's doorbells pin for their sessions, in a pool of their own
+	// Connector, if set, opens the connections that GetLock, RowLock and
+	// the lease strategy's doorbells pin for their sessions, in a pool of their own
 	// outside db's pool and its limits (SetMaxOpenConns): give it the
 	// server that db uses, as mysql.NewConnector(cfg) does. Without it the
 	// sessions are pinned from db, whose limit (if any) must then be at
@@ -87,7 +87,8 @@ type Options struct {
 	// at most n−2 waiters of one GetLock or Backend wait in the server at
 	// once (each on a session of its own), the others poll with the
 	// Locker's backoff, and a session that holds nothing goes back to db at
-	// once. RowLock does not use it. The default is nil.
+	// once. RowLock, without it, needs a limit of at least 2 and holds at
+	// most n−1 locks at once. The default is nil.
 	Connector driver.Connector
 }
 

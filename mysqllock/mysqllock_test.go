@@ -96,7 +96,16 @@ func newLease(t testing.TB, params string, opts *mysqllock.Options) *mysqllock.B
 
 func TestConformance(t *testing.T) {
 	needServer(t)
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, "") },
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
+			db, opts := pooled(t, conns)
+			b, err := mysqllock.New(db, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return b
+		}))
 }
 
 func TestConformanceLeaseNoDoorbell(t *testing.T) {
@@ -294,7 +303,25 @@ func newGetLock(t testing.TB, params string) *mysqllock.GetLock {
 
 func TestConformanceGetLock(t *testing.T) {
 	needServer(t)
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint())
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint(),
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
+			db, opts := pooled(t, conns)
+			g, err := mysqllock.NewGetLock(db, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { g.Close() })
+			return g
+		}))
+}
+
+// pooled returns a pool of at most conns connections on the test server
+// and the options that pin sessions outside it (Options.Connector).
+func pooled(t *testing.T, conns int) (*sql.DB, *mysqllock.Options) {
+	newBackend(t, "") // migrated
+	db := open(t, "")
+	db.SetMaxOpenConns(conns)
+	return db, &mysqllock.Options{Table: testTable, Connector: connector(t)}
 }
 
 func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
@@ -310,7 +337,16 @@ func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
 
 func TestConformanceRowLock(t *testing.T) {
 	needServer(t)
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint())
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint(),
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
+			db, opts := pooled(t, conns)
+			r, err := mysqllock.NewRowLock(db, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close() })
+			return r
+		}))
 }
 
 // The fair-share tests run 8 processes on one key for 3 s each: no process

@@ -99,11 +99,12 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n := db.Stats().MaxOpenConnections; n == 1 {
+	base := strings.TrimSuffix(table, "`")
+	s := newSessions(db, base+"_session`").forStrategy("rowlock", minRowLockConns, connector(opts))
+	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
 	}
-	base := strings.TrimSuffix(table, "`")
-	return &RowLock{freed: make(chan struct{}), db: db, s: newSessions(db, base+"_session`"), rows: base + "_rows`",
+	return &RowLock{freed: make(chan struct{}), db: db, s: s, rows: base + "_rows`",
 		held: make(map[string]*rowHold), known: make(map[string]struct{}), warn: warner{log: logger(opts)}}, nil
 }
 
@@ -246,7 +247,7 @@ func poolTooSmall(n int) error {
 // pinned session is given back or ctx ends.
 func (r *RowLock) pin(ctx context.Context, ttl time.Duration, wait bool) (*session, error) {
 	for {
-		n := r.db.Stats().MaxOpenConnections
+		n := r.s.limit() // 0 with a Connector: sessions are outside db's pool
 		if n > 0 && n < minRowLockConns {
 			return nil, poolTooSmall(n)
 		}
@@ -283,7 +284,7 @@ func (r *RowLock) pin(ctx context.Context, ttl time.Duration, wait bool) (*sessi
 // (a parked session would keep a connection from it), else parked for
 // reuse.
 func (r *RowLock) unpin(ss *session) {
-	if r.db.Stats().MaxOpenConnections > 0 {
+	if r.s.limit() > 0 {
 		r.s.discard(ss)
 	} else {
 		r.s.close(ss)
