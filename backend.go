@@ -154,7 +154,7 @@ type Request struct {
 type Result struct {
 	// Acquired reports whether the lock is now held by the request's token.
 	Acquired bool
-	// Fence is the fencing token of the new lease, when Acquired.
+	// Fence is the fence of the new lease, when Acquired.
 	Fence uint64
 	// Holder describes the current holder when not Acquired, as far as the
 	// backend knows (zero fields when it could not tell).
@@ -188,7 +188,7 @@ type LockInfo struct {
 	Key        string
 	Owner      string // explicit owner identity ("" if none was given)
 	Token      Token  // the holder's random owner token
-	Fence      uint64 // fencing token of the holder's acquisition
+	Fence      uint64 // fence of the holder's acquisition
 	AcquiredAt time.Time
 	ExpiresAt  time.Time // expiry of the current lease, converted to the local clock
 	Metadata   string

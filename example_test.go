@@ -51,7 +51,7 @@ func ExampleLocker_TryAcquire() {
 
 	lk.Release(ctx)
 	lk2, err := b.TryAcquire(ctx, "cron:nightly-report")
-	fmt.Println("after release:", err == nil, lk2.Token() > lk.Token())
+	fmt.Println("after release:", err == nil, lk2.Fence() > lk.Fence())
 	lk2.Release(ctx)
 	// Output:
 	// second: true
@@ -79,11 +79,11 @@ func ExampleLocker_Acquire() {
 	case <-lk.Done():
 		fmt.Println("lost:", lk.Err())
 	default:
-		fmt.Println("still held, fencing token", lk.Token())
+		fmt.Println("still held, fence", lk.Fence())
 	}
 	// Output:
 	// true true
-	// still held, fencing token 1
+	// still held, fence 1
 }
 
 func ExampleWithOwner() {
@@ -93,7 +93,7 @@ func ExampleWithOwner() {
 
 	outer, _ := locker.Acquire(ctx, "product:create", dlock.WithOwner("request-7"))
 	inner, _ := locker.Acquire(ctx, "product:create", dlock.WithOwner("request-7")) // reentrant
-	fmt.Println(outer.Token() == inner.Token())
+	fmt.Println(outer.Fence() == inner.Fence())
 	inner.Release(ctx)
 	fmt.Println(outer.Err()) // still held by the outer acquisition
 	outer.Release(ctx)

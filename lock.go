@@ -19,7 +19,7 @@ import (
 // holder is told as soon as the client sees the session end (backends that
 // implement LossReporter watch their sessions), at the latest at its next
 // check, TTL/3 later, and a waiter may take the lock in between. In every
-// case, pass Token to the resource you guard so that it refuses a stale
+// case, pass Fence to the resource you guard so that it refuses a stale
 // holder.
 type Lock struct {
 	l    *Locker
@@ -53,11 +53,11 @@ var errTooLate = errors.New("dlock: acquisition confirmed after its safe deadlin
 // Key returns the lock's key.
 func (k *Lock) Key() string { return k.ls.key }
 
-// Token returns the fencing token: strictly greater than the token of every
+// Fence returns the fencing number: strictly greater than the fence of every
 // earlier acquisition of the key, on any Locker. Reentrant acquisitions share
-// the token. Pass it to the resources you guard, and have them refuse a token
+// it. Pass it to the resources you guard, and have them refuse a fence
 // smaller than the largest they have seen.
-func (k *Lock) Token() uint64 { return k.ls.fence }
+func (k *Lock) Fence() uint64 { return k.ls.fence }
 
 // Owner returns the owner identity given with WithOwner, or "".
 func (k *Lock) Owner() string { return k.ls.owner }

@@ -143,7 +143,7 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 
 // ForceRelease frees key whoever holds it: an administrative action for a
 // lock whose holder is gone or stuck. The next acquisition gets a larger
-// fencing token, so a stale holder is fenced out, and the holder learns of
+// fence, so a stale holder is fenced out, and the holder learns of
 // the loss at its next renewal. It returns ErrNotHeld if the key was not held
 // and ErrUnsupported if the backend cannot do it.
 func (l *Locker) ForceRelease(ctx context.Context, key string) error {

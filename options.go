@@ -62,7 +62,7 @@ func WithTTL(ttl time.Duration) AcquireOption {
 
 // WithOwner makes the acquisition reentrant for owner: while this Locker holds
 // the key for the same owner, another acquisition with the same owner succeeds
-// at once, returns a Lock with the same fencing token and increments a count;
+// at once, returns a Lock with the same fence and increments a count;
 // the key is freed when every such Lock has been released. Owner identities
 // are labels, not credentials: reentrancy is scoped to one Locker, and two
 // Lockers (or processes) using the same owner still exclude each other. An

@@ -105,8 +105,8 @@ func TestClusterMemberLoss(t *testing.T) {
 			if w == nil {
 				return
 			}
-			if w.Token() <= lk.Token() {
-				t.Errorf("fencing: %d after %d", w.Token(), lk.Token())
+			if w.Fence() <= lk.Fence() {
+				t.Errorf("fencing: %d after %d", w.Fence(), lk.Fence())
 			}
 			w.Release(context.Background())
 		})
@@ -116,7 +116,7 @@ func TestClusterMemberLoss(t *testing.T) {
 // TestClusterPartitionedHolder stops (SIGSTOP) the member that the holder's
 // client is pinned to: the holder cannot renew and is told of the loss, and
 // a waiter on the other members gets the key once the lease expires, with a
-// larger fencing token, never before the holder was told.
+// larger fence, never before the holder was told.
 func TestClusterPartitionedHolder(t *testing.T) {
 	for _, victim := range []string{"follower", "leader"} {
 		t.Run(victim, func(t *testing.T) {
@@ -172,8 +172,8 @@ func TestClusterPartitionedHolder(t *testing.T) {
 				return
 			}
 			defer w.Release(context.Background())
-			if w.Token() <= lk.Token() {
-				t.Errorf("fencing: the next holder got %d after %d", w.Token(), lk.Token())
+			if w.Fence() <= lk.Fence() {
+				t.Errorf("fencing: the next holder got %d after %d", w.Fence(), lk.Fence())
 			}
 			pinned.cont()
 		})

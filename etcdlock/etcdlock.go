@@ -36,7 +36,7 @@
 //
 // # Fencing
 //
-// The fencing token is the holder entry's create revision: etcd's revision
+// The fence is the holder entry's create revision: etcd's revision
 // counter, which strictly increases over the life of the cluster's data (it
 // survives restarts, leader changes and compaction). Tokens are therefore
 // not 1, 2, 3 for one key but jump by the writes made to other keys; they

@@ -77,7 +77,7 @@ func entries(t *testing.T, c *clientv3.Client, prefix string) []string {
 // TestWaitersAreServedInArrivalOrder queues three waiters, one at a time,
 // behind a holder, keeps them waiting over several of AcquireWait's bounds
 // (a third of the TTL each), and checks that they get the key in arrival
-// order, each with a larger fencing token, and that the queue is empty after.
+// order, each with a larger fence, and that the queue is empty after.
 func TestWaitersAreServedInArrivalOrder(t *testing.T) {
 	eps := endpoints(t)
 	c := newClient(t, eps...)
@@ -102,7 +102,7 @@ func TestWaitersAreServedInArrivalOrder(t *testing.T) {
 			}
 			mu.Lock()
 			order = append(order, i)
-			fences = append(fences, w.Token())
+			fences = append(fences, w.Fence())
 			mu.Unlock()
 			time.Sleep(50 * time.Millisecond)
 			if err := w.Release(context.Background()); err != nil {
@@ -129,7 +129,7 @@ func TestWaitersAreServedInArrivalOrder(t *testing.T) {
 	}
 	for i := 1; i < len(fences); i++ {
 		if fences[i] <= fences[i-1] {
-			t.Errorf("fencing tokens %v do not increase", fences)
+			t.Errorf("fences %v do not increase", fences)
 		}
 	}
 	if left := entries(t, c, etcdlock.DefaultPrefix+strings.ReplaceAll(k, "/", "%2F")+"/"); len(left) != 0 {
@@ -245,7 +245,7 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 // TestFencingSurvivesRestart restarts etcd (from its data directory) between
-// two acquisitions of a key: the second fencing token is still larger, and a
+// two acquisitions of a key: the second fence is still larger, and a
 // lock taken before the restart and renewed across it stays held.
 func TestFencingSurvivesRestart(t *testing.T) {
 	c := startCluster(t, 1)
@@ -269,8 +269,8 @@ func TestFencingSurvivesRestart(t *testing.T) {
 		t.Fatalf("after the restart: %v", err)
 	}
 	defer next.Release(context.Background())
-	if next.Token() <= first.Token() {
-		t.Errorf("rule: fencing increases across store restarts; %d after %d", next.Token(), first.Token())
+	if next.Fence() <= first.Fence() {
+		t.Errorf("rule: fencing increases across store restarts; %d after %d", next.Fence(), first.Fence())
 	}
 	if err := lk.Err(); err != nil {
 		t.Errorf("a lock held across the restart was lost: %v", err)

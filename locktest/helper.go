@@ -109,7 +109,7 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("HELD %d\n", lk.Token())
+		fmt.Printf("HELD %d\n", lk.Fence())
 		<-ctx.Done() // killed long before
 		return nil
 	}
@@ -122,12 +122,12 @@ func contendOnce(ctx context.Context, l *dlock.Locker, k, dir string) error {
 	if err != nil {
 		return err
 	}
-	err = criticalSection(dir, lk.Token())
+	err = criticalSection(dir, lk.Fence())
 	return errors.Join(err, lk.Err(), lk.Release(context.Background()))
 }
 
 // criticalSection detects overlap across processes with an exclusively
-// created marker file, and logs the entry with its fencing token.
+// created marker file, and logs the entry with its fence.
 func criticalSection(dir string, fence uint64) error {
 	marker := filepath.Join(dir, "inside")
 	f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -189,7 +189,7 @@ func (s *suite) exclusionProcesses(t *testing.T) {
 			t.Fatalf("log line %q: %v", line, err)
 		}
 		if fence <= last {
-			t.Errorf("rule: fencing tokens increase across processes; %d after %d", fence, last)
+			t.Errorf("rule: fences increase across processes; %d after %d", fence, last)
 		}
 		last = fence
 		pids[pid]++
@@ -229,8 +229,8 @@ func (s *suite) killedHolder(t *testing.T) {
 		t.Fatalf("rule: a killed holder's lock is free again within %s; %v", s.crashBound, err)
 	}
 	defer lk.Release(context.Background())
-	if lk.Token() <= held {
-		t.Errorf("fencing: %d after the killed holder's %d", lk.Token(), held)
+	if lk.Fence() <= held {
+		t.Errorf("fencing: %d after the killed holder's %d", lk.Fence(), held)
 	}
 }
 

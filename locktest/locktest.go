@@ -167,7 +167,7 @@ func mustBeFree(t *testing.T, other *dlock.Locker, k string) uint64 {
 	if err := lk.Release(context.Background()); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	return lk.Token()
+	return lk.Fence()
 }
 
 func waitDone(t *testing.T, lk *dlock.Lock, within time.Duration, rule string) {
@@ -220,8 +220,8 @@ func (s *suite) tryExcludes(t *testing.T) {
 	b, _ := s.locker(t)
 	k := key(t, "k")
 	lk := mustAcquire(t, a, k, dlock.WithOwner("alice"), dlock.WithMetadata("job=1"))
-	if lk.Token() == 0 {
-		t.Error("fencing token is 0")
+	if lk.Fence() == 0 {
+		t.Error("fence is 0")
 	}
 	if lk.Key() != k || lk.Owner() != "alice" || lk.Err() != nil {
 		t.Errorf("Lock: key %q owner %q err %v", lk.Key(), lk.Owner(), lk.Err())
@@ -246,8 +246,8 @@ func (s *suite) tryExcludes(t *testing.T) {
 	default:
 		t.Error("Done not closed after Release")
 	}
-	if t2 := mustBeFree(t, b, k); t2 <= lk.Token() {
-		t.Errorf("rule: fencing increases; next token %d after %d", t2, lk.Token())
+	if t2 := mustBeFree(t, b, k); t2 <= lk.Fence() {
+		t.Errorf("rule: fencing increases; next token %d after %d", t2, lk.Fence())
 	}
 }
 
@@ -437,14 +437,14 @@ func (s *suite) arbitraryKeys(t *testing.T) {
 }
 
 // fencing takes one key 1,000 times through releases, expiries and new
-// clients, and checks that every fencing token is larger than the last.
+// clients, and checks that every fence is larger than the last.
 func (s *suite) fencing(t *testing.T) {
 	k := key(t, "k")
 	var last uint64
 	check := func(tok uint64, how string) {
 		t.Helper()
 		if tok <= last {
-			t.Fatalf("rule: fencing tokens strictly increase; %s gave %d after %d", how, tok, last)
+			t.Fatalf("rule: fences strictly increase; %s gave %d after %d", how, tok, last)
 		}
 		last = tok
 	}
@@ -466,12 +466,12 @@ func (s *suite) fencing(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Acquire after expiry: %v", err)
 			}
-			check(lk.Token(), "an acquisition after expiry")
+			check(lk.Fence(), "an acquisition after expiry")
 			lk.Release(context.Background())
 			continue
 		}
 		lk := mustAcquire(t, l, k)
-		check(lk.Token(), "an acquisition after release")
+		check(lk.Fence(), "an acquisition after release")
 		if err := lk.Release(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -492,8 +492,8 @@ func (s *suite) reentrancy(t *testing.T) {
 	if f.acquires.Load() != n {
 		t.Error("a reentrant acquisition went to the store")
 	}
-	if a.Token() != b.Token() || b.Token() != c.Token() {
-		t.Errorf("rule: reentrant acquisitions share the fencing token; got %d %d %d", a.Token(), b.Token(), c.Token())
+	if a.Fence() != b.Fence() || b.Fence() != c.Fence() {
+		t.Errorf("rule: reentrant acquisitions share the fence; got %d %d %d", a.Fence(), b.Fence(), c.Fence())
 	}
 	for i, lk := range []*dlock.Lock{c, a} {
 		if err := lk.Release(context.Background()); err != nil {
@@ -575,8 +575,8 @@ func (s *suite) localWake(t *testing.T) {
 	if before != 1 {
 		t.Errorf("a local waiter polled the store while the key was held locally (%d calls)", before-1)
 	}
-	if w.Token() <= lk.Token() {
-		t.Errorf("fencing: %d after %d", w.Token(), lk.Token())
+	if w.Fence() <= lk.Fence() {
+		t.Errorf("fencing: %d after %d", w.Fence(), lk.Fence())
 	}
 }
 
@@ -603,8 +603,8 @@ func (s *suite) waitAcross(t *testing.T) {
 	if !errors.Is(lk.Err(), dlock.ErrNotHeld) {
 		t.Errorf("the waiter got the key before the holder released it (holder Err %v)", lk.Err())
 	}
-	if w.Token() <= lk.Token() {
-		t.Errorf("fencing: %d after %d", w.Token(), lk.Token())
+	if w.Fence() <= lk.Fence() {
+		t.Errorf("fencing: %d after %d", w.Fence(), lk.Fence())
 	}
 }
 
@@ -659,8 +659,8 @@ func (s *suite) abandoned(t *testing.T) {
 	if time.Since(start) < ttl/2 {
 		t.Errorf("rule: an unexpired lease excludes others; taken after %s of a %s lease", time.Since(start), ttl)
 	}
-	if lk.Token() <= r.Fence {
-		t.Errorf("fencing: %d after %d", lk.Token(), r.Fence)
+	if lk.Fence() <= r.Fence {
+		t.Errorf("fencing: %d after %d", lk.Fence(), r.Fence)
 	}
 }
 
@@ -891,8 +891,8 @@ func (s *suite) list(t *testing.T) {
 		t.Fatalf("List(%q) = %+v, want only the held key %q", base, got, base+"a")
 	}
 	g := got[0]
-	if g.Key != base+"a" || g.Owner != "alice" || g.Metadata != "job=nightly" || g.Fence != a.Token() {
-		t.Errorf("List entry %+v does not match the lock (owner alice, metadata job=nightly, fence %d)", g, a.Token())
+	if g.Key != base+"a" || g.Owner != "alice" || g.Metadata != "job=nightly" || g.Fence != a.Fence() {
+		t.Errorf("List entry %+v does not match the lock (owner alice, metadata job=nightly, fence %d)", g, a.Fence())
 	}
 	if !g.ExpiresAt.IsZero() && (g.ExpiresAt.Before(time.Now()) || g.ExpiresAt.After(time.Now().Add(ttl+time.Second))) { // zero: no lease (session locks)
 		t.Errorf("ExpiresAt %v is not within the lease", g.ExpiresAt)
@@ -927,8 +927,8 @@ func (s *suite) forceRelease(t *testing.T) {
 		t.Fatalf("ForceRelease: %v", err)
 	}
 	next := mustAcquire(t, admin, k)
-	if next.Token() <= lk.Token() {
-		t.Errorf("rule: a forced release fences out the old holder; new token %d after %d", next.Token(), lk.Token())
+	if next.Fence() <= lk.Fence() {
+		t.Errorf("rule: a forced release fences out the old holder; new token %d after %d", next.Fence(), lk.Fence())
 	}
 	waitDone(t, lk, ttl, "a force-released holder is told at its next renewal")
 	if !errors.Is(lk.Err(), dlock.ErrLockLost) {

@@ -27,7 +27,7 @@ func (f Finding) String() string {
 
 // Check reports the server settings under which the lease strategy's
 // guarantees do not hold: commits that are not durable (a grant can be
-// lost in a crash, and its fencing token handed out again). None of them
+// lost in a crash, and its fence handed out again). None of them
 // can be overridden per transaction. No finding and no error means that
 // nothing known to be unsafe was found; settings outside the server, such
 // as asynchronous replicas that a failover promotes, are not seen.
@@ -63,14 +63,14 @@ func checkServer(ctx context.Context, db DB, session bool) ([]Finding, error) {
 	if flush != "1" && flush != "3" {
 		out = append(out, Finding{
 			Setting: "innodb_flush_log_at_trx_commit", Value: flush,
-			Problem: "a committed grant can be lost in a server or OS crash, and its fencing token handed out again",
+			Problem: "a committed grant can be lost in a server or OS crash, and its fence handed out again",
 			Fix:     "SET GLOBAL innodb_flush_log_at_trx_commit = 1",
 		})
 	}
 	if logBin == "1" && syncBinlog != "1" {
 		out = append(out, Finding{
 			Setting: "sync_binlog", Value: syncBinlog,
-			Problem: "with the binary log on, a committed grant can be lost in an OS crash (and be missing on replicas), and its fencing token handed out again",
+			Problem: "with the binary log on, a committed grant can be lost in an OS crash (and be missing on replicas), and its fence handed out again",
 			Fix:     "SET GLOBAL sync_binlog = 1",
 		})
 	}

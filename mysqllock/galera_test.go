@@ -82,10 +82,10 @@ func TestGaleraRefusesSessionStrategies(t *testing.T) {
 		if err != nil {
 			t.Fatalf("lease acquisition %d on Galera: %v", i, err)
 		}
-		if lk.Token() <= last {
-			t.Errorf("lease fence %d after %d", lk.Token(), last)
+		if lk.Fence() <= last {
+			t.Errorf("lease fence %d after %d", lk.Fence(), last)
 		}
-		last = lk.Token()
+		last = lk.Fence()
 		if _, err := l.TryAcquire(ctx, key); !errors.Is(err, dlock.ErrNotAcquired) {
 			t.Errorf("a second lease holder on Galera: %v", err)
 		}

@@ -4,14 +4,14 @@
 // Acquisition is one INSERT … ON DUPLICATE KEY UPDATE that takes the row only
 // if its lease has expired (by UTC_TIMESTAMP(6) on the server) and bumps the
 // key's fencing counter; extension and release are UPDATEs that check the
-// owner token. Rows are never deleted, so fencing tokens never go back.
+// owner token. Rows are never deleted, so fences never go back.
 // The strategy works through connection pools, proxies and Galera, and a
 // crashed holder's lock frees itself when its TTL runs out.
 //
-// Every strategy's grants, and so its fencing tokens, are only as durable as
+// Every strategy's grants, and so its fences, are only as durable as
 // the server's commits: with innodb_flush_log_at_trx_commit other than 1,
 // or the binary log on and sync_binlog other than 1, a crash can lose a
-// committed grant and a fencing token is handed out twice. No statement can
+// committed grant and a fence is handed out twice. No statement can
 // override these settings, so each strategy's Check method reports them,
 // and with Options.Logger set, Migrate and the first acquisition log a
 // warning (see Options.Logger).

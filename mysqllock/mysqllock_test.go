@@ -409,10 +409,10 @@ func TestAuditTriggerOnTable(t *testing.T) {
 		if err != nil {
 			t.Fatalf("TryAcquire #%d of a free key with an audit trigger on the table: %v", i, err)
 		}
-		if lk.Token() <= last {
-			t.Errorf("fence %d after %d", lk.Token(), last)
+		if lk.Fence() <= last {
+			t.Errorf("fence %d after %d", lk.Fence(), last)
 		}
-		last = lk.Token()
+		last = lk.Fence()
 		if _, err := other.TryAcquire(ctx, "k", dlock.WithTTL(5*time.Second)); !errors.Is(err, dlock.ErrNotAcquired) {
 			t.Fatalf("another client's TryAcquire while held: %v, want ErrNotAcquired", err)
 		}

@@ -33,7 +33,7 @@ import (
 // AcquireWait waits for a lock's release. In a limited pool a released
 // lock's connection goes back to the pool at once.
 //
-// Fencing tokens come from the per-key counter row, bumped on every grant in
+// Fences come from the per-key counter row, bumped on every grant in
 // an autocommit statement on another connection, so that it is durable at
 // once. A fence is reported only if the row stayed locked across its write:
 // after the write commits, the locking transaction must still be open, or
@@ -42,7 +42,7 @@ import (
 //
 // As with GetLock, a session the server ends by itself frees the row at
 // once, and the holder is told only at its next check (up to TTL/3 later):
-// guard the resource with the fencing token.
+// guard the resource with the fence.
 //
 // Not for Galera: row locks are local to a node and the locking transaction
 // writes nothing, so certification never aborts a second holder and clients

@@ -598,7 +598,7 @@ func TestLeaseAbandonedAcquisitionIsUndone(t *testing.T) {
 		lk, err := l.TryAcquire(actx, key, dlock.WithTTL(30*time.Second))
 		cancel()
 		if err == nil {
-			t.Fatalf("round %d: TryAcquire returned %v within a deadline shorter than its statement's delay", round, lk.Token())
+			t.Fatalf("round %d: TryAcquire returned %v within a deadline shorter than its statement's delay", round, lk.Fence())
 		}
 		time.Sleep(2 * time.Second) // the delayed statement has landed
 		var k *dlock.Lock

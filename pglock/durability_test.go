@@ -64,7 +64,7 @@ func TestFenceDurableAfterCrash(t *testing.T) {
 					if err != nil {
 						t.Fatalf("round %d grant %d: %v", round, i, err)
 					}
-					f := lk.Token()
+					f := lk.Fence()
 					if r, dup := seen[f]; dup {
 						t.Fatalf("fence %d handed out twice: in round %d and again in round %d (after a crash): a grant was not durable", f, r, round)
 					}

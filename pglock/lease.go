@@ -490,7 +490,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 
 // ForceRelease implements dlock.ForceReleaser: it ends the lease whatever
 // token holds it, and wakes the waiters. The holder learns of it at its next
-// renewal; the next holder gets a larger fencing token.
+// renewal; the next holder gets a larger fence.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	return b.free(ctx, "force release", b.q.forceRelease, []byte(key), b.tb.channel)
 }

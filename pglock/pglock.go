@@ -11,7 +11,7 @@
 // statement that bumps the fencing counter; renewal is one UPDATE for all the
 // leases of a Locker (unnest of arrays) that checks each owner token; release
 // is an owner-checked UPDATE that also sends a NOTIFY. Rows are never deleted,
-// so fencing tokens never go back.
+// so fences never go back.
 //
 // Waiters (dlock.Waiter) LISTEN on one connection per Backend, shared by all
 // its waiting acquisitions, and are woken by the release's NOTIFY; without a

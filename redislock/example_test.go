@@ -52,7 +52,7 @@ func ExampleNewRedlock() {
 		panic(err) // errors.Is(err, redislock.ErrNoQuorum) when most servers are down
 	}
 	defer lk.Release(ctx)
-	fmt.Println("fencing token", lk.Token()) // pass it to the storage you write to
+	fmt.Println("fence", lk.Fence()) // pass it to the storage you write to
 }
 
 func ExampleNew_cluster() {

@@ -2,14 +2,14 @@
 // a single server, a Sentinel-managed primary or a Redis Cluster, and, with
 // NewRedlock, the Redlock algorithm over several independent servers.
 //
-// Each lock is a hash holding the owner token, owner, fencing token, metadata
+// Each lock is a hash holding the owner token, owner, fence, metadata
 // and acquisition time, whose expiry (PEXPIRE) is the lease, so leases are
 // timed by Redis's clock. Acquisition, extension, release and forced release
 // are Lua scripts that check the owner token atomically. Releases publish on
 // a per-key channel that waiting acquisitions subscribe to (dlock.Waiter), so
 // a waiter is handed the key at once instead of polling.
 //
-// A separate counter per key that never expires gives the fencing token, so
+// A separate counter per key that never expires gives the fence, so
 // tokens keep increasing across releases and expiries. Each acquisition also
 // raises the counter to at least the server's clock in microseconds (TIME),
 // so tokens keep increasing after a restart without persistence, or a
@@ -39,7 +39,7 @@
 // persistence a restart frees every lock at once; with a replica, a failover
 // can lose the newest acquisitions (replication is asynchronous). Where that
 // matters, use Redlock over independent servers or a consensus store, and
-// pass the fencing token to the resources you guard.
+// pass the fence to the resources you guard.
 //
 // Reentrancy (dlock.WithOwner) is counted by the dlock.Locker, per Locker; the
 // scripts do not count it again, and a second acquisition with a different

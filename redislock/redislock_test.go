@@ -169,7 +169,7 @@ func TestSentinel(t *testing.T) {
 		t.Fatalf("second holder: %v", err)
 	}
 	infos, err := l2.List(ctx, k)
-	if err != nil || len(infos) != 1 || infos[0].Owner != "alice" || infos[0].Fence != lk.Token() {
+	if err != nil || len(infos) != 1 || infos[0].Owner != "alice" || infos[0].Fence != lk.Fence() {
 		t.Errorf("List = %+v, %v", infos, err)
 	}
 	time.AfterFunc(200*time.Millisecond, func() { lk.Release(context.Background()) })
@@ -186,7 +186,7 @@ func TestSentinel(t *testing.T) {
 
 // TestRestartLosesLock restarts the server without persistence while a lock
 // is held: the next renewal finds the key gone, Done closes before the
-// lease's deadline, and the next fencing token is still larger although the
+// lease's deadline, and the next fence is still larger although the
 // counter was lost too (it is kept at least the server's clock).
 func TestRestartLosesLock(t *testing.T) {
 	s := startServer(t)
@@ -215,8 +215,8 @@ func TestRestartLosesLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lk2.Release(context.Background())
-	if lk2.Token() <= lk.Token() {
-		t.Errorf("fencing token %d after the restart, not above %d", lk2.Token(), lk.Token())
+	if lk2.Fence() <= lk.Fence() {
+		t.Errorf("fence %d after the restart, not above %d", lk2.Fence(), lk.Fence())
 	}
 }
 
@@ -322,8 +322,8 @@ func checkWakeUp(t *testing.T, s *server, sharded bool) {
 	if d := time.Since(released); d > time.Second {
 		t.Errorf("the waiter got the key %s after its release (the lease had 28s left)", d)
 	}
-	if w.Token() <= lk.Token() {
-		t.Errorf("fencing: %d after %d", w.Token(), lk.Token())
+	if w.Fence() <= lk.Fence() {
+		t.Errorf("fencing: %d after %d", w.Fence(), lk.Fence())
 	}
 }
 
@@ -360,8 +360,8 @@ func TestForceReleaseWakesWaiter(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("the waiter took %s to get a key force-released after 300ms", d)
 	}
-	if w.Token() <= lk.Token() {
-		t.Errorf("fencing: %d after %d", w.Token(), lk.Token())
+	if w.Fence() <= lk.Fence() {
+		t.Errorf("fencing: %d after %d", w.Fence(), lk.Fence())
 	}
 }
 
@@ -456,7 +456,7 @@ func TestPrefix(t *testing.T) {
 		t.Fatalf("a lock under another prefix excluded this one: %v", err)
 	}
 	defer lb.Release(ctx)
-	if infos, err := b.List(ctx, ""); err != nil || len(infos) != 1 || infos[0].Fence != lb.Token() {
+	if infos, err := b.List(ctx, ""); err != nil || len(infos) != 1 || infos[0].Fence != lb.Fence() {
 		t.Errorf("List under app-b: %+v %v", infos, err)
 	}
 	for _, p := range []string{"a{", "}b", "{x}"} {

@@ -69,7 +69,7 @@ func TestRedlockMinorityFailure(t *testing.T) {
 	if _, err := l2.TryAcquire(ctx, k); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("another client with one server down: %v, want ErrNotAcquired", err)
 	}
-	if infos, err := l2.List(ctx, k); err != nil || len(infos) != 1 || infos[0].Fence != lk.Token() {
+	if infos, err := l2.List(ctx, k); err != nil || len(infos) != 1 || infos[0].Fence != lk.Fence() {
 		t.Errorf("List with one server down: %+v %v", infos, err)
 	}
 	time.AfterFunc(200*time.Millisecond, func() { lk.Release(context.Background()) })
@@ -77,8 +77,8 @@ func TestRedlockMinorityFailure(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a waiter with one server down: %v", err)
 	}
-	if w.Token() <= lk.Token() {
-		t.Errorf("fencing: %d after %d", w.Token(), lk.Token())
+	if w.Fence() <= lk.Fence() {
+		t.Errorf("fencing: %d after %d", w.Fence(), lk.Fence())
 	}
 	// The server comes back without its data; the holder keeps the lock
 	// and the next one still counts up.
@@ -95,8 +95,8 @@ func TestRedlockMinorityFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w2.Release(ctx)
-	if w2.Token() <= w.Token() {
-		t.Errorf("fencing: %d after %d", w2.Token(), w.Token())
+	if w2.Fence() <= w.Fence() {
+		t.Errorf("fencing: %d after %d", w2.Fence(), w.Fence())
 	}
 }
 

@@ -131,6 +131,6 @@ func firstRun(path, start string) error {
 	case err != nil:
 		return err
 	}
-	fmt.Printf("RESULT held %d\n", lk.Token())
+	fmt.Printf("RESULT held %d\n", lk.Fence())
 	return nil
 }

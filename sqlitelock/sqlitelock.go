@@ -4,7 +4,7 @@
 //
 // The file is opened in WAL mode with a busy timeout; each operation is one
 // statement, timed by SQLite's reading of the host clock. Rows are never
-// deleted, so fencing tokens never go back. Do not put the file on a network
+// deleted, so fences never go back. Do not put the file on a network
 // file system: SQLite's locking is not reliable there.
 //
 // Two limits of one file on one host (found with the fault harness):
@@ -12,7 +12,7 @@
 //     by the monotonic clock. A step of the system clock (an NTP correction)
 //     moves every lease at once: a forward step can free held keys before
 //     their holders are told. Keep the clock slewed, not stepped, or guard
-//     the resource with the fencing token.
+//     the resource with the fence.
 //   - A process stopped (SIGSTOP, swapped out) in the middle of a write holds
 //     SQLite's write lock, and every other process's acquisitions and
 //     renewals wait for it up to the busy timeout: their leases can be lost

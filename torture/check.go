@@ -25,7 +25,7 @@ import (
 const (
 	// Store (lease history).
 	vGrantWhileHeld  = "store: key granted while its lease was live"
-	vFenceNotUp      = "store: fencing token not increasing"
+	vFenceNotUp      = "store: fence not increasing"
 	vRevived         = "store: expired lease extended"
 	vTokenSwap       = "store: owner token changed without a new fence"
 	vUnknownFence    = "client: holds a fence the store never granted"

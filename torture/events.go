@@ -15,7 +15,7 @@ type Event struct {
 	T0 int64  `json:"t0,omitempty"` // when the call started
 	Ev string `json:"ev"`           // start, acq, acqerr, done, op, skip, rel, dofree, slow, exit
 	K  string `json:"k,omitempty"`  // key
-	F  uint64 `json:"f,omitempty"`  // fencing token
+	F  uint64 `json:"f,omitempty"`  // fence
 	// op: "r" (read, which also presents the token to the resource) or "w".
 	Op string `json:"op,omitempty"`
 	// OK: the resource accepted the op. For done: the lock was lost (as

@@ -390,7 +390,7 @@ type FaultRecord struct {
 	Worker string `json:"worker,omitempty"`
 	Pid    int    `json:"pid,omitempty"`
 	Key    string `json:"key,omitempty"`   // the hold the harness saw when injecting
-	Fence  uint64 `json:"fence,omitempty"` // its fencing token
+	Fence  uint64 `json:"fence,omitempty"` // its fence
 	Start  int64  `json:"start"`
 	End    int64  `json:"end"`
 	Err    string `json:"err,omitempty"`

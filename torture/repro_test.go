@@ -160,7 +160,7 @@ func TestReproSessionLockTakenBeforeHolderIsTold(t *testing.T) {
 			}
 			defer other.Release(ctx)
 			if lk.Err() == nil {
-				t.Errorf("another client holds %q (fence %d) while the first holder's Lock (fence %d) still reports it held", key, other.Token(), lk.Token())
+				t.Errorf("another client holds %q (fence %d) while the first holder's Lock (fence %d) still reports it held", key, other.Fence(), lk.Fence())
 			}
 			select {
 			case <-lk.Done():

@@ -9,7 +9,7 @@ import (
 // Resource is the shared resource the workers guard with their locks: one
 // MariaDB row per key holding a counter, and a log of every access.
 //
-// Each access presents the holder's fencing token. With fencing (the normal
+// Each access presents the holder's fence. With fencing (the normal
 // mode) the resource refuses a token smaller than the largest it has seen for
 // the key, and a read raises that largest token, so a holder whose lease has
 // passed to someone who already touched the resource can neither read nor

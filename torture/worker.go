@@ -215,7 +215,7 @@ func (l *lane) plan() time.Duration {
 func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool) {
 	w, key := l.w, acq.K
 	plan := l.plan()
-	fence := lk.Token()
+	fence := lk.Fence()
 	acq.Ev, acq.F, acq.Plan = "acq", fence, int64(plan)
 	w.rec.rec(acq)
 	w.say("H %s %d %d", key, fence, plan.Milliseconds())
@@ -260,10 +260,10 @@ func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool)
 }
 
 // hold works on the resource under the lock for plan: cycles of read (which
-// presents the fencing token), compute, write. Before each access it asks
+// presents the fence), compute, write. Before each access it asks
 // lost (the Lock's Err, or for Do the cause of its context) and stops if the
 // lock is gone, as an application would; the instant of the check goes into
-// the access's record. A pause after the check is what the fencing token is
+// the access's record. A pause after the check is what the fence is
 // for. In a positive control (NoFencing) only reads are checked, so that a
 // pause while computing leads to a write.
 func (l *lane) hold(ctx context.Context, key string, fence uint64, plan time.Duration, lost func() error) {

@@ -414,19 +414,19 @@ func TestZKHistory(t *testing.T) {
 	ms := func(us int64) time.Time { return time.UnixMicro(us) }
 	// k/1: A's grant, its renewals, its release, B's grant (at A's release), B's release.
 	k1 := byKey["k/1"]
-	if len(k1) < 5 || k1[0].Fence != ka.Token() || k1[len(k1)-1].Fence != kb.Token() || !k1[len(k1)-1].Release {
-		t.Fatalf("k/1 history: %+v (fences %d, %d)", k1, ka.Token(), kb.Token())
+	if len(k1) < 5 || k1[0].Fence != ka.Fence() || k1[len(k1)-1].Fence != kb.Fence() || !k1[len(k1)-1].Release {
+		t.Fatalf("k/1 history: %+v (fences %d, %d)", k1, ka.Fence(), kb.Fence())
 	}
 	var aRel, bGrant *LeaseEvent
 	ext := 0
 	for i := range k1 {
 		e := &k1[i]
 		switch {
-		case e.Fence == ka.Token() && e.Release:
+		case e.Fence == ka.Fence() && e.Release:
 			aRel = e
-		case e.Fence == ka.Token() && i > 0:
+		case e.Fence == ka.Fence() && i > 0:
 			ext++
-		case e.Fence == kb.Token() && bGrant == nil:
+		case e.Fence == kb.Fence() && bGrant == nil:
 			bGrant = e
 		}
 	}
@@ -441,8 +441,8 @@ func TestZKHistory(t *testing.T) {
 	}
 	// k/2: B's grant (never renewed, no release), A's grant at or after B's expiry.
 	k2 := byKey["k/2"]
-	if len(k2) < 3 || k2[0].Fence != res.Fence || k2[0].Release || k2[1].Fence != kc.Token() || !k2[len(k2)-1].Release {
-		t.Fatalf("k/2 history: %+v (fences %d, %d)", k2, res.Fence, kc.Token())
+	if len(k2) < 3 || k2[0].Fence != res.Fence || k2[0].Release || k2[1].Fence != kc.Fence() || !k2[len(k2)-1].Release {
+		t.Fatalf("k/2 history: %+v (fences %d, %d)", k2, res.Fence, kc.Fence())
 	}
 	if k2[1].AtUs < k2[0].ExpUs || k2[0].ExpUs-k2[0].AtUs != 1e6 {
 		t.Errorf("k/2: A granted at %d µs, B's lease %d..%d µs", k2[1].AtUs, k2[0].AtUs, k2[0].ExpUs)

@@ -49,8 +49,8 @@ func TestEnsembleSurvivesLossOfOneMember(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if next.Token() <= lk.Token() {
-		t.Errorf("fencing: %d after %d", next.Token(), lk.Token())
+	if next.Fence() <= lk.Fence() {
+		t.Errorf("fencing: %d after %d", next.Fence(), lk.Fence())
 	}
 	next.Release(context.Background())
 }
@@ -58,7 +58,7 @@ func TestEnsembleSurvivesLossOfOneMember(t *testing.T) {
 // TestPartitionedHolderIsToldOfLoss freezes (SIGSTOP) the only member a
 // holder can reach: the holder cannot renew, so its Locker reports the loss;
 // a client of the other members then gets the lock once the lease has run
-// out by the leader's clock, with a larger fencing token, and not before
+// out by the leader's clock, with a larger fence, and not before
 // the holder was told.
 func TestPartitionedHolderIsToldOfLoss(t *testing.T) {
 	ss := startEnsemble(t, 3)
@@ -96,8 +96,8 @@ func TestPartitionedHolderIsToldOfLoss(t *testing.T) {
 	}
 	got := time.Now()
 	defer w.Release(context.Background())
-	if w.Token() <= lk.Token() {
-		t.Errorf("rule: the next holder gets a larger fencing token; %d after %d", w.Token(), lk.Token())
+	if w.Fence() <= lk.Fence() {
+		t.Errorf("rule: the next holder gets a larger fence; %d after %d", w.Fence(), lk.Fence())
 	}
 	select {
 	case at := <-lost:

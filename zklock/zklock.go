@@ -58,7 +58,7 @@
 //
 // # Fencing
 //
-// The fencing token is the holder node's czxid, the zxid of the transaction
+// The fence is the holder node's czxid, the zxid of the transaction
 // that created it. Zxids are global to the ensemble and strictly increase
 // over its whole life (across leader elections and restarts), so tokens are
 // strictly increasing per key even when the key's directory is removed and
@@ -422,7 +422,7 @@ func (b *Backend) ensureDir(dir string) error {
 
 // enqueue creates a queue node for req. In the same transaction it touches
 // the directory, whose new stat gives the transaction's zxid (the node's
-// czxid: the fencing token) and the leader's time (the node's mtime).
+// czxid: the fence) and the leader's time (the node's mtime).
 func (b *Backend) enqueue(req dlock.Request) (*node, int64, error) {
 	dir := b.dir(req.Key)
 	data := encode(req)

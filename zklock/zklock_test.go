@@ -259,8 +259,8 @@ func TestParkedNodeIsDeleted(t *testing.T) {
 	if err != nil || res.Acquired {
 		t.Fatalf("AcquireWait: %+v %v", res, err)
 	}
-	if res.Holder.Fence != lk.Token() {
-		t.Errorf("AcquireWait's holder has fence %d, want %d", res.Holder.Fence, lk.Token())
+	if res.Holder.Fence != lk.Fence() {
+		t.Errorf("AcquireWait's holder has fence %d, want %d", res.Holder.Fence, lk.Fence())
 	}
 	if n := queueLen(t, admin, b, k); n != 2 {
 		t.Errorf("the waiting node is not kept for the next call: queue has %d nodes", n)
