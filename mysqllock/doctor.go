@@ -52,7 +52,7 @@ func (r *RowLock) Check(ctx context.Context) ([]Finding, error) {
 // checkServer reads the global settings that decide whether a committed
 // grant survives a crash, and with session strategies whether the server
 // is a Galera node. Reading them needs no privilege.
-func checkServer(ctx context.Context, db DB, session bool) ([]Finding, error) {
+func checkServer(ctx context.Context, db querier, session bool) ([]Finding, error) {
 	var flush, syncBinlog, logBin string
 	if err := queryRow(ctx, db, `SELECT @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.sync_binlog, @@GLOBAL.log_bin`,
 		&flush, &syncBinlog, &logBin); err != nil {
@@ -94,7 +94,7 @@ func checkServer(ctx context.Context, db DB, session bool) ([]Finding, error) {
 }
 
 // queryRow runs a one-row query through db and scans it into dest.
-func queryRow(ctx context.Context, db DB, q string, dest ...any) error {
+func queryRow(ctx context.Context, db querier, q string, dest ...any) error {
 	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
 		return err

@@ -62,10 +62,11 @@ import (
 // Not for Galera (GET_LOCK is not replicated: NewGetLock's first use fails
 // with ErrGalera), Group Replication or proxies that multiplex sessions.
 type GetLock struct {
-	s    *sessions
-	bell bool // a lease's doorbell: "dbell" names, no fencing row
-	loss dlock.LossHandlers
-	warn warner
+	s     *sessions
+	bell  bool // a lease's doorbell: "dbell" names, no fencing row
+	loss  dlock.LossHandlers
+	warn  warner
+	table string // the lease table, quoted, whose schema Migrate creates
 
 	mu       sync.Mutex
 	main     *session                 // takes the uncontended locks
@@ -105,7 +106,7 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	if err := s.checkPool(); err != nil {
 		return nil, err
 	}
-	return &GetLock{s: s, warn: warner{log: logger(opts)}}, nil
+	return &GetLock{s: s, warn: warner{log: logger(opts)}, table: table}, nil
 }
 
 // OnLoss implements dlock.LossReporter: when a session ends (a statement on
@@ -113,6 +114,14 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 // every lock on it is reported at once.
 func (g *GetLock) OnLoss(f func(key string, token dlock.Token, cause error)) (stop func()) {
 	return g.loss.Add(f)
+}
+
+// Migrate creates the tables of Options.Table if they are missing (the same
+// schema as the lease strategy's, so that any strategy's Migrate serves all
+// three), and logs the server settings that break a guarantee (see Check)
+// when Options.Logger is set.
+func (g *GetLock) Migrate(ctx context.Context) error {
+	return migrate(ctx, g.s.db, g.table, &g.warn, g.Check)
 }
 
 // Close releases every lock still held and returns the pinned connections to

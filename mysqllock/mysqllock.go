@@ -44,9 +44,8 @@ import (
 // DefaultTable is the table used when Options.Table is empty.
 const DefaultTable = "dlock_locks"
 
-// DB is what the Backend needs of a *sql.DB (or a *sql.Conn, or a wrapper).
-// The caller owns it; the Backend never closes it.
-type DB interface {
+// querier is what the statements need of a *sql.DB or a pinned *sql.Conn.
+type querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
@@ -72,7 +71,7 @@ type Options struct {
 	// wake the moment the lease is released or its holder dies, and are
 	// handed the lease in FIFO order: a client that releases a key cannot
 	// take it straight back ahead of a waiter. Without doorbells (also where
-	// named locks are unavailable: Galera, a DB that is not a *sql.DB)
+	// named locks are unavailable: Galera)
 	// waiters use the Locker's backoff and a releasing client may barge
 	// back in, for more acquisitions per second and no fairness.
 	NoDoorbell bool
@@ -103,7 +102,7 @@ func connector(opts *Options) driver.Connector {
 // Backend is the lease strategy on MySQL/MariaDB. It is safe for concurrent
 // use.
 type Backend struct {
-	db     DB
+	db     *sql.DB
 	table  string // quoted
 	q      queries
 	bell   *GetLock    // the doorbells; nil without them
@@ -127,14 +126,14 @@ var digitsRE = regexp.MustCompile(`^[0-9]+$`)
 // New returns a Backend over db. It does no I/O; call Migrate once to create
 // the table. The error matches dlock.ErrInvalidOption for a bad table name,
 // or for doorbells on a pool whose limit is below 2 (see Options.Connector).
-func New(db DB, opts *Options) (*Backend, error) {
+func New(db *sql.DB, opts *Options) (*Backend, error) {
 	table, err := checkArgs(db == nil, opts)
 	if err != nil {
 		return nil, err
 	}
 	b := &Backend{db: db, table: table, q: newQueries(table), warn: warner{log: logger(opts)}}
-	if sdb, ok := db.(*sql.DB); ok && (opts == nil || !opts.NoDoorbell) {
-		s := newSessions(sdb, "").forStrategy("the lease strategy with doorbells (Options.NoDoorbell unset)", minSessionConns, connector(opts))
+	if opts == nil || !opts.NoDoorbell {
+		s := newSessions(db, "").forStrategy("the lease strategy with doorbells (Options.NoDoorbell unset)", minSessionConns, connector(opts))
 		if err := s.checkPool(); err != nil {
 			return nil, err
 		}
@@ -217,7 +216,7 @@ func schemaFor(quoted string) string {
 // execScript runs the statements of a schema one by one (the driver does
 // not run several per call unless the DSN allows it). Statements end with
 // ";" at the end of a line.
-func execScript(ctx context.Context, db DB, script string) error {
+func execScript(ctx context.Context, db querier, script string) error {
 	for _, stmt := range strings.Split(script, ";\n") {
 		if strings.TrimSpace(stmt) != "" {
 			if _, err := db.ExecContext(ctx, stmt); err != nil {
@@ -232,11 +231,17 @@ func execScript(ctx context.Context, db DB, script string) error {
 // is safe to run concurrently and repeatedly. With Options.Logger it then
 // logs a warning for each finding of Check (and one if Check fails).
 func (b *Backend) Migrate(ctx context.Context) error {
-	if err := execScript(ctx, b.db, schemaFor(b.table)); err != nil {
-		return fmt.Errorf("mysqllock: migrate %s: %w", b.table, err)
+	return migrate(ctx, b.db, b.table, &b.warn, b.Check)
+}
+
+// migrate creates the schema of table and reports the server's unsafe
+// settings through w.
+func migrate(ctx context.Context, db querier, table string, w *warner, check func(context.Context) ([]Finding, error)) error {
+	if err := execScript(ctx, db, schemaFor(table)); err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
 	}
-	if err := b.warn.warn(ctx, b.Check); err != nil {
-		b.warn.log.WarnContext(ctx, "mysqllock: could not check the server's settings", "err", err)
+	if err := w.warn(ctx, check); err != nil {
+		w.log.WarnContext(ctx, "mysqllock: could not check the server's settings", "err", err)
 	}
 	return nil
 }

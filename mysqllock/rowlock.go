@@ -52,6 +52,7 @@ type RowLock struct {
 	db    *sql.DB
 	s     *sessions
 	rows  string // quoted rows table
+	table string // the lease table, quoted, whose schema Migrate creates
 	mu    sync.Mutex
 	held  map[string]*rowHold
 	known map[string]struct{} // keys whose row exists
@@ -104,8 +105,16 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
 	}
-	return &RowLock{freed: make(chan struct{}), db: db, s: s, rows: base + "_rows`",
+	return &RowLock{freed: make(chan struct{}), db: db, s: s, rows: base + "_rows`", table: table,
 		held: make(map[string]*rowHold), known: make(map[string]struct{}), warn: warner{log: logger(opts)}}, nil
+}
+
+// Migrate creates the tables of Options.Table if they are missing (the same
+// schema as the lease strategy's, so that any strategy's Migrate serves all
+// three), and logs the server settings that break a guarantee (see Check)
+// when Options.Logger is set.
+func (r *RowLock) Migrate(ctx context.Context) error {
+	return migrate(ctx, r.db, r.table, &r.warn, r.Check)
 }
 
 // Close rolls back every held lock and returns the pinned connections.
