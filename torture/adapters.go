@@ -417,10 +417,17 @@ func openMySQL(a OpenArgs, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend
 	if err != nil {
 		return nil, nil, err
 	}
+	opts := &mysqllock.Options{Table: a.Store}
 	if a.PoolSize > 0 {
+		// A small pool is the application's; dlock's sessions are pinned
+		// outside it, as mysqllock documents for small pools.
 		db.SetMaxOpenConns(a.PoolSize)
+		if opts.Connector, err = mysql.NewConnector(cfg); err != nil {
+			db.Close()
+			return nil, nil, err
+		}
 	}
-	b, err := newB(db, &mysqllock.Options{Table: a.Store})
+	b, err := newB(db, opts)
 	if err != nil {
 		db.Close()
 		return nil, nil, err
