@@ -213,8 +213,13 @@ func (b *Backend) name(key string, id clientv3.LeaseID) string {
 
 // keyOf returns the dlock key of an entry's etcd key, and false for keys that
 // are not entries.
-func (b *Backend) keyOf(name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, b.prefix)
+func (b *Backend) keyOf(name string) (string, bool) { return EntryKey(b.prefix, name) }
+
+// EntryKey returns the dlock key of an entry's etcd key under prefix (the
+// Backend's Options.Prefix), and false for keys that are not entries. Tools
+// that read the store's layout use it.
+func EntryKey(prefix, name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, prefix)
 	if !ok {
 		return "", false
 	}

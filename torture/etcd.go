@@ -11,8 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -459,7 +457,7 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 		recv := int64(0)
 		for _, c := range changes[i:j] {
 			recv = max(recv, c.RecvUs)
-			key, ok := etcdEntryKey(prefix, c.Name)
+			key, ok := etcdlock.EntryKey(prefix, c.Name)
 			if !ok {
 				return nil, 0, fmt.Errorf("revision %d: %q is not an etcdlock entry under %q", c.Rev, c.Name, prefix)
 			}
@@ -529,27 +527,6 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 	return out, live, nil
 }
 
-// etcdUnescaper inverts etcdlock's escaping of a dlock key in its directory
-// name ('%' → "%25", '/' → "%2F"; unexported there).
-var etcdUnescaper = strings.NewReplacer("%2F", "/", "%25", "%")
-
-// etcdEntryKey returns the dlock key of the entry name under prefix
-// ("<prefix><escaped key>/<lease id, 16 hex digits>"), as etcdlock's keyOf
-// reads it, and false if name is not an entry.
-func etcdEntryKey(prefix, name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, prefix)
-	if !ok {
-		return "", false
-	}
-	esc, id, ok := strings.Cut(rest, "/")
-	if !ok || esc == "" || len(id) != 16 {
-		return "", false
-	}
-	if _, err := strconv.ParseUint(id, 16, 64); err != nil {
-		return "", false
-	}
-	return etcdUnescaper.Replace(esc), true
-}
 
 // etcdToken reads the token of an entry's JSON value.
 func etcdToken(value string) ([16]byte, error) {

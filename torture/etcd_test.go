@@ -171,8 +171,8 @@ func TestEtcdEntryKeyAsEtcdlock(t *testing.T) {
 			t.Fatalf("%q: etcdlock listed from %q", key, c.from)
 		}
 		name := etcdName(esc, uint64(0xfeed0000+i))
-		if got, ok := etcdEntryKey(etcdPrefix, name); !ok || got != key {
-			t.Errorf("etcdEntryKey(%q) = %q, %v; want %q", name, got, ok, key)
+		if got, ok := etcdlock.EntryKey(etcdPrefix, name); !ok || got != key {
+			t.Errorf("etcdlock.EntryKey(%q) = %q, %v; want %q", name, got, ok, key)
 		}
 		c.kvs = []*mvccpb.KeyValue{{Key: []byte(name), CreateRevision: 42, Value: []byte(etcdValue(byte(i + 1)))}}
 		infos, err := b.List(context.Background(), "")
@@ -198,7 +198,7 @@ func TestEtcdEntryKeyAsEtcdlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, ok := etcdEntryKey(etcdPrefix, name)
+		_, ok := etcdlock.EntryKey(etcdPrefix, name)
 		if ok || len(infos) != 0 {
 			t.Errorf("%q: etcdEntryKey says entry: %v; etcdlock lists %+v", name, ok, infos)
 		}

@@ -3,7 +3,6 @@ package torture
 import (
 	"context"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -430,7 +429,7 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 				switch o.Type {
 				case zkOpCreate, zkOpCreate2, zkOpCreateContainer, zkOpCreateTTL:
 					if k == nil {
-						key, ok := zkKeyUnescape(dir)
+						key, ok := zklock.KeyOfNode(dir)
 						if !ok {
 							return nil, nil, fmt.Errorf("zxid %#x: %s is not a key directory of zklock", t.Zxid, o.Path)
 						}
@@ -572,28 +571,3 @@ func zkSeq(name string) (int64, bool) {
 	return n, err == nil
 }
 
-// zkKeyUnescape inverts zklock's key escaping ("k", then %XX for bytes other than ASCII letters,
-// digits and "-_.~:@").
-func zkKeyUnescape(name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, "k")
-	if !ok || rest == "" {
-		return "", false
-	}
-	var sb strings.Builder
-	for i := 0; i < len(rest); i++ {
-		if rest[i] != '%' {
-			sb.WriteByte(rest[i])
-			continue
-		}
-		if i+3 > len(rest) {
-			return "", false
-		}
-		b, err := hex.DecodeString(rest[i+1 : i+3])
-		if err != nil {
-			return "", false
-		}
-		sb.WriteByte(b[0])
-		i += 2
-	}
-	return sb.String(), true
-}

@@ -255,6 +255,11 @@ func keyEscape(key string) string {
 	return sb.String()
 }
 
+// KeyOfNode returns the dlock key that a key's znode name (one path element
+// under the Backend's root) stands for, and false for names the Backend
+// cannot have made. Tools that read the store's layout use it.
+func KeyOfNode(name string) (string, bool) { return keyUnescape(name) }
+
 // keyUnescape inverts keyEscape; false for names it cannot have made.
 func keyUnescape(name string) (string, bool) {
 	rest, ok := strings.CutPrefix(name, "k")
