@@ -527,7 +527,6 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 	return out, live, nil
 }
 
-
 // etcdToken reads the token of an entry's JSON value.
 func etcdToken(value string) ([16]byte, error) {
 	var tok [16]byte

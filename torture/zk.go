@@ -570,4 +570,3 @@ func zkSeq(name string) (int64, bool) {
 	n, err := strconv.ParseInt(digits, 10, 64)
 	return n, err == nil
 }
-
