@@ -48,7 +48,7 @@ type env []string
 // stores returns the embedded default (a fresh state directory) and MariaDB.
 func stores(t *testing.T) map[string]env {
 	out := map[string]env{
-		"embedded": {"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="},
+		"embedded": {"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"},
 	}
 	e := mysqlStore(t)
 	if e == nil {
@@ -101,10 +101,28 @@ type result struct {
 	stdout, stderr string
 }
 
+// command returns the binary with args, its environment the test's with e
+// applied: "NAME=value" sets NAME, "-NAME" removes it.
 func command(e env, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
 	cmd := exec.Command(binary, args...)
+	drop := map[string]bool{}
+	var set []string
+	for _, kv := range e {
+		if name, ok := strings.CutPrefix(kv, "-"); ok {
+			drop[name] = true
+			continue
+		}
+		name, _, _ := strings.Cut(kv, "=")
+		drop[name] = true
+		set = append(set, kv)
+	}
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); !drop[name] {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	// The binary is built with -race; do not let it sleep 1s at exit.
-	cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), e...)
+	cmd.Env = append(append(cmd.Env, "GORACE=atexit_sleep_ms=0"), set...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	return cmd, &stdout, &stderr
@@ -341,7 +359,7 @@ func TestLockLossStopsChild(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	e := env{"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="}
+	e := env{"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"}
 	for _, args := range [][]string{
 		{"run", "k"},
 		{"run", "k", "true"},
@@ -392,7 +410,7 @@ func TestUsageErrors(t *testing.T) {
 // read as a URL.
 func TestEmbeddedStorePath(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state #1?%zz")
-	e := env{"XDG_STATE_HOME=" + dir, "DLOCK_DB="}
+	e := env{"XDG_STATE_HOME=" + dir, "-DLOCK_DB"}
 	if r := run(t, e, "run", "k", "--", "true"); r.code != 0 {
 		t.Fatalf("dlock run with XDG_STATE_HOME=%q: exit %d %s", dir, r.code, r.stderr)
 	}
