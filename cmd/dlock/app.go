@@ -88,6 +88,8 @@ func (a *app) main(args []string) int {
 	a.stopWatch = a.watchSignals()
 	defer func() { a.stopWatch() }()
 
+	// A mistyped command line may make the flag parser echo a store URL.
+	a.secrets = urlSecrets(append(args, os.Getenv("DLOCK_DB")))
 	root := a.rootCmd()
 	root.SetArgs(args)
 	root.SetOut(a.stdout)

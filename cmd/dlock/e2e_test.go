@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -28,6 +29,10 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if fuzzing := flag.Lookup("test.fuzz"); fuzzing != nil && fuzzing.Value.String() != "" || flag.Lookup("test.fuzzworker").Value.String() == "true" {
+		os.Exit(m.Run()) // the fuzz targets run in the process
+	}
 	dir, err := os.MkdirTemp("", "dlock-e2e")
 	if err != nil {
 		panic(err)

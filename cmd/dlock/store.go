@@ -69,7 +69,7 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.secrets = spec.secrets
+	a.secrets = append(a.secrets, spec.secrets...)
 	if a.beforeIO != nil {
 		return nil, a.beforeIO(spec)
 	}

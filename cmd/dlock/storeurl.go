@@ -245,7 +245,7 @@ func urlErrText(err error) string {
 	return strings.Join(strings.Fields(msg), " ")
 }
 
-var passwordParamRE = regexp.MustCompile(`(?:^|&)(?:password|sslpassword)=([^&]*)`)
+var passwordParamRE = regexp.MustCompile(`(?:^|[&?])(?:password|sslpassword)=([^&#]*)`)
 
 var quotedRE = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
@@ -258,4 +258,32 @@ func redactErr(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// urlSecrets returns what may be passwords in the store URLs among args,
+// parsed or not: the text between the user name and the last '@', and the
+// values of password parameters.
+func urlSecrets(args []string) []string {
+	var out []string
+	add := func(p string) {
+		out = append(out, p)
+		if d, err := url.PathUnescape(p); err == nil && d != p {
+			out = append(out, d)
+		}
+	}
+	for _, arg := range args {
+		_, rest, ok := strings.Cut(arg, "://")
+		if !ok {
+			continue
+		}
+		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				add(pw)
+			}
+		}
+		for _, m := range passwordParamRE.FindAllStringSubmatch(rest, -1) {
+			add(m[1])
+		}
+	}
+	return out
 }
