@@ -249,7 +249,7 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
 	child.Env = append(childEnviron(),
 		"DLOCK_KEY="+lk.Key(),
-		"DLOCK_TOKEN="+strconv.FormatUint(lk.Token(), 10),
+		"DLOCK_TOKEN="+strconv.FormatUint(lk.Fence(), 10),
 		"DLOCK_OWNER="+lk.Owner())
 	// Run from cron, systemd or a script, COMMAND gets its own process group,
 	// so that forwarded signals and the SIGTERM and SIGKILL of a lost lock
