@@ -223,7 +223,7 @@ Stores (--db or $DLOCK_DB):
 	root.PersistentFlags().StringVar(&a.db, "db", "", "lock store URL (default $DLOCK_DB, else the embedded SQLite store)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", defaultTimeout, "bound on each store call that does not wait for the lock (connecting included)")
 	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log renewal failures and lock losses to stderr")
-	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.versionCmd())
+	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.doctorCmd(), a.versionCmd())
 	return root
 }
 

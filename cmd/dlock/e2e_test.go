@@ -467,8 +467,11 @@ func startProc(t *testing.T, bin string, args ...string) *testproc.Proc {
 }
 
 // postgresStore migrates and returns the PostgreSQL store on 127.0.0.1:5432,
-// or nil (failing under CI=true) when there is none.
+// or nil (failing under CI=true) when there is none, and with -short.
 func postgresStore(t *testing.T) env {
+	if testing.Short() {
+		return nil
+	}
 	e := env{"DLOCK_DB=postgres://postgres@127.0.0.1:5432/test?sslmode=disable&table=dlock_cli_test"}
 	if r := run(t, e, "migrate"); r.code != 0 {
 		if os.Getenv("CI") == "true" {

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dlock-dev/dlock/internal/testproc"
 )
 
 // The outage tests run the binary against stores that are down (a closed
@@ -81,6 +83,7 @@ func oneLine(t *testing.T, what, stderr string) {
 // with 70 and one line, never with the conflict code (or 0 with
 // --conflict-exit-code 0), whatever --wait says.
 func TestStoreDownIsFailure(t *testing.T) {
+	testproc.Short(t, "minutes of store timeouts")
 	for scheme, url := range storeURLs(closedAddr(t)) {
 		t.Run(scheme, func(t *testing.T) {
 			t.Parallel()
@@ -112,6 +115,7 @@ func TestStoreDownIsFailure(t *testing.T) {
 // answers ends every command with 70 and one line within its --timeout (each
 // store call is bounded).
 func TestSilentStore(t *testing.T) {
+	testproc.Short(t, "minutes of store timeouts")
 	addr, _ := silentServer(t)
 	for scheme, url := range storeURLs(addr) {
 		t.Run(scheme, func(t *testing.T) {
@@ -145,6 +149,7 @@ func TestSilentStore(t *testing.T) {
 // while it talks to a store that never answers (default bounds: the signal
 // must not wait for them).
 func TestSignalEndsDlock(t *testing.T) {
+	testproc.Short(t, "minutes of store timeouts")
 	addr, accepted := silentServer(t)
 	var mu sync.Mutex // one process at a time: "accepted" is shared
 	for scheme, url := range storeURLs(addr) {

@@ -30,6 +30,7 @@ type store struct {
 	migrate  func(context.Context) error
 	schema   string
 	claims   *claims // the strategy of each key, for stores with several
+	doctor   doctorFunc
 	strategy string
 	close    func() error
 }
@@ -122,7 +123,7 @@ func openSQLite(path string, embedded bool) (*store, error) {
 		return nil, failure(err)
 	}
 	return &store{name: "sqlite://" + path, embedded: embedded, backend: b, migrate: b.Migrate,
-		schema: sqlitelock.Schema(), close: b.Close}, nil
+		schema: sqlitelock.Schema(), doctor: sqliteDoctor(path), close: b.Close}, nil
 }
 
 func openMySQL(spec *storeSpec) (*store, error) {
@@ -176,8 +177,11 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		}
 		return cl.migrate(ctx)
 	}
+	checker, _ := backend.(interface {
+		Check(context.Context) ([]mysqllock.Finding, error)
+	})
 	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		claims: cl, close: closeAll}, nil
+		claims: cl, doctor: mysqlDoctor(checker), close: closeAll}, nil
 }
 
 // explain turns store errors into messages that name the fix.
@@ -220,7 +224,7 @@ func openRedis(spec *storeSpec) (*store, error) {
 	}
 	ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
 	return &store{name: spec.name, backend: b, migrate: ping,
-		schema: "-- Redis needs no schema.", close: c.Close}, nil
+		schema: "-- Redis needs no schema.", doctor: redisDoctor(c), close: c.Close}, nil
 }
 
 // quietRedis drops go-redis's own log lines (a failed dial logs one per
@@ -296,5 +300,5 @@ func openPostgres(ctx context.Context, spec *storeSpec) (*store, error) {
 		return cl.migrate(ctx)
 	}
 	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		claims: cl, close: closeAll}, nil
+		claims: cl, doctor: pgDoctor(pool), close: closeAll}, nil
 }

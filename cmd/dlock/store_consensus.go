@@ -47,7 +47,8 @@ func openEtcd(spec *storeSpec) (*store, error) {
 		_, err := c.Get(ctx, "dlock-ping", clientv3.WithCountOnly())
 		return err
 	}
-	return &store{name: spec.name, backend: b, migrate: ping, schema: "-- etcd needs no schema.", close: closeAll}, nil
+	return &store{name: spec.name, backend: b, migrate: ping, schema: "-- etcd needs no schema.",
+		doctor: etcdDoctor(cfg.Endpoints, false), close: closeAll}, nil
 }
 
 // openZooKeeper opens zk://host:2181[,host2:2181…][?root=/dlock&session=30s].
@@ -71,7 +72,8 @@ func openZooKeeper(spec *storeSpec) (*store, error) {
 		_, _, err := c.Exists("/")
 		return err
 	}
-	return &store{name: spec.name, backend: b, migrate: ping, schema: "-- ZooKeeper needs no schema.", close: closeConn}, nil
+	return &store{name: spec.name, backend: b, migrate: ping, schema: "-- ZooKeeper needs no schema.",
+		doctor: zkDoctor(c), close: closeConn}, nil
 }
 
 // quietZK drops the ZooKeeper client's connection chatter.
