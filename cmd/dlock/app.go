@@ -201,7 +201,11 @@ Stores (--db or $DLOCK_DB):
   zk://host:2181[,host2:2181…][?root=/dlock&session=30s]   (--ttl at most the session)
   sqlite:///path/to/locks.db
   (none)  the embedded default: a SQLite file in $XDG_STATE_HOME/dlock/locks.db
-          (else ~/.local/state/dlock/locks.db), for processes of one host`,
+          (else ~/.local/state/dlock/locks.db), for processes of one host
+
+Percent-encode / ? # @ % in user names, passwords and parameter values
+(# is %23). An empty --db or $DLOCK_DB is an error: leave both unset for the
+embedded store.`,
 		Example: `  dlock run --wait 0 nightly-report -- /usr/local/bin/report
   dlock --db mysql://cron:secret@db:3306/ops migrate
   dlock --db mysql://cron:secret@db:3306/ops list --json`,

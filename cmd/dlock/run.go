@@ -45,9 +45,11 @@ dlock exits with 76. If dlock itself dies, COMMAND is killed (Linux
 parent-death signal).
 
 Exit status: COMMAND's (128+N if signal N killed it); 75 (or
---conflict-exit-code) when the lock was not obtained within --wait; 128+N when
-signal N interrupted the wait; 76 when the lock was lost; 64 on bad usage; 70
-when the store failed.`,
+--conflict-exit-code) when the store said KEY was held until --wait ran out;
+128+N when signal N ended dlock before COMMAND started; 76 when the lock was
+lost while COMMAND ran, also when that is found only at the release; 64 on
+bad usage (and for a key used with another strategy); 70 when the store
+failed, did not answer within --timeout, or never answered during --wait.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
   # (-q: a run skipped because another machine has the lock sends no mail)
   */5 * * * * dlock run -q --db mysql://cron:secret@db:3306/ops --wait 0 nightly-report -- /usr/local/bin/report
