@@ -49,25 +49,29 @@ func bounded[T any](g *guard, ctx context.Context, what string, f func(ctx conte
 		err error
 	}
 	cctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel() // also ends an abandoned f's call
 	done := make(chan result, 1)
 	go func() {
-		defer cancel()
 		v, err := f(cctx)
 		done <- result{v, err}
 	}()
-	var zero T
+	var r result
 	select {
-	case r := <-done:
-		if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
-			return r.v, fmt.Errorf("%w to %s within %s (--timeout): %w", errNoAnswer, what, g.timeout, r.err)
-		}
-		return r.v, r.err
+	case r = <-done:
 	case <-cctx.Done():
-		if err := ctx.Err(); err != nil {
-			return zero, err
+		select {
+		case r = <-done: // f returned as the bound came: its answer counts
+		default:
+			if err := ctx.Err(); err != nil {
+				return r.v, err
+			}
+			return r.v, fmt.Errorf("%w to %s within %s (--timeout)", errNoAnswer, what, g.timeout)
 		}
-		return zero, fmt.Errorf("%w to %s within %s (--timeout)", errNoAnswer, what, g.timeout)
 	}
+	if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+		return r.v, fmt.Errorf("%w to %s within %s (--timeout): %w", errNoAnswer, what, g.timeout, r.err)
+	}
+	return r.v, r.err
 }
 
 // call is bounded for f without a value.
