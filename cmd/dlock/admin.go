@@ -26,7 +26,7 @@ func (a *app) listCmd() *cobra.Command {
 			if len(args) == 1 {
 				prefix = args[0]
 			}
-			ctx := context.Background()
+			ctx := a.ctx
 			s, err := a.openStore(ctx, false)
 			if err != nil {
 				return err
@@ -34,7 +34,7 @@ func (a *app) listCmd() *cobra.Command {
 			defer s.close()
 			locks, err := dlock.New(s.backend, nil).List(ctx, prefix)
 			if err != nil {
-				return failure(s.explain(err))
+				return a.storeErr(s, err)
 			}
 			if asJSON {
 				return a.printJSON(locks)
@@ -103,18 +103,24 @@ exits 1 when KEY is not held.`,
 			if !force {
 				return usageError("refusing to free %q held by someone else without --force", args[0])
 			}
-			ctx := context.Background()
+			ctx := a.ctx
 			s, err := a.openStore(ctx, false)
 			if err != nil {
 				return err
 			}
 			defer s.close()
+			if s.claims != nil {
+				err := s.guard.call(ctx, "the strategy check", func(ctx context.Context) error { return s.claims.check(ctx, args[0]) })
+				if err != nil {
+					return a.storeErr(s, err)
+				}
+			}
 			err = dlock.New(s.backend, nil).ForceRelease(ctx, args[0])
 			switch {
 			case errors.Is(err, dlock.ErrNotHeld):
 				return &exitError{code: 1, err: fmt.Errorf("%q is not held", args[0])}
 			case err != nil:
-				return failure(s.explain(err))
+				return a.storeErr(s, err)
 			}
 			fmt.Fprintf(a.stdout, "released %q\n", args[0])
 			return nil
@@ -131,7 +137,7 @@ func (a *app) migrateCmd() *cobra.Command {
   dlock migrate --print > schema.sql`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			ctx := context.Background()
+			ctx := a.ctx
 			s, err := a.openStore(ctx, true)
 			if err != nil {
 				return err
@@ -145,7 +151,7 @@ func (a *app) migrateCmd() *cobra.Command {
 				return nil
 			}
 			if err := s.migrate(ctx); err != nil {
-				return failure(s.explain(err))
+				return a.storeErr(s, err)
 			}
 			fmt.Fprintf(a.stdout, "migrated %s\n", s.name)
 			return nil

@@ -1,14 +1,21 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
+	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 )
 
 // Exit codes of dlock itself; a command run by `dlock run` passes its own
@@ -17,8 +24,16 @@ const (
 	exitUsage    = 64 // bad flags or arguments (EX_USAGE)
 	exitFailure  = 70 // the store failed or another error (EX_SOFTWARE)
 	exitConflict = 75 // default for "lock held by someone else" (EX_TEMPFAIL)
-	exitLockLost = 76 // the lock was lost while the command ran
+	exitLockLost = 76 // the lock was lost while the command ran, or found lost at release
 )
+
+// DefaultTimeout bounds each store call that does not wait for a holder.
+const defaultTimeout = 10 * time.Second
+
+// signalGrace is how long dlock gives a command to end by itself after a
+// signal cancelled it (a store client may not honour cancellation) before it
+// exits anyway.
+const signalGrace = 3 * time.Second
 
 // version is set at build time with -ldflags "-X main.version=…".
 var version = ""
@@ -42,28 +57,100 @@ type app struct {
 	stdout, stderr io.Writer
 	log            *slog.Logger
 	db             string // --db
+	dbSet          bool   // --db was given, maybe empty
+	timeout        time.Duration
 	verbose        bool
+	secrets        []string // passwords of the store URL: never printed
+
+	// beforeIO, if set, is called with the parsed store URL instead of
+	// opening the store (for tests of argument handling).
+	beforeIO func(*storeSpec) error
+
+	// ctx is cancelled by SIGINT, SIGTERM or SIGHUP, except while `run`
+	// forwards them to its command (see watchSignals).
+	ctx       context.Context
+	cancel    context.CancelFunc
+	sigs      chan os.Signal
+	stopWatch func() // stops the current watchSignals
+
+	mu          sync.Mutex
+	interrupted syscall.Signal // the signal that cancelled ctx, or 0
 }
 
 func newApp(stdout, stderr io.Writer) *app { return &app{stdout: stdout, stderr: stderr} }
 
 func (a *app) main(args []string) int {
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	defer a.cancel()
+	a.sigs = make(chan os.Signal, 4)
+	signal.Notify(a.sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(a.sigs)
+	a.stopWatch = a.watchSignals()
+	defer func() { a.stopWatch() }()
+
+	// A mistyped command line may make the flag parser echo a store URL.
+	a.secrets = urlSecrets(append(args, os.Getenv("DLOCK_DB")))
 	root := a.rootCmd()
 	root.SetArgs(args)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
 	err := root.Execute()
 	var ee *exitError
+	sig := a.interruptedBy()
 	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &ee):
+	case errors.As(err, &ee) && (sig == 0 || ee.code == 128+int(sig)):
 		if ee.err != nil {
 			a.printErr(ee.err)
 		}
 		return ee.code
+	case sig != 0:
+		a.printErr(fmt.Errorf("interrupted by %s", unix.SignalName(sig)))
+		return 128 + int(sig)
+	case err == nil:
+		return 0
 	default: // cobra's own flag and argument errors
 		a.printErr(err)
 		return exitUsage
 	}
+}
+
+// watchSignals cancels a.ctx at the first SIGINT, SIGTERM or SIGHUP, and
+// exits with 128+N if the command has not ended signalGrace later (or at a
+// second signal): a signal always ends dlock. stop stops watching, so that
+// `run` can forward signals to its command.
+func (a *app) watchSignals() (stop func()) {
+	stopc, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		var sig os.Signal
+		select {
+		case sig = <-a.sigs:
+		case <-stopc:
+			return
+		}
+		sn := sig.(syscall.Signal)
+		a.mu.Lock()
+		a.interrupted = sn
+		a.mu.Unlock()
+		a.cancel()
+		select {
+		case <-time.After(signalGrace):
+		case <-a.sigs:
+		case <-stopc:
+			return
+		}
+		a.printErr(fmt.Errorf("interrupted by %s", unix.SignalName(sn)))
+		os.Exit(128 + int(sn))
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(stopc); <-done }) }
+}
+
+// interruptedBy returns the signal that cancelled a.ctx, or 0.
+func (a *app) interruptedBy() syscall.Signal {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.interrupted
 }
 
 func usageError(format string, args ...any) error {
@@ -80,9 +167,19 @@ func failure(err error) error {
 	return &exitError{code: exitFailure, err: err}
 }
 
-// printErr prints an error once prefixed with "dlock:".
+// printErr prints an error on one line prefixed with "dlock:", without the
+// store URL's passwords.
 func (a *app) printErr(err error) {
-	msg := err.Error()
+	lines := strings.FieldsFunc(err.Error(), func(r rune) bool { return r == '\n' || r == '\r' })
+	for i, l := range lines {
+		lines[i] = strings.TrimSpace(l)
+	}
+	msg := strings.Join(lines, " ")
+	for _, p := range a.secrets {
+		if len(p) >= minScrub {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+	}
 	if !strings.HasPrefix(msg, "dlock: ") {
 		msg = "dlock: " + msg
 	}
@@ -104,23 +201,33 @@ Stores (--db or $DLOCK_DB):
   zk://host:2181[,host2:2181…][?root=/dlock&session=30s]   (--ttl at most the session)
   sqlite:///path/to/locks.db
   (none)  the embedded default: a SQLite file in $XDG_STATE_HOME/dlock/locks.db
-          (else ~/.local/state/dlock/locks.db), for processes of one host`,
+          (else ~/.local/state/dlock/locks.db), for processes of one host
+
+Percent-encode / ? # @ % in user names, passwords and parameter values
+(# is %23). An empty --db or $DLOCK_DB is an error: leave both unset for the
+embedded store.`,
 		Example: `  dlock run --wait 0 nightly-report -- /usr/local/bin/report
   dlock --db mysql://cron:secret@db:3306/ops migrate
   dlock --db mysql://cron:secret@db:3306/ops list --json`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(*cobra.Command, []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			a.dbSet = cmd.Flags().Changed("db")
+			if a.timeout <= 0 {
+				return usageError("--timeout %s is not positive", a.timeout)
+			}
 			level := slog.LevelError + 1 // silent
 			if a.verbose {
 				level = slog.LevelDebug
 			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+			return nil
 		},
 	}
 	root.PersistentFlags().StringVar(&a.db, "db", "", "lock store URL (default $DLOCK_DB, else the embedded SQLite store)")
+	root.PersistentFlags().DurationVar(&a.timeout, "timeout", defaultTimeout, "bound on each store call that does not wait for the lock (connecting included)")
 	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log renewal failures and lock losses to stderr")
-	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.versionCmd())
+	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.doctorCmd(), a.versionCmd())
 	return root
 }
 

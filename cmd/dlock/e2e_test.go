@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -28,6 +29,10 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if fuzzing := flag.Lookup("test.fuzz"); fuzzing != nil && fuzzing.Value.String() != "" || flag.Lookup("test.fuzzworker").Value.String() == "true" {
+		os.Exit(m.Run()) // the fuzz targets run in the process
+	}
 	dir, err := os.MkdirTemp("", "dlock-e2e")
 	if err != nil {
 		panic(err)
@@ -48,7 +53,7 @@ type env []string
 // stores returns the embedded default (a fresh state directory) and MariaDB.
 func stores(t *testing.T) map[string]env {
 	out := map[string]env{
-		"embedded": {"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="},
+		"embedded": {"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"},
 	}
 	e := mysqlStore(t)
 	if e == nil {
@@ -101,10 +106,28 @@ type result struct {
 	stdout, stderr string
 }
 
+// command returns the binary with args, its environment the test's with e
+// applied: "NAME=value" sets NAME, "-NAME" removes it.
 func command(e env, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
 	cmd := exec.Command(binary, args...)
+	drop := map[string]bool{}
+	var set []string
+	for _, kv := range e {
+		if name, ok := strings.CutPrefix(kv, "-"); ok {
+			drop[name] = true
+			continue
+		}
+		name, _, _ := strings.Cut(kv, "=")
+		drop[name] = true
+		set = append(set, kv)
+	}
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); !drop[name] {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	// The binary is built with -race; do not let it sleep 1s at exit.
-	cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=0"), e...)
+	cmd.Env = append(append(cmd.Env, "GORACE=atexit_sleep_ms=0"), set...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	return cmd, &stdout, &stderr
@@ -341,7 +364,7 @@ func TestLockLossStopsChild(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	e := env{"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="}
+	e := env{"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"}
 	for _, args := range [][]string{
 		{"run", "k"},
 		{"run", "k", "true"},
@@ -392,7 +415,7 @@ func TestUsageErrors(t *testing.T) {
 // read as a URL.
 func TestEmbeddedStorePath(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state #1?%zz")
-	e := env{"XDG_STATE_HOME=" + dir, "DLOCK_DB="}
+	e := env{"XDG_STATE_HOME=" + dir, "-DLOCK_DB"}
 	if r := run(t, e, "run", "k", "--", "true"); r.code != 0 {
 		t.Fatalf("dlock run with XDG_STATE_HOME=%q: exit %d %s", dir, r.code, r.stderr)
 	}
@@ -444,8 +467,11 @@ func startProc(t *testing.T, bin string, args ...string) *testproc.Proc {
 }
 
 // postgresStore migrates and returns the PostgreSQL store on 127.0.0.1:5432,
-// or nil (failing under CI=true) when there is none.
+// or nil (failing under CI=true) when there is none, and with -short.
 func postgresStore(t *testing.T) env {
+	if testing.Short() {
+		return nil
+	}
 	e := env{"DLOCK_DB=postgres://postgres@127.0.0.1:5432/test?sslmode=disable&table=dlock_cli_test"}
 	if r := run(t, e, "migrate"); r.code != 0 {
 		if os.Getenv("CI") == "true" {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,9 +45,11 @@ dlock exits with 76. If dlock itself dies, COMMAND is killed (Linux
 parent-death signal).
 
 Exit status: COMMAND's (128+N if signal N killed it); 75 (or
---conflict-exit-code) when the lock was not obtained within --wait; 128+N when
-signal N interrupted the wait; 76 when the lock was lost; 64 on bad usage; 70
-when the store failed.`,
+--conflict-exit-code) when the store said KEY was held until --wait ran out;
+128+N when signal N ended dlock before COMMAND started; 76 when the lock was
+lost while COMMAND ran, also when that is found only at the release; 64 on
+bad usage (and for a key used with another strategy); 70 when the store
+failed, did not answer within --timeout, or never answered during --wait.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
   # (-q: a run skipped because another machine has the lock sends no mail)
   */5 * * * * dlock run -q --db mysql://cron:secret@db:3306/ops --wait 0 nightly-report -- /usr/local/bin/report
@@ -88,41 +89,60 @@ func (r *runCmd) run(key string, argv []string) error {
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		return usageError("%v", err)
 	}
-	// Signals while waiting abort the wait; later they go to COMMAND.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
+	ctx := r.a.ctx // cancelled by a signal until COMMAND starts
 	s, err := r.a.openStore(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer s.close()
+	if s.embedded && !r.quiet && !stdinTerminal() {
+		fmt.Fprintf(r.a.stderr, "dlock: no --db or $DLOCK_DB: using this host's embedded store %s, which excludes only processes of this host\n", s.name)
+	}
+	if s.claims != nil {
+		err := s.guard.call(ctx, "the strategy check", func(ctx context.Context) error { return s.claims.claim(ctx, key) })
+		if err != nil {
+			return r.a.storeErr(s, err)
+		}
+	}
 	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log})
 	defer locker.Close(context.Background())
 
-	lk, err := r.acquire(ctx, locker, key, sigs)
+	lk, err := r.acquire(ctx, locker, s, key)
 	if err != nil {
 		var ee *exitError
 		if errors.As(err, &ee) {
 			return err
 		}
-		return failure(s.explain(err))
+		return r.a.storeErr(s, err)
 	}
-	return r.supervise(lk, argv, sigs)
+	return r.supervise(lk, argv)
+}
+
+// storeErr is the exit error for a store call's err: usage for a key of
+// another strategy, 128+N after signal N, else a failure.
+func (a *app) storeErr(s *store, err error) error {
+	if sig := a.interruptedBy(); sig != 0 {
+		return &exitError{code: 128 + int(sig), err: fmt.Errorf("interrupted by %s", unix.SignalName(sig))}
+	}
+	if errors.Is(err, errOtherStrategy) {
+		return usageError("%s: %w", s.name, err)
+	}
+	return failure(s.explain(err))
 }
 
 // acquire takes the lock, showing a status line on a terminal while waiting.
 // When the lock is not obtained, or a signal interrupts the wait, it says so
-// (unless -q) and returns an *exitError with the exit status.
-func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, sigs <-chan os.Signal) (*dlock.Lock, error) {
+// (unless -q) and returns an *exitError with the exit status. A wait that
+// runs out while the store fails, or before the store ever answered, is a
+// failure, not a conflict.
+func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, key string) (*dlock.Lock, error) {
 	opts := []dlock.AcquireOption{dlock.WithOwner(r.owner)}
 	if r.wait == 0 {
 		lk, err := locker.TryAcquire(ctx, key, opts...)
 		var he *dlock.HeldError
 		switch {
+		case r.a.interruptedBy() != 0:
+			return nil, r.interrupted(lk, key, "")
 		case errors.As(err, &he):
 			return nil, r.notObtained(r.conflictCode, "%q is held%s (not waiting)", key, holderDetails(he.Holder))
 		case errors.Is(err, dlock.ErrNotAcquired):
@@ -135,8 +155,6 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, 
 		ctx, cancel = context.WithTimeout(ctx, r.wait)
 		defer cancel()
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 
 	var mu sync.Mutex
 	var holder *dlock.LockInfo // the last holder reported, if any
@@ -160,15 +178,6 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, 
 
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
-	var sig os.Signal // the signal that interrupted the wait; read after wg.Wait
-	wg.Go(func() {
-		select {
-		case sig = <-sigs:
-			cancel()
-		case <-ctx.Done():
-		case <-stop:
-		}
-	})
 	if status.w != nil {
 		// Stores that wait in the server report the holder once per wait
 		// (up to 30 s with MySQL): count the lease down in between.
@@ -197,16 +206,25 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, key string, 
 		details = ", held" + holderDetails(*h)
 	}
 	switch {
-	case sig != nil:
-		if lk != nil { // obtained as the signal came: do not start COMMAND
-			lk.Release(context.Background())
-		}
-		sn := sig.(syscall.Signal)
-		return nil, r.notObtained(128+int(sn), "interrupted by %s while waiting for %q%s", unix.SignalName(sn), key, details)
+	case r.a.interruptedBy() != 0:
+		return nil, r.interrupted(lk, key, details)
 	case errors.Is(err, dlock.ErrNotAcquired):
+		if ferr := s.guard.failed(); ferr != nil {
+			return nil, failure(s.explain(fmt.Errorf("gave up after %s waiting for %q: %w", r.wait, key, ferr)))
+		}
 		return nil, r.notObtained(r.conflictCode, "gave up after %s waiting for %q%s", r.wait, key, details)
 	}
 	return lk, err
+}
+
+// interrupted releases lk, if the lock was obtained as the signal came (the
+// command does not start), and returns the exit for the signal.
+func (r *runCmd) interrupted(lk *dlock.Lock, key, details string) error {
+	if lk != nil {
+		lk.Release(context.Background())
+	}
+	sig := r.a.interruptedBy()
+	return r.notObtained(128+int(sig), "interrupted by %s while waiting for %q%s", unix.SignalName(sig), key, details)
 }
 
 // notObtained says (unless -q) why the lock was not obtained, and returns an
@@ -219,14 +237,21 @@ func (r *runCmd) notObtained(code int, format string, args ...any) error {
 }
 
 // supervise runs COMMAND and the single select over its exit, signals and
-// lock loss.
-func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal) error {
+// lock loss, then releases the lock. A lock lost while COMMAND ran is exit
+// 76 whenever dlock learns it: during the run, or at the release.
+func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 	defer lk.Release(context.Background())
+	// From now on signals go to COMMAND.
+	r.a.stopWatch()
+	if r.a.interruptedBy() != 0 {
+		return r.interrupted(nil, lk.Key(), "")
+	}
+	sigs := r.a.sigs
 	child := exec.Command(argv[0], argv[1:]...)
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
 	child.Env = append(childEnviron(),
 		"DLOCK_KEY="+lk.Key(),
-		"DLOCK_TOKEN="+strconv.FormatUint(lk.Token(), 10),
+		"DLOCK_TOKEN="+strconv.FormatUint(lk.Fence(), 10),
 		"DLOCK_OWNER="+lk.Owner())
 	// Run from cron, systemd or a script, COMMAND gets its own process group,
 	// so that forwarded signals and the SIGTERM and SIGKILL of a lost lock
@@ -262,14 +287,13 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal)
 
 	var lost bool
 	var kill <-chan time.Time
+	var waitErr error
 	done := lk.Done()
+loop:
 	for {
 		select {
-		case err := <-exited:
-			if lost {
-				return &exitError{code: exitLockLost}
-			}
-			return &exitError{code: exitCode(err)}
+		case waitErr = <-exited:
+			break loop
 		case sig := <-sigs:
 			if interactive && sig == syscall.SIGINT {
 				// The terminal's Ctrl-C reached COMMAND with dlock, as they
@@ -286,6 +310,26 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string, sigs <-chan os.Signal)
 			signalJob(syscall.SIGKILL)
 		}
 	}
+	// Signals end dlock again; the release is bounded by --timeout.
+	r.a.stopWatch = r.a.watchSignals()
+	if lost {
+		return &exitError{code: exitLockLost}
+	}
+	code := exitCode(waitErr)
+	if time.Now().After(lk.Deadline()) {
+		// The lease ran out before its loss was noticed.
+		return &exitError{code: exitLockLost, err: fmt.Errorf("lock %q lost while the command ran (its lease ran out unrenewed); the command exited %d", lk.Key(), code)}
+	}
+	err := lk.Release(r.a.ctx)
+	switch {
+	case err == nil:
+	case errors.Is(err, dlock.ErrNotHeld):
+		return &exitError{code: exitLockLost, err: fmt.Errorf("lock %q lost while the command ran (found at release: %w); the command exited %d", lk.Key(), err, code)}
+	default:
+		// The lease was held when COMMAND ended; it expires by itself.
+		fmt.Fprintf(r.a.stderr, "dlock: could not release %q (%v): it is freed when its lease expires\n", lk.Key(), err)
+	}
+	return &exitError{code: code}
 }
 
 // childEnviron is dlock's environment for COMMAND, without DLOCK_DB: the

@@ -23,11 +23,16 @@ import (
 
 // store is an opened lock store.
 type store struct {
-	name    string // URL without password, for messages
-	backend dlock.Backend
-	migrate func(context.Context) error
-	schema  string
-	close   func() error
+	name     string // URL without password, for messages
+	embedded bool   // this host's embedded store
+	backend  dlock.Backend
+	guard    *guard // bounds backend's calls; nil until openStore wraps it
+	migrate  func(context.Context) error
+	schema   string
+	claims   *claims // the strategy of each key, for stores with several
+	doctor   doctorFunc
+	strategy string
+	close    func() error
 }
 
 // embeddedPath returns the file of the embedded default store.
@@ -43,71 +48,86 @@ func embeddedPath() (string, error) {
 	return filepath.Join(dir, "dlock", "locks.db"), nil
 }
 
-// openStore opens the store named by --db, else $DLOCK_DB, else the embedded
-// default. The embedded SQLite store creates its table on open; a MySQL store
-// must be migrated once with `dlock migrate`.
-func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
-	raw := a.db
-	if raw == "" {
-		raw = os.Getenv("DLOCK_DB")
+// storeSource returns the store URL and where it came from: --db, else
+// $DLOCK_DB, else "" (the embedded default).
+func (a *app) storeSource() (raw, source string) {
+	if a.dbSet {
+		return a.db, "--db"
 	}
-	if raw == "" {
-		// A path, not a URL: a state directory may contain '#', '?' or '%'.
-		path, err := embeddedPath()
-		if err != nil {
-			return nil, usageError("%w", err)
-		}
-		return openSQLite(ctx, path, forMigrate)
+	if v, ok := os.LookupEnv("DLOCK_DB"); ok {
+		return v, "$DLOCK_DB"
 	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, usageError("bad store URL: %v (want mysql://user:pass@host:3306/db or sqlite:///path/file.db)", redactErr(err))
-	}
-	if u.Opaque != "" {
-		// scheme:user:pass@host/db parses as a scheme and an opaque part,
-		// which Redacted does not hide: show the scheme alone.
-		return nil, usageError("bad store URL %s:… (the rest is not shown: it may hold a password): write %s://… as in mysql://user:pass@host:3306/db", u.Scheme, u.Scheme)
-	}
-	switch u.Scheme {
-	case "sqlite":
-		path := u.Path
-		if u.Host != "" { // sqlite://relative/path
-			path = filepath.Join(u.Host, u.Path)
-		}
-		return openSQLite(ctx, path, forMigrate)
-	case "mysql":
-		return openMySQL(u)
-	case "redis", "rediss":
-		return openRedis(raw, u)
-	case "postgres", "postgresql":
-		return openPostgres(ctx, u)
-	case "etcd":
-		return openEtcd(u)
-	case "zk", "zookeeper":
-		return openZooKeeper(u)
-	default:
-		return nil, usageError("unknown store %q in %s (want mysql://, postgres://, redis://, etcd://, zk:// or sqlite://)", u.Scheme, redacted(u))
-	}
+	return "", ""
 }
 
-// openSQLite opens the SQLite store in the file path, creating its table
-// unless this is for `dlock migrate`.
-func openSQLite(ctx context.Context, path string, forMigrate bool) (*store, error) {
-	b, err := sqlitelock.Open(path)
+// openStore opens the store named by --db, else $DLOCK_DB, else the embedded
+// default. The embedded SQLite store creates its table on open; a MySQL store
+// must be migrated once with `dlock migrate`. Every call to the store's
+// Backend and its migration is bounded by --timeout.
+func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
+	raw, source := a.storeSource()
+	spec, err := parseStore(raw, source)
 	if err != nil {
-		return nil, failure(err)
+		return nil, err
 	}
-	s := &store{name: "sqlite://" + path, backend: b, migrate: b.Migrate, schema: sqlitelock.Schema(), close: b.Close}
-	if !forMigrate {
-		if err := b.Migrate(ctx); err != nil {
-			b.Close()
-			return nil, failure(fmt.Errorf("embedded store %s: %w", path, err))
+	a.secrets = append(a.secrets, spec.secrets...)
+	if a.beforeIO != nil {
+		return nil, a.beforeIO(spec)
+	}
+	var s *store
+	switch spec.scheme {
+	case "sqlite":
+		path := spec.path
+		if spec.embedded {
+			// A path, not a URL: a state directory may contain '#', '?' or '%'.
+			if path, err = embeddedPath(); err != nil {
+				return nil, usageError("%w", err)
+			}
+		}
+		s, err = openSQLite(path, spec.embedded)
+	case "mysql":
+		s, err = openMySQL(spec)
+	case "redis", "rediss":
+		s, err = openRedis(spec)
+	case "postgres":
+		s, err = openPostgres(ctx, spec)
+	case "etcd":
+		s, err = openEtcd(spec)
+	case "zk":
+		s, err = openZooKeeper(spec)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.strategy = spec.strategy()
+	var g *guard
+	s.backend, g = newGuard(s.backend, a.timeout)
+	s.guard = g
+	migrate := s.migrate
+	s.migrate = func(ctx context.Context) error { return g.call(ctx, "the migration", migrate) }
+	if spec.scheme == "sqlite" && !forMigrate {
+		// A SQLite store creates its table on open.
+		if err := s.migrate(ctx); err != nil {
+			s.close()
+			return nil, failure(fmt.Errorf("store %s: %w", s.name, err))
 		}
 	}
 	return s, nil
 }
 
-func openMySQL(u *url.URL) (*store, error) {
+// openSQLite opens the SQLite store in the file path. The embedded store
+// creates its table on open.
+func openSQLite(path string, embedded bool) (*store, error) {
+	b, err := sqlitelock.Open(path)
+	if err != nil {
+		return nil, failure(err)
+	}
+	return &store{name: "sqlite://" + path, embedded: embedded, backend: b, migrate: b.Migrate,
+		schema: sqlitelock.Schema(), doctor: sqliteDoctor(path), close: b.Close}, nil
+}
+
+func openMySQL(spec *storeSpec) (*store, error) {
+	u := spec.u
 	cfg := mysql.NewConfig()
 	cfg.Net = "tcp"
 	cfg.Addr = u.Host
@@ -119,25 +139,10 @@ func openMySQL(u *url.URL) (*store, error) {
 	cfg.DBName = trimSlash(u.Path)
 	cfg.Timeout = 5 * time.Second
 	cfg.InterpolateParams = true
-	q := u.Query()
-	opts := &mysqllock.Options{Table: q.Get("table")}
-	for k := range q {
-		if k != "table" && k != "strategy" {
-			return nil, usageError("unknown parameter %q in %s (known: strategy, table)", k, redacted(u))
-		}
-	}
-	strategy := q.Get("strategy")
-	switch strategy {
-	case "", "lease", "getlock", "rowlock":
-	default:
-		return nil, usageError("unknown strategy %q (want lease, getlock or rowlock)", strategy)
-	}
-	if cfg.DBName == "" {
-		return nil, usageError("no database in %s (want mysql://user:pass@host:3306/db)", redacted(u))
-	}
+	opts := &mysqllock.Options{Table: spec.params.Get("table")}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, usageError("%s: %v", redacted(u), err)
+		return nil, usageError("%s: %s", spec.name, spec.scrub(err.Error()))
 	}
 	db := sql.OpenDB(connector)
 	lease, err := mysqllock.New(db, opts)
@@ -149,7 +154,7 @@ func openMySQL(u *url.URL) (*store, error) {
 		dlock.Backend
 		Close() error
 	} = lease
-	switch strategy {
+	switch spec.strategy() {
 	case "getlock":
 		backend, err = mysqllock.NewGetLock(db, opts)
 	case "rowlock":
@@ -159,39 +164,24 @@ func openMySQL(u *url.URL) (*store, error) {
 		db.Close()
 		return nil, usageError("%w", err)
 	}
+	cl, err := mysqlClaims(db, opts.Table, spec.strategy())
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
 	schema, _ := mysqllock.Schema(opts.Table)
 	closeAll := func() error { return errors.Join(backend.Close(), lease.Close(), db.Close()) }
-	return &store{name: redacted(u), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
-}
-
-func trimSlash(p string) string {
-	for len(p) > 0 && p[0] == '/' {
-		p = p[1:]
-	}
-	return p
-}
-
-// redacted is u for messages, without the password of its user info or of
-// the password and sslpassword parameters (which pgx accepts).
-func redacted(u *url.URL) string {
-	q := u.Query()
-	u2 := *u
-	for _, k := range []string{"password", "sslpassword"} {
-		if q.Has(k) {
-			q.Set(k, "xxxxx")
-			u2.RawQuery = q.Encode()
+	migrate := func(ctx context.Context) error {
+		if err := lease.Migrate(ctx); err != nil {
+			return err
 		}
+		return cl.migrate(ctx)
 	}
-	return u2.Redacted()
-}
-
-// redactErr drops a *url.Error's URL, which may carry a password.
-func redactErr(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
+	checker, _ := backend.(interface {
+		Check(context.Context) ([]mysqllock.Finding, error)
+	})
+	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
+		claims: cl, doctor: mysqlDoctor(checker), close: closeAll}, nil
 }
 
 // explain turns store errors into messages that name the fix.
@@ -201,6 +191,8 @@ func (s *store) explain(err error) error {
 		return fmt.Errorf("%s has no lock table: run `dlock migrate` once (%w)", s.name, err)
 	case errors.Is(err, dlock.ErrInvalidKey), errors.Is(err, dlock.ErrInvalidOption):
 		return usageError("%w", err)
+	case errors.Is(err, errNoAnswer):
+		return fmt.Errorf("%s: %w", s.name, err)
 	}
 	var ne net.Error
 	if errors.As(err, &ne) {
@@ -211,54 +203,69 @@ func (s *store) explain(err error) error {
 
 // openRedis opens redis://[user:pass@]host:6379/db[?prefix=dlock:] (go-redis
 // URL options are accepted too).
-func openRedis(raw string, u *url.URL) (*store, error) {
-	q := u.Query()
-	prefix := q.Get("prefix")
-	q.Del("prefix")
-	u2 := *u
+func openRedis(spec *storeSpec) (*store, error) {
+	q := url.Values{}
+	for k, v := range spec.params {
+		if k != "prefix" {
+			q[k] = v
+		}
+	}
+	u2 := *spec.u
 	u2.RawQuery = q.Encode()
 	opts, err := redis.ParseURL(u2.String())
 	if err != nil {
-		return nil, usageError("%s: %v", redacted(u), redactErr(err))
+		return nil, usageError("%s: %s", spec.name, spec.scrub(redactErr(err).Error()))
 	}
 	c := redis.NewClient(opts)
-	b, err := redislock.New(c, &redislock.Options{Prefix: prefix})
+	b, err := redislock.New(c, &redislock.Options{Prefix: spec.params.Get("prefix")})
 	if err != nil {
 		c.Close()
 		return nil, usageError("%w", err)
 	}
-	return &store{name: redacted(u), backend: b, migrate: noMigrate,
-		schema: "-- Redis needs no schema.", close: c.Close}, nil
+	ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
+	return &store{name: spec.name, backend: b, migrate: ping,
+		schema: "-- Redis needs no schema.", doctor: redisDoctor(c), close: c.Close}, nil
 }
 
-// noMigrate is the migration of stores without a schema.
-func noMigrate(context.Context) error { return nil }
+// quietRedis drops go-redis's own log lines (a failed dial logs one per
+// attempt): dlock reports the error once.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// quietMySQL drops the MySQL driver's log lines ("unexpected EOF" when the
+// server closes a connection): dlock reports errors once, on one line.
+type quietMySQL struct{}
+
+func (quietMySQL) Print(...any) {}
+
+func init() {
+	redis.SetLogger(quietRedis{})
+	_ = mysql.SetLogger(quietMySQL{})
+}
 
 // openPostgres opens postgres://user:pass@host:5432/db[?strategy=lease|advisory&table=…]
-// (other parameters go to pgx: sslmode, connect_timeout, …).
-func openPostgres(ctx context.Context, u *url.URL) (*store, error) {
-	q := u.Query()
-	opts := &pglock.Options{Table: q.Get("table")}
-	strategy := q.Get("strategy")
-	q.Del("table")
-	q.Del("strategy")
-	switch strategy {
-	case "", "lease", "advisory":
-	default:
-		return nil, usageError("unknown strategy %q (want lease or advisory)", strategy)
+// (pgx's connection parameters are accepted too: sslmode, connect_timeout, …).
+func openPostgres(ctx context.Context, spec *storeSpec) (*store, error) {
+	opts := &pglock.Options{Table: spec.params.Get("table")}
+	q := url.Values{}
+	for k, v := range spec.params {
+		if k != "table" && k != "strategy" {
+			q[k] = v
+		}
 	}
 	if !q.Has("connect_timeout") {
 		q.Set("connect_timeout", "5")
 	}
-	u2 := *u
+	u2 := *spec.u
 	u2.RawQuery = q.Encode()
 	cfg, err := pgxpool.ParseConfig(u2.String())
 	if err != nil {
-		return nil, usageError("%s: %v", redacted(u), redactErr(err))
+		return nil, usageError("%s: %s", spec.name, spec.scrub(redactErr(err).Error()))
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, usageError("%s: %v", redacted(u), redactErr(err))
+		return nil, usageError("%s: %s", spec.name, spec.scrub(redactErr(err).Error()))
 	}
 	lease, err := pglock.New(pool, opts)
 	if err != nil {
@@ -269,11 +276,16 @@ func openPostgres(ctx context.Context, u *url.URL) (*store, error) {
 		dlock.Backend
 		Close() error
 	} = lease
-	if strategy == "advisory" {
+	if spec.strategy() == "advisory" {
 		if backend, err = pglock.NewAdvisory(pool, opts); err != nil {
 			pool.Close()
 			return nil, usageError("%w", err)
 		}
+	}
+	cl, err := pgClaims(pool, opts.Table, spec.strategy())
+	if err != nil {
+		pool.Close()
+		return nil, err
 	}
 	schema, _ := pglock.Schema(opts.Table)
 	closeAll := func() error {
@@ -281,5 +293,12 @@ func openPostgres(ctx context.Context, u *url.URL) (*store, error) {
 		pool.Close()
 		return err
 	}
-	return &store{name: redacted(u), backend: backend, migrate: lease.Migrate, schema: schema, close: closeAll}, nil
+	migrate := func(ctx context.Context) error {
+		if err := lease.Migrate(ctx); err != nil {
+			return err
+		}
+		return cl.migrate(ctx)
+	}
+	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
+		claims: cl, doctor: pgDoctor(pool), close: closeAll}, nil
 }

@@ -96,7 +96,7 @@ func (term *terminal) waitFor(t *testing.T, s string, d time.Duration) {
 // in the foreground of (it used to stop with SIGTTIN in a background process
 // group, and dlock waited for ever).
 func TestRunReadsTerminal(t *testing.T) {
-	e := env{"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="}
+	e := env{"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"}
 	h, term := startOnTerminal(t, e, "run", uniqueKey(t), "--", "sh", "-c", `read x; echo "got $x"; exit 3`)
 	if _, err := term.ptm.WriteString("hello\n"); err != nil {
 		t.Fatal(err)
@@ -116,7 +116,7 @@ func TestRunReadsTerminal(t *testing.T) {
 func TestWaitOnTerminal(t *testing.T) {
 	e := mysqlStore(t)
 	if e == nil {
-		e = env{"XDG_STATE_HOME=" + t.TempDir(), "DLOCK_DB="}
+		e = env{"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"}
 	}
 	key := uniqueKey(t)
 	alice := startHolder(t, e, "run", "--owner", "alice", "--ttl", "30s", key, "--", "sleep", "30")

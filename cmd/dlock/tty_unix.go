@@ -11,3 +11,9 @@ func foregroundTTY() bool {
 	pgrp, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
 	return err == nil && pgrp == unix.Getpgrp()
 }
+
+// stdinTerminal reports whether stdin is a terminal.
+func stdinTerminal() bool {
+	_, err := unix.IoctlGetInt(0, unix.TIOCGPGRP)
+	return err == nil
+}

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// errNoAnswer means a store call got no answer within its bound.
+var errNoAnswer = errors.New("no answer")
+
+// guard wraps a Backend for the CLI. It bounds every store call that does
+// not wait for a holder (a store that accepts connections and never answers
+// would otherwise hang dlock: not every client library honours a context in
+// every state), and it remembers how the acquisition attempts ended, so that
+// a wait that ran out while the store was failing is reported as the failure
+// it is, not as a conflict.
+type guard struct {
+	b       dlock.Backend
+	timeout time.Duration
+
+	mu       sync.Mutex
+	answered bool  // an acquisition attempt found the key held
+	lastErr  error // the last acquisition attempt's store error, if it failed
+}
+
+// guardWaiter is a guard over a Backend that is also a dlock.Waiter.
+type guardWaiter struct{ *guard }
+
+// newGuard returns b wrapped, a dlock.Waiter if b is one.
+func newGuard(b dlock.Backend, timeout time.Duration) (dlock.Backend, *guard) {
+	g := &guard{b: b, timeout: timeout}
+	if _, ok := b.(dlock.Waiter); ok {
+		return guardWaiter{g}, g
+	}
+	return g, g
+}
+
+// bounded runs f with ctx bounded by g's timeout, and returns at the bound
+// (or when ctx ends) even if f does not: f then goes on in the background,
+// and its outcome is lost as a store error's would be.
+func bounded[T any](g *guard, ctx context.Context, what string, f func(ctx context.Context) (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	cctx, cancel := context.WithTimeout(ctx, g.timeout)
+	defer cancel() // also ends an abandoned f's call
+	done := make(chan result, 1)
+	go func() {
+		v, err := f(cctx)
+		done <- result{v, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-cctx.Done():
+		select {
+		case r = <-done: // f returned as the bound came: its answer counts
+		default:
+			if err := ctx.Err(); err != nil {
+				return r.v, err
+			}
+			return r.v, fmt.Errorf("%w to %s within %s (--timeout)", errNoAnswer, what, g.timeout)
+		}
+	}
+	if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+		return r.v, fmt.Errorf("%w to %s within %s (--timeout): %w", errNoAnswer, what, g.timeout, r.err)
+	}
+	return r.v, r.err
+}
+
+// call is bounded for f without a value.
+func (g *guard) call(ctx context.Context, what string, f func(ctx context.Context) error) error {
+	_, err := bounded(g, ctx, what, func(ctx context.Context) (struct{}, error) { return struct{}{}, f(ctx) })
+	return err
+}
+
+// note records how an acquisition attempt made under ctx ended.
+func (g *guard) note(ctx context.Context, res dlock.Result, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case err == nil:
+		g.lastErr = nil
+		if !res.Acquired {
+			g.answered = true
+		}
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		// Cut short by the caller: says nothing of the store.
+	default:
+		g.lastErr = err
+	}
+}
+
+// failed returns why a wait that ended without the lock was not a conflict:
+// the last attempt failed, or no attempt ever got the store's answer. It
+// returns nil when the store said the key was held.
+func (g *guard) failed() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.lastErr != nil:
+		return g.lastErr
+	case !g.answered:
+		return fmt.Errorf("%w from the store to any acquisition attempt", errNoAnswer)
+	}
+	return nil
+}
+
+func (g *guard) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	res, err := bounded(g, ctx, "an acquisition", func(ctx context.Context) (dlock.Result, error) {
+		return g.b.Acquire(ctx, req)
+	})
+	g.note(ctx, res, err)
+	return res, err
+}
+
+// AcquireWait is not bounded by the timeout: it waits for the holder. The
+// attempt before it (Acquire) is, and a signal ends the wait.
+func (g guardWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	res, err := g.b.(dlock.Waiter).AcquireWait(ctx, req)
+	g.note(ctx, res, err)
+	return res, err
+}
+
+func (g *guard) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	type extended struct{ errs []error }
+	r, err := bounded(g, ctx, "a renewal", func(ctx context.Context) (extended, error) {
+		errs, err := g.b.Extend(ctx, leases)
+		return extended{errs}, err
+	})
+	return r.errs, err
+}
+
+func (g *guard) Release(ctx context.Context, key string, token dlock.Token) error {
+	return g.call(ctx, "a release", func(ctx context.Context) error { return g.b.Release(ctx, key, token) })
+}
+
+func (g *guard) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	l, ok := g.b.(dlock.Lister)
+	if !ok {
+		return nil, dlock.ErrUnsupported
+	}
+	return bounded(g, ctx, "a listing", func(ctx context.Context) ([]dlock.LockInfo, error) {
+		return l.List(ctx, prefix)
+	})
+}
+
+func (g *guard) ForceRelease(ctx context.Context, key string) error {
+	f, ok := g.b.(dlock.ForceReleaser)
+	if !ok {
+		return dlock.ErrUnsupported
+	}
+	return g.call(ctx, "a release", func(ctx context.Context) error { return f.ForceRelease(ctx, key) })
+}
+
+func (g *guard) OnLoss(f func(key string, token dlock.Token, cause error)) (stop func()) {
+	if lr, ok := g.b.(dlock.LossReporter); ok {
+		return lr.OnLoss(f)
+	}
+	return func() {}
+}
