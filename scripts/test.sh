@@ -139,5 +139,11 @@ for dir in $(go list -m -f '{{.Dir}}'); do
       go test -race -count=1 -timeout 20m "$@" ./...
   ) || status=1
 done
+# Each fuzz target for a bounded time (its seed corpus also runs in go test).
+for target in .:FuzzValidateKey .:FuzzAcquireOptions cmd/dlock:FuzzParseStore cmd/dlock:FuzzParseStoreRaw cmd/dlock:FuzzArgs; do
+  log "fuzz ${target#*:}"
+  (cd "${target%%:*}" && go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime 10s .) || status=1
+done
+
 [ "$status" = 0 ] || die "some module failed"
 log "all checks passed"

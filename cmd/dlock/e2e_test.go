@@ -219,7 +219,7 @@ func waitHeld(t *testing.T, e env, key string, h *holder) {
 func TestRunNeverOverlaps(t *testing.T) {
 	forEachStore(t, func(t *testing.T, e env) {
 		key, dir := uniqueKey(t), t.TempDir()
-		script := `mkdir "$D/inside" || exit 99; echo "$DLOCK_TOKEN" >> "$D/log"; sleep 0.05; rmdir "$D/inside"`
+		script := `mkdir "$D/inside" || exit 99; echo "$DLOCK_FENCE" >> "$D/log"; [ "$DLOCK_FENCE" = "$DLOCK_TOKEN" ] || exit 98; sleep 0.05; rmdir "$D/inside"`
 		var wg sync.WaitGroup
 		codes := make([]int, 6)
 		for i := range codes {
@@ -241,7 +241,7 @@ func TestRunNeverOverlaps(t *testing.T) {
 		for _, l := range lines {
 			tok, _ := strconv.ParseUint(l, 10, 64)
 			if tok <= last {
-				t.Errorf("DLOCK_TOKEN %d after %d: fencing tokens must increase", tok, last)
+				t.Errorf("DLOCK_FENCE %d after %d: fences must increase", tok, last)
 			}
 			last = tok
 		}

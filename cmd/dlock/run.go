@@ -34,8 +34,9 @@ func (a *app) runCmd() *cobra.Command {
 		Short: "Run a command while holding a lock",
 		Long: `run acquires KEY, runs COMMAND, and releases KEY when COMMAND exits.
 
-COMMAND gets DLOCK_KEY, DLOCK_TOKEN (the fencing token: strictly larger for
-every new holder of KEY) and DLOCK_OWNER in its environment, and not DLOCK_DB
+COMMAND gets DLOCK_KEY, DLOCK_FENCE (the fence: strictly larger for every new
+holder of KEY; DLOCK_TOKEN is the same number, for older scripts) and
+DLOCK_OWNER in its environment, and not DLOCK_DB
 (it may hold a password). Its exit status is dlock's. SIGINT, SIGTERM and
 SIGHUP are forwarded to its process group. At a terminal, COMMAND stays in
 dlock's process group so that it can read the terminal: Ctrl-C reaches it
@@ -251,6 +252,7 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
 	child.Env = append(childEnviron(),
 		"DLOCK_KEY="+lk.Key(),
+		"DLOCK_FENCE="+strconv.FormatUint(lk.Fence(), 10),
 		"DLOCK_TOKEN="+strconv.FormatUint(lk.Fence(), 10),
 		"DLOCK_OWNER="+lk.Owner())
 	// Run from cron, systemd or a script, COMMAND gets its own process group,

@@ -145,20 +145,18 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		return nil, usageError("%s: %s", spec.name, spec.scrub(err.Error()))
 	}
 	db := sql.OpenDB(connector)
-	lease, err := mysqllock.New(db, opts)
-	if err != nil {
-		db.Close()
-		return nil, usageError("%w", err)
-	}
 	var backend interface {
 		dlock.Backend
+		Migrate(context.Context) error
 		Close() error
-	} = lease
+	}
 	switch spec.strategy() {
 	case "getlock":
 		backend, err = mysqllock.NewGetLock(db, opts)
 	case "rowlock":
 		backend, err = mysqllock.NewRowLock(db, opts)
+	default:
+		backend, err = mysqllock.New(db, opts)
 	}
 	if err != nil {
 		db.Close()
@@ -170,9 +168,9 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		return nil, err
 	}
 	schema, _ := mysqllock.Schema(opts.Table)
-	closeAll := func() error { return errors.Join(backend.Close(), lease.Close(), db.Close()) }
+	closeAll := func() error { return errors.Join(backend.Close(), db.Close()) }
 	migrate := func(ctx context.Context) error {
-		if err := lease.Migrate(ctx); err != nil {
+		if err := backend.Migrate(ctx); err != nil {
 			return err
 		}
 		return cl.migrate(ctx)
@@ -267,20 +265,19 @@ func openPostgres(ctx context.Context, spec *storeSpec) (*store, error) {
 	if err != nil {
 		return nil, usageError("%s: %s", spec.name, spec.scrub(redactErr(err).Error()))
 	}
-	lease, err := pglock.New(pool, opts)
+	var backend interface {
+		dlock.Backend
+		Migrate(context.Context) error
+		Close() error
+	}
+	if spec.strategy() == "advisory" {
+		backend, err = pglock.NewAdvisory(pool, opts)
+	} else {
+		backend, err = pglock.New(pool, opts)
+	}
 	if err != nil {
 		pool.Close()
 		return nil, usageError("%w", err)
-	}
-	var backend interface {
-		dlock.Backend
-		Close() error
-	} = lease
-	if spec.strategy() == "advisory" {
-		if backend, err = pglock.NewAdvisory(pool, opts); err != nil {
-			pool.Close()
-			return nil, usageError("%w", err)
-		}
 	}
 	cl, err := pgClaims(pool, opts.Table, spec.strategy())
 	if err != nil {
@@ -289,12 +286,12 @@ func openPostgres(ctx context.Context, spec *storeSpec) (*store, error) {
 	}
 	schema, _ := pglock.Schema(opts.Table)
 	closeAll := func() error {
-		err := errors.Join(backend.Close(), lease.Close())
+		err := backend.Close()
 		pool.Close()
 		return err
 	}
 	migrate := func(ctx context.Context) error {
-		if err := lease.Migrate(ctx); err != nil {
+		if err := backend.Migrate(ctx); err != nil {
 			return err
 		}
 		return cl.migrate(ctx)
