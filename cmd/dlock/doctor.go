@@ -86,32 +86,54 @@ count), 1 when something was, 70 when the store could not be checked.`,
 	}
 }
 
-// mysqlDoctor runs the strategy's own Check.
-func mysqlDoctor(b interface {
+// mysqlDoctor runs the strategy's own Check and compares the server's
+// clock with this host's.
+func mysqlDoctor(db *sql.DB, b interface {
 	Check(context.Context) ([]mysqllock.Finding, error)
 }) doctorFunc {
 	return func(ctx context.Context) ([]finding, error) {
-		if b == nil {
-			return nil, nil
+		var out []finding
+		if b != nil {
+			fs, err := b.Check(ctx)
+			if err != nil {
+				return nil, err
+			}
+			for _, f := range fs {
+				out = append(out, finding{text: f.String()})
+			}
 		}
-		fs, err := b.Check(ctx)
-		out := make([]finding, len(fs))
-		for i, f := range fs {
-			out[i] = finding{text: f.String()}
+		sent := time.Now()
+		var raw string
+		if err := db.QueryRowContext(ctx, "SELECT DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ')").Scan(&raw); err != nil {
+			return out, err
 		}
-		return out, err
+		got := time.Now()
+		server, err := time.Parse(time.RFC3339Nano, raw)
+		if err != nil {
+			return out, err
+		}
+		return append(out, clockFinding("the MySQL server", server, sent, got, time.Microsecond)...), nil
 	}
 }
 
-// pgDoctor runs pglock.Check.
+// pgDoctor runs pglock.Check and compares the server's clock with this
+// host's.
 func pgDoctor(pool *pgxpool.Pool) doctorFunc {
 	return func(ctx context.Context) ([]finding, error) {
 		fs, err := pglock.Check(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
 		out := make([]finding, len(fs))
 		for i, f := range fs {
 			out[i] = finding{info: f.Severity == pglock.SeverityInfo, text: f.Message}
 		}
-		return out, err
+		var server time.Time
+		sent := time.Now()
+		if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&server); err != nil {
+			return out, err
+		}
+		return append(out, clockFinding("the PostgreSQL server", server, sent, time.Now(), time.Microsecond)...), nil
 	}
 }
 

@@ -179,7 +179,7 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		Check(context.Context) ([]mysqllock.Finding, error)
 	})
 	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		claims: cl, doctor: mysqlDoctor(checker), close: closeAll}, nil
+		claims: cl, doctor: mysqlDoctor(db, checker), close: closeAll}, nil
 }
 
 // explain turns store errors into messages that name the fix.
