@@ -461,10 +461,9 @@ func (a *Advisory) heldLocally(id uint64, ss *session) *hold {
 
 // grantResult is the outcome of a grant job.
 type grantResult struct {
-	ok      bool
-	fence   uint64
-	holder  *hold     // the local hold that refused it
-	granted time.Time // when the granting reply arrived
+	ok     bool
+	fence  uint64
+	holder *hold // the local hold that refused it
 }
 
 // Acquire implements dlock.Backend: pg_try_advisory_lock on the main
@@ -543,7 +542,6 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	var syncCommit string
 	err := ss.conn.QueryRow(ctx, q, k1, k2, []byte(req.Key), int64(id), req.Token[:], req.Owner, req.Metadata).
 		Scan(&res.ok, &fence, &pid, &syncCommit)
-	res.granted = time.Now()
 	switch {
 	case err == nil && pid != ss.pid:
 		return ErrTransactionPooling
@@ -661,10 +659,27 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	case !res.ok:
 		return dlock.Result{}, nil
 	}
-	// The session's idle_session_timeout counts from the reply that
-	// granted the lock, which came before it was received by one network
-	// trip (the Locker's margin covers that), not from the wait's start.
-	return dlock.Result{Acquired: true, Fence: res.fence, SentAfter: res.granted.Sub(began)}, nil
+	// The lease is timed from a statement sent on the session after the
+	// granting reply arrived: the reply may have arrived long after it was
+	// sent (a paused process, a reply held up in the network), and the
+	// server counts idle_session_timeout from its sending. A session that
+	// is gone by then took the grant with it: the wait returns without it.
+	confirming := time.Now()
+	errs, _ := a.Extend(ctx, []dlock.Lease{{Key: req.Key, Token: req.Token, TTL: req.TTL}})
+	switch err := errs[0]; {
+	case err == nil:
+		return dlock.Result{Acquired: true, Fence: res.fence, SentAfter: confirming.Sub(began)}, nil
+	case errors.Is(err, dlock.ErrNotHeld):
+		return dlock.Result{}, nil
+	default:
+		// Unconfirmed (the caller left, or the statement failed): nobody
+		// will use this grant.
+		rerr := a.Release(context.WithoutCancel(ctx), req.Key, req.Token)
+		if ctx.Err() != nil || errors.Is(rerr, dlock.ErrNotHeld) {
+			return dlock.Result{}, nil
+		}
+		return dlock.Result{}, a.wrap("advisory acquire", err)
+	}
 }
 
 // holding returns the session where token holds key.

@@ -313,3 +313,24 @@ func TestCheckLeaseLostWithTheServer(t *testing.T) {
 	}
 	wantViolation(t, in, vFenceNotUp)
 }
+
+// A positive control's resource violations are what it must find; any
+// other kind fails it, and is listed however many resource ones come first.
+func TestControlVerdict(t *testing.T) {
+	c := &checker{rep: &RunReport{Control: true, PausesTakenOver: 1}}
+	for range 2 * maxListedViolate {
+		c.violate(vLostUpdate, "synthetic")
+	}
+	c.rep.verdict()
+	if c.rep.Verdict != "DETECTED" || c.rep.Failed {
+		t.Fatalf("resource violations only: %s", c.rep.Verdict)
+	}
+	c.violate(vErrNilAfterEnd, "synthetic")
+	c.rep.verdict()
+	if c.rep.Verdict != "DETECTED, but FAIL" || !c.rep.Failed {
+		t.Errorf("with a client violation: %s", c.rep.Verdict)
+	}
+	if !strings.Contains(strings.Join(c.rep.ViolationList, "\n"), vErrNilAfterEnd) {
+		t.Errorf("the client violation is not listed: %d entries", len(c.rep.ViolationList))
+	}
+}

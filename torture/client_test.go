@@ -211,3 +211,37 @@ func TestCheckLivenessSessionReleaseMissedItsDeadline(t *testing.T) {
 		t.Errorf("%v", r.ViolationList)
 	}
 }
+
+// A session strategy's fence written by an acquisition that then failed
+// (mysql-rowlock: the row was not held across the fence's write, so no
+// worker got that fence) is not a grant: the lease before it lasts until
+// the next grant a worker was told of. That grant still bounds the end.
+func TestCheckSessionFenceNoWorkerGot(t *testing.T) {
+	in := base()
+	for i := range in.History {
+		in.History[i].Open = true
+	}
+	// Grants: fence 1 at 90 ms, fence 2 at 300 ms (no worker got it), fence
+	// 3 at 640 ms (w2's acquisition, renumbered).
+	in.History = []LeaseEvent{in.History[0],
+		{Seq: 2, Key: "k", Fence: 2, Token: [16]byte{9}, AtUs: 300_000, Open: true},
+		{Seq: 3, Key: "k", Fence: 3, Token: [16]byte{2}, AtUs: 640_000, Open: true}}
+	for i := range in.Workers[1].Events {
+		in.Workers[1].Events[i].F = 3
+	}
+	for i := range in.ResLog[2:] {
+		in.ResLog[2+i].Fence = 3
+	}
+	in.ResLog[3].Seen = 3
+	in.Workers[0].Events = append(in.Workers[0].Events[:3:3],
+		Event{T0: 400 * ms, T: 402 * ms, Ev: "op", Op: "r", K: "k", F: 1, Chk: 399 * ms},
+		Event{T: 600 * ms, Ev: "done", K: "k", F: 1, Err: "dlock: not held"},
+		Event{T0: 600 * ms, T: 601 * ms, Ev: "rel", K: "k", F: 1})
+	if r := check(in); r.ViolationCount != 0 {
+		t.Fatalf("fence 2 taken for a grant: %v", r.ViolationList)
+	}
+	// A check after the next grant a worker got is still flagged.
+	in.Workers[0].Events[3].Chk, in.Workers[0].Events[3].T0, in.Workers[0].Events[3].T = 645*ms, 646*ms, 648*ms
+	in.Workers[0].Events[4].T, in.Workers[0].Events[5].T0, in.Workers[0].Events[5].T = 650*ms, 650*ms, 651*ms
+	wantViolation(t, in, vErrNilAfterEnd)
+}

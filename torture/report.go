@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 )
@@ -269,7 +271,13 @@ func (rep *Report) Markdown(w io.Writer) {
 		}
 		if r.ViolationCount > 0 {
 			fmt.Fprintf(w, "\nViolations: %s\n\n", summarizeViolations(r.Violations))
-			for _, v := range r.ViolationList[:min(10, len(r.ViolationList))] {
+			// Those that fail the run first (in a control, the resource
+			// kinds are what it must find).
+			list := slices.Clone(r.ViolationList)
+			sort.SliceStable(list, func(i, j int) bool {
+				return !resourceKinds[violationKind(list[i])] && resourceKinds[violationKind(list[j])]
+			})
+			for _, v := range list[:min(10, len(list))] {
 				fmt.Fprintf(w, "- %s\n", v)
 			}
 		}
