@@ -168,11 +168,13 @@ type Result struct {
 	// that recorded a grant made by a server-side wait). The Locker times
 	// the lease from then, so that a long wait does not use up the lease
 	// before it starts. Never report a later instant than that request's
-	// sending: the Locker would trust the lease too long. (Session locks,
-	// whose store-side timeout counts idle time from the granting reply, may
-	// report that reply's arrival: it is later than the reply's sending by
-	// one network trip, which the Locker's margin covers.) 0 means the
-	// call's start, which is always safe.
+	// sending: the Locker would trust the lease too long. In particular a
+	// session backend must not time a lease from the arrival of a
+	// server-side wait's reply: a pause or a partition can delay that
+	// reply without bound while the server ends the session and grants
+	// the key again; it times the lease from a statement sent after the
+	// reply that confirms the lock is still held. 0 means the call's start,
+	// which is always safe.
 	SentAfter time.Duration
 }
 

@@ -286,3 +286,31 @@ func TestErrorsAreOneLine(t *testing.T) {
 		t.Error("Join lost an error or made one from nothing")
 	}
 }
+
+// lossyBackend grants, and reports the grant's session lost before the
+// grant reaches the Locker.
+type lossyBackend struct {
+	recordingBackend
+	loss LossHandlers
+}
+
+func (b *lossyBackend) OnLoss(f func(string, Token, error)) func() { return b.loss.Add(f) }
+
+func (b *lossyBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	b.loss.Report(req.Key, req.Token, errors.New("session ended"))
+	return Result{Acquired: true, Fence: 1}, nil
+}
+
+// TestLossReportedBeforeTheGrantArrives: a session reported lost between
+// the grant and its registration yields no Lock.
+func TestLossReportedBeforeTheGrantArrives(t *testing.T) {
+	l := New(&lossyBackend{}, nil)
+	defer l.Close(context.Background())
+	lk, err := l.TryAcquire(context.Background(), "k")
+	if err == nil {
+		t.Fatalf("rule: a grant whose session was reported lost is not handed out; got a Lock (Err %v)", lk.Err())
+	}
+	if !errors.Is(err, ErrNotAcquired) {
+		t.Errorf("got %v, want ErrNotAcquired", err)
+	}
+}

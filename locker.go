@@ -38,6 +38,9 @@ type Locker struct {
 	kick     chan struct{}            // wakes the renewal goroutine
 
 	stopLoss func() // unregisters from a LossReporter backend
+	// early holds losses reported for tokens not (yet) registered: a
+	// session that died between the grant and register. Bounded.
+	early map[Token]error
 }
 
 // New returns a Locker over b. The caller keeps ownership of whatever b wraps
@@ -77,16 +80,27 @@ func New(b Backend, opts *Options) *Locker {
 	return l
 }
 
+// maxEarlyLosses bounds the losses kept for tokens not yet registered
+// (most are other Lockers' tokens, on a backend they share).
+const maxEarlyLosses = 1024
+
 // reportedLoss ends the lease of key held with token, which the backend
 // reports the store no longer holds.
 func (l *Locker) reportedLoss(key string, token Token, cause error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	err := fmt.Errorf("%w: %q: %w", ErrLockLost, key, cause)
 	ls := l.held[key]
-	if ls == nil || ls.token != token || ls.ended {
+	if ls == nil || ls.token != token {
+		if l.early == nil || len(l.early) >= maxEarlyLosses {
+			l.early = make(map[Token]error)
+		}
+		l.early[token] = err
 		return
 	}
-	l.loseLocked(ls, fmt.Errorf("%w: %q: %w", ErrLockLost, key, cause), false)
+	if !ls.ended {
+		l.loseLocked(ls, err, false)
+	}
 }
 
 // Acquire waits until it holds key or ctx ends. Options: WithTTL, WithOwner,

@@ -38,6 +38,14 @@ func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent t
 		l.resolveLater(ctx, req)
 		return nil, fmt.Errorf("dlock: backend granted %q twice to one Locker", req.Key)
 	}
+	if _, ok := l.early[req.Token]; ok {
+		// The backend reported the grant's session lost before the grant
+		// got here: it is not held, whatever the grant said.
+		delete(l.early, req.Token)
+		l.mu.Unlock()
+		l.resolveLater(ctx, req)
+		return nil, errTooLate
+	}
 	k := l.newHandleLocked(ls)
 	ls.timer = l.clock.AfterFunc(ls.deadline.Sub(l.clock.Now()), func() { l.expire(ls) })
 	l.held[req.Key] = ls
