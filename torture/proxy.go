@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
@@ -22,6 +23,38 @@ type faultProxies struct {
 	mu   sync.Mutex
 	cuts map[int]bool // slots cut by a holder fault
 	down bool         // every slot is cut for a server restart (takeAway)
+	gen  int          // proxies made to replace wedged ones
+}
+
+// stopBound bounds a proxy's Stop. toxiproxy's Stop can wedge for good
+// when a link's toxic is blocked sending to a sink that is gone (the link
+// is then never closed; Shopify/toxiproxy#558): its listener is closed by
+// then, so the slot gets a new proxy on the same address.
+const stopBound = 5 * time.Second
+
+// stopLocked stops slot's proxy, replacing it if Stop wedges. fp.mu is held.
+func (fp *faultProxies) stopLocked(slot int) {
+	p := fp.ps[slot]
+	done := make(chan struct{})
+	go func() {
+		p.Stop()
+		close(done)
+	}()
+	t := time.NewTimer(stopBound)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		fp.gen++
+		fp.ps[slot] = toxiproxy.NewProxy(fp.srv, fmt.Sprintf("slot%d-%d", slot, fp.gen), fp.addrs[slot], p.Upstream)
+	}
+}
+
+// proxy returns slot's current proxy.
+func (fp *faultProxies) proxy(slot int) *toxiproxy.Proxy {
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	return fp.ps[slot]
 }
 
 // newFaultProxies starts n proxies to upstream; listen gives slot i's
@@ -50,7 +83,7 @@ func (fp *faultProxies) addr(slot int) string { return fp.addrs[slot] }
 func (fp *faultProxies) addToxic(slot int, name, typ, attrs string) error {
 	for _, dir := range []string{"upstream", "downstream"} {
 		js := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"attributes":%s}`, name+"_"+dir, typ, dir, attrs)
-		if _, err := fp.ps[slot].Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
+		if _, err := fp.proxy(slot).Toxics.AddToxicJson(strings.NewReader(js)); err != nil {
 			return err
 		}
 	}
@@ -59,7 +92,7 @@ func (fp *faultProxies) addToxic(slot int, name, typ, attrs string) error {
 
 func (fp *faultProxies) removeToxic(slot int, name string) {
 	for _, dir := range []string{"upstream", "downstream"} {
-		_ = fp.ps[slot].Toxics.RemoveToxic(context.Background(), name+"_"+dir)
+		_ = fp.proxy(slot).Toxics.RemoveToxic(context.Background(), name+"_"+dir)
 	}
 }
 
@@ -71,7 +104,7 @@ func (fp *faultProxies) cut(slot int) {
 		fp.cuts = map[int]bool{}
 	}
 	fp.cuts[slot] = true
-	fp.ps[slot].Stop()
+	fp.stopLocked(slot)
 }
 
 // mend listens again on the slot's address (after cut), unless the store is
@@ -99,8 +132,8 @@ func (fp *faultProxies) takeAway() {
 	fp.mu.Lock()
 	defer fp.mu.Unlock()
 	fp.down = true
-	for _, p := range fp.ps {
-		p.Stop()
+	for i := range fp.ps {
+		fp.stopLocked(i)
 	}
 }
 
@@ -119,7 +152,9 @@ func (fp *faultProxies) giveBack() error {
 }
 
 func (fp *faultProxies) close() {
-	for _, p := range fp.ps {
-		p.Stop()
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	for i := range fp.ps {
+		fp.stopLocked(i)
 	}
 }
