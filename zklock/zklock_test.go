@@ -136,7 +136,14 @@ func waitQueueLen(t *testing.T, c *zk.Conn, b *zklock.Backend, key string, n int
 			t.Fatal(err)
 		}
 		if len(names) == n {
-			return
+			// A failed attempt without waiting makes a node and deletes
+			// it: the count must hold still before it says who is queued.
+			select {
+			case <-ch:
+				continue
+			case <-time.After(300 * time.Millisecond):
+				return
+			}
 		}
 		select {
 		case <-ch:
