@@ -90,11 +90,21 @@ func (g *guard) note(ctx context.Context, res dlock.Result, err error) {
 		if !res.Acquired {
 			g.answered = true
 		}
-	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		// Cut short by the caller: says nothing of the store.
+	case ctx.Err() != nil || deadlinePassed(ctx):
+		// Cut short by the caller (whatever the error says: a wait the
+		// server was told to end fails with the server's own error, and
+		// a backend's timer for the deadline may fire before ctx's):
+		// says nothing of the store.
 	default:
 		g.lastErr = err
 	}
+}
+
+// deadlinePassed reports whether ctx's deadline has passed, even if its
+// timer has not fired yet.
+func deadlinePassed(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // failed returns why a wait that ended without the lock was not a conflict:
