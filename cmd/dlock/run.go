@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"math"
 	"os"
 	"os/exec"
 	"strconv"
@@ -20,19 +22,57 @@ import (
 type runCmd struct {
 	a            *app
 	ttl          time.Duration
-	wait         time.Duration
+	wait         waitFlag
+	noWait       bool
 	grace        time.Duration
 	owner        string
 	conflictCode int
 	quiet        bool
+	shell        string // -c: COMMAND is `sh -c shell`
 }
 
+// waitFlag is --wait/-w: a duration (1m30s) or, as with flock(1), a plain
+// number of seconds (30, 0.5). Negative means "as long as it takes".
+type waitFlag time.Duration
+
+func (w *waitFlag) String() string {
+	if *w < 0 {
+		return "forever"
+	}
+	return time.Duration(*w).String()
+}
+
+func (w *waitFlag) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		secs, ferr := strconv.ParseFloat(v, 64)
+		if ferr != nil || math.IsNaN(secs) || math.IsInf(secs, 0) || secs > math.MaxInt64/float64(time.Second) {
+			return fmt.Errorf("want seconds (30, 0.5) or a duration (1m30s)")
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d < 0 {
+		return fmt.Errorf("negative")
+	}
+	*w = waitFlag(d)
+	return nil
+}
+
+func (*waitFlag) Type() string { return "SECONDS|DURATION" }
+
+const runUsage = "usage: dlock run [flags] KEY -- COMMAND [ARGS...], or dlock run [flags] KEY -c 'SHELL COMMAND'"
+
 func (a *app) runCmd() *cobra.Command {
-	r := &runCmd{a: a}
+	r := &runCmd{a: a, wait: -1}
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
+		Use:   "run [flags] KEY -- COMMAND [ARGS...]\n  dlock run [flags] KEY -c 'SHELL COMMAND'\n  dlock run [flags] -- -KEY -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `run acquires KEY, runs COMMAND, and releases KEY when COMMAND exits.
+
+KEY is the first argument that is not a flag; COMMAND follows the -- after
+it, and nothing after that -- is read as dlock's. A KEY that starts with '-'
+goes after a first --: dlock run [flags] -- -KEY -- COMMAND. With -c, COMMAND is sh -c 'SHELL
+COMMAND' and there is nothing after KEY.
 
 COMMAND gets DLOCK_KEY, DLOCK_FENCE (the fence: strictly larger for every new
 holder of KEY; DLOCK_TOKEN is the same number, for older scripts) and
@@ -45,39 +85,87 @@ lost while COMMAND runs, COMMAND gets SIGTERM, then SIGKILL after --grace, and
 dlock exits with 76. If dlock itself dies, COMMAND is killed (Linux
 parent-death signal).
 
-Exit status: COMMAND's (128+N if signal N killed it); 75 (or
+Exit status: COMMAND's (128+N if signal N killed it); 75 (or -E,
 --conflict-exit-code) when the store said KEY was held until --wait ran out;
+127 when COMMAND is not found, 126 when it cannot be executed;
 128+N when signal N ended dlock before COMMAND started; 76 when the lock was
 lost while COMMAND ran, also when that is found only at the release; 64 on
 bad usage (and for a key used with another strategy); 70 when the store
 failed, did not answer within --timeout, or never answered during --wait.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
   # (-q: a run skipped because another machine has the lock sends no mail)
-  */5 * * * * dlock run -q --db mysql://cron:secret@db:3306/ops --wait 0 nightly-report -- /usr/local/bin/report
+  */5 * * * * dlock run -q -n nightly-report -- /usr/local/bin/report
 
-  # wait up to a minute for the lock
-  dlock run --wait 1m deploy -- ./deploy.sh`,
+  # wait up to a minute for the lock (-w 60 is the same)
+  dlock run --wait 1m deploy -- ./deploy.sh
+
+  # a shell command line; exit 1 if the lock is taken
+  dlock run -n -E 1 backup -c 'pg_dump ops | gzip > /backup/ops.gz'`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
-				return usageError("usage: dlock run [flags] KEY -- COMMAND [ARGS...]")
-			}
-			return nil
+			_, _, err := r.splitArgs(cmd.ArgsLenAtDash(), args)
+			return err
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("wait") {
-				r.wait = -1
+			if r.noWait {
+				if cmd.Flags().Changed("wait") {
+					return usageError("-n (--nonblock) and --wait are exclusive")
+				}
+				r.wait = 0
 			}
-			return r.run(args[0], args[1:])
+			key, argv, _ := r.splitArgs(cmd.ArgsLenAtDash(), args)
+			return r.run(key, argv)
 		},
 	}
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		// `dlock run KEY ls -la`: the flags were COMMAND's.
+		if c.Flags().ArgsLenAtDash() < 0 && len(c.Flags().Args()) >= 2 {
+			return usageError("%v: to pass flags to COMMAND, put -- between KEY and COMMAND: dlock run [flags] %s -- %s …", err, c.Flags().Arg(0), c.Flags().Arg(1))
+		}
+		return usageError("%w", err)
+	})
 	f := cmd.Flags()
 	f.DurationVar(&r.ttl, "ttl", dlock.DefaultTTL, "lease; renewed every ttl/3 while COMMAND runs")
-	f.DurationVar(&r.wait, "wait", 0, "how long to wait for the lock; 0 gives up at once (default: wait as long as it takes)")
+	f.VarP(&r.wait, "wait", "w", "how long to wait for the lock: seconds (30, 0.5) or a duration (1m); 0 gives up at once (default: wait as long as it takes)")
+	f.Lookup("wait").DefValue = "forever"
+	f.BoolVarP(&r.noWait, "nonblock", "n", false, "give up at once if the lock is held (--wait 0)")
 	f.DurationVar(&r.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
-	f.StringVar(&r.owner, "owner", "", "owner identity shown by `dlock list` and exported as DLOCK_OWNER (default: none; the metadata names host and pid)")
-	f.IntVar(&r.conflictCode, "conflict-exit-code", exitConflict, "exit status when the lock was not obtained")
+	f.StringVar(&r.owner, "owner", "", "owner identity shown by `dlock list` and exported as DLOCK_OWNER (default: none; the metadata names user, host, pid and command line)")
+	f.IntVarP(&r.conflictCode, "conflict-exit-code", "E", exitConflict, "exit status when the lock was not obtained")
+	f.StringVarP(&r.shell, "command", "c", "", "run `SHELL COMMAND` with sh -c instead of COMMAND [ARGS...]")
 	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no message when the lock is not obtained")
 	return cmd
+}
+
+// splitArgs splits run's arguments into KEY and COMMAND. dash is the number
+// of arguments before the first -- (-1 without one): KEY -- COMMAND has 1,
+// -- -KEY -- COMMAND has 0 (and its second -- among args).
+func (r *runCmd) splitArgs(dash int, args []string) (key string, argv []string, err error) {
+	switch {
+	case dash == 0 && len(args) >= 1:
+		key, args = args[0], args[1:]
+		if len(args) > 0 {
+			if args[0] != "--" {
+				return "", nil, usageError("after -- %s, another -- must come before COMMAND: dlock run [flags] -- %s -- COMMAND [ARGS...]", key, key)
+			}
+			args = args[1:]
+		}
+	case dash == 1 || (dash < 0 && len(args) == 1 && r.shell != ""):
+		key, args = args[0], args[1:]
+	case dash < 0 && len(args) >= 2:
+		return "", nil, usageError("missing -- between KEY and COMMAND: dlock run [flags] %s -- %s", args[0], strings.Join(args[1:], " "))
+	default:
+		return "", nil, usageError(runUsage)
+	}
+	if r.shell != "" {
+		if len(args) > 0 {
+			return "", nil, usageError("-c gives COMMAND: nothing may follow KEY (%s)", runUsage)
+		}
+		return key, []string{"sh", "-c", r.shell}, nil
+	}
+	if len(args) == 0 {
+		return "", nil, usageError(runUsage)
+	}
+	return key, args, nil
 }
 
 func (r *runCmd) run(key string, argv []string) error {
@@ -88,7 +176,12 @@ func (r *runCmd) run(key string, argv []string) error {
 		return usageError("%w", err)
 	}
 	if _, err := exec.LookPath(argv[0]); err != nil {
-		return usageError("%v", err)
+		// As a shell says it: 127 not found, 126 found but not executable.
+		code := 126
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			code = 127
+		}
+		return &exitError{code: code, err: err}
 	}
 	ctx := r.a.ctx // cancelled by a signal until COMMAND starts
 	s, err := r.a.openStore(ctx, false)
@@ -153,7 +246,7 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 	}
 	if r.wait > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.wait)
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(r.wait))
 		defer cancel()
 	}
 
@@ -211,9 +304,9 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 		return nil, r.interrupted(lk, key, details)
 	case errors.Is(err, dlock.ErrNotAcquired):
 		if ferr := s.guard.failed(); ferr != nil {
-			return nil, failure(s.explain(fmt.Errorf("gave up after %s waiting for %q: %w", r.wait, key, ferr)))
+			return nil, failure(s.explain(fmt.Errorf("gave up after %s waiting for %q: %w", time.Duration(r.wait), key, ferr)))
 		}
-		return nil, r.notObtained(r.conflictCode, "gave up after %s waiting for %q%s", r.wait, key, details)
+		return nil, r.notObtained(r.conflictCode, "gave up after %s waiting for %q%s", time.Duration(r.wait), key, details)
 	}
 	return lk, err
 }
