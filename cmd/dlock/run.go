@@ -257,6 +257,7 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 		defer mu.Unlock()
 		return holder
 	}
+	start := time.Now()
 	status := newStatusLine(r.a.stderr, r.quiet)
 	opts = append(opts, dlock.WithWaitFunc(func(h dlock.LockInfo) {
 		mu.Lock()
@@ -265,25 +266,22 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 		if holder == nil || holderDetails(h) != "" {
 			holder = &h
 		}
-		h = *holder
 		mu.Unlock()
-		status.show(waitMessage(key, h))
+		status.show(func(width int) string { return waitMessage(key, lastHolder(), time.Since(start), width) })
 	}))
 
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	if status.w != nil {
 		// Stores that wait in the server report the holder once per wait
-		// (up to 30 s with MySQL): count the lease down in between.
+		// (up to 30 s with MySQL): count the wait up in between.
 		wg.Go(func() {
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
 				select {
 				case <-t.C:
-					if h := lastHolder(); h != nil {
-						status.show(waitMessage(key, *h))
-					}
+					status.show(func(width int) string { return waitMessage(key, lastHolder(), time.Since(start), width) })
 				case <-stop:
 					return
 				}
@@ -455,22 +453,41 @@ func exitCode(err error) int {
 	return exitFailure
 }
 
-func waitMessage(key string, h dlock.LockInfo) string {
-	return fmt.Sprintf("waiting: %q is held%s", key, holderDetails(h))
+// waitMessage is the status line while waiting: how long dlock has waited,
+// and what is known of the holder h, if any. When width > 0, a key too
+// long for the line is cut in its middle, so that the holder stays in view.
+func waitMessage(key string, h *dlock.LockInfo, waited time.Duration, width int) string {
+	head := fmt.Sprintf("waiting %s for ", waited.Truncate(time.Second))
+	tail := ""
+	if h != nil {
+		if d := holderDetails(*h); d != "" {
+			tail = ": held" + d
+		}
+	}
+	q := []rune(strconv.Quote(key))
+	if room := width - 1 - len([]rune(head)) - len([]rune(tail)); width > 0 && len(q) > room && room >= 9 {
+		q = append(append(q[:(room-1)/2:(room-1)/2], '…'), q[len(q)-(room-1-(room-1)/2):]...)
+	}
+	return head + string(q) + tail
 }
 
-// holderDetails is "[ by OWNER][, lease expires in D]": what is known of the
-// holder h.
+// holderDetails is "[ by OWNER][ since TIME]": what is known of the holder
+// h. The acquisition time stays put while the holder renews its lease, and
+// tells a stuck holder from a new one.
 func holderDetails(h dlock.LockInfo) string {
 	s := ""
 	if h.Owner != "" {
-		s += " by " + h.Owner
+		s += " by " + strconv.Quote(h.Owner)
 	} else if h.Metadata != "" {
-		s += " by " + h.Metadata
+		s += " by " + strconv.Quote(h.Metadata)
 	}
-	if !h.ExpiresAt.IsZero() {
-		// Not below 0: a lease that ran out may have been renewed since.
-		s += fmt.Sprintf(", lease expires in %s", max(time.Until(h.ExpiresAt), 0).Round(time.Second))
+	if !h.AcquiredAt.IsZero() {
+		at := h.AcquiredAt.Local()
+		layout := "15:04:05"
+		if y, m, d := at.Date(); y != time.Now().Year() || m != time.Now().Month() || d != time.Now().Day() {
+			layout = "2006-01-02 15:04:05"
+		}
+		s += " since " + at.Format(layout)
 	}
 	return s
 }
@@ -494,12 +511,29 @@ func newStatusLine(w any, quiet bool) *statusLine {
 	return &statusLine{w: f}
 }
 
-func (s *statusLine) show(msg string) {
+// show rewrites the line with msg(width of the terminal), cut to that width. It writes
+// only while dlock's process group is the terminal's foreground group: a
+// job put in the background (`dlock run … &`, Ctrl-Z then bg) does not draw
+// over the shell's prompt.
+func (s *statusLine) show(msgFor func(width int) string) {
 	if s.w == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fd := int(s.w.Fd())
+	if !foregroundOn(fd) {
+		return
+	}
+	w := termWidth(fd)
+	msg := msgFor(w)
+	if w > 1 {
+		// One column short of the width: a full line would wrap on some
+		// terminals, and the next \r would rewrite only its second row.
+		if r := []rune(msg); len(r) > w-1 {
+			msg = string(r[:w-1])
+		}
+	}
 	s.used = true
 	fmt.Fprintf(s.w, "\r\033[K%s", msg)
 }
@@ -507,7 +541,7 @@ func (s *statusLine) show(msg string) {
 func (s *statusLine) clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.used {
+	if s.used && foregroundOn(int(s.w.Fd())) {
 		fmt.Fprint(s.w, "\r\033[K")
 	}
 }
