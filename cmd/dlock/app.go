@@ -60,6 +60,7 @@ type app struct {
 	dbSet          bool   // --db was given, maybe empty
 	timeout        time.Duration
 	verbose        bool
+	logFormat      string // --log-format
 	secrets        []string // passwords of the store URL: never printed
 
 	// beforeIO, if set, is called with the parsed store URL instead of
@@ -216,17 +217,19 @@ embedded store.`,
 			if a.timeout <= 0 {
 				return usageError("--timeout %s is not positive", a.timeout)
 			}
-			level := slog.LevelError + 1 // silent
-			if a.verbose {
-				level = slog.LevelDebug
+			log, err := newLogger(a.stderr, a.verbose, a.logFormat)
+			if err != nil {
+				return err
 			}
-			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+			a.log = log
+			routeDriverLogs(log)
 			return nil
 		},
 	}
 	root.PersistentFlags().StringVar(&a.db, "db", "", "lock store URL (default $DLOCK_DB, else the embedded SQLite store)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", defaultTimeout, "bound on each store call that does not wait for the lock (connecting included)")
-	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log renewal failures and lock losses to stderr")
+	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log to stderr: acquisitions and releases with wait and hold times, renewal failures, lock losses, the store clients' own messages")
+	root.PersistentFlags().StringVar(&a.logFormat, "log-format", "text", "format of -v's log lines: text or json (one JSON object a line)")
 	root.Version = versionString()
 	root.SetVersionTemplate("dlock {{.Version}}\n")
 	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.doctorCmd(), a.versionCmd())

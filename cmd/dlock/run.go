@@ -201,6 +201,7 @@ func (r *runCmd) run(key string, argv []string) error {
 	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log})
 	defer locker.Close(context.Background())
 
+	start := time.Now()
 	lk, err := r.acquire(ctx, locker, s, key)
 	if err != nil {
 		var ee *exitError
@@ -209,6 +210,7 @@ func (r *runCmd) run(key string, argv []string) error {
 		}
 		return r.a.storeErr(s, err)
 	}
+	r.a.log.Info("acquired", "key", key, "fence", lk.Fence(), "waited", time.Since(start))
 	return r.supervise(lk, argv)
 }
 
@@ -332,6 +334,7 @@ func (r *runCmd) notObtained(code int, format string, args ...any) error {
 // lock loss, then releases the lock. A lock lost while COMMAND ran is exit
 // 76 whenever dlock learns it: during the run, or at the release.
 func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
+	heldFrom := time.Now()
 	defer lk.Release(context.Background())
 	// From now on signals go to COMMAND.
 	r.a.stopWatch()
@@ -416,6 +419,7 @@ loop:
 	err := lk.Release(r.a.ctx)
 	switch {
 	case err == nil:
+		r.a.log.Info("released", "key", lk.Key(), "fence", lk.Fence(), "held", time.Since(heldFrom), "exit", code)
 	case errors.Is(err, dlock.ErrNotHeld):
 		return &exitError{code: exitLockLost, err: fmt.Errorf("lock %q lost while the command ran (found at release: %w); the command exited %d", lk.Key(), err, code)}
 	default:

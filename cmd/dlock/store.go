@@ -92,9 +92,9 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 	case "postgres":
 		s, err = openPostgres(ctx, spec)
 	case "etcd":
-		s, err = openEtcd(spec)
+		s, err = openEtcd(spec, a.log.With("driver", "etcd"))
 	case "zk":
-		s, err = openZooKeeper(spec)
+		s, err = openZooKeeper(spec, a.log.With("driver", "zookeeper"))
 	}
 	if err != nil {
 		return nil, err
@@ -223,23 +223,6 @@ func openRedis(spec *storeSpec) (*store, error) {
 	ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
 	return &store{name: spec.name, backend: b, migrate: ping,
 		schema: "-- Redis needs no schema.", doctor: redisDoctor(c), close: c.Close}, nil
-}
-
-// quietRedis drops go-redis's own log lines (a failed dial logs one per
-// attempt): dlock reports the error once.
-type quietRedis struct{}
-
-func (quietRedis) Printf(context.Context, string, ...any) {}
-
-// quietMySQL drops the MySQL driver's log lines ("unexpected EOF" when the
-// server closes a connection): dlock reports errors once, on one line.
-type quietMySQL struct{}
-
-func (quietMySQL) Print(...any) {}
-
-func init() {
-	redis.SetLogger(quietRedis{})
-	_ = mysql.SetLogger(quietMySQL{})
 }
 
 // openPostgres opens postgres://user:pass@host:5432/db[?strategy=lease|advisory&table=…]
