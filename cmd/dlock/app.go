@@ -60,7 +60,7 @@ type app struct {
 	dbSet          bool   // --db was given, maybe empty
 	timeout        time.Duration
 	verbose        bool
-	logFormat      string // --log-format
+	logFormat      string   // --log-format
 	secrets        []string // passwords of the store URL: never printed
 
 	// beforeIO, if set, is called with the parsed store URL instead of
