@@ -116,8 +116,16 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 }
 
 // openSQLite opens the SQLite store in the file path. The embedded store
-// creates its table on open.
+// creates its table on open, and its state directory if need be; a path
+// given in a URL must be in a directory that exists (a typo would otherwise
+// make a new, empty store that excludes nobody).
 func openSQLite(path string, embedded bool) (*store, error) {
+	if !embedded {
+		dir := filepath.Dir(path)
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return nil, usageError("sqlite://%s: the directory %s does not exist: create it, or correct the path", path, dir)
+		}
+	}
 	b, err := sqlitelock.Open(path)
 	if err != nil {
 		return nil, failure(err)
