@@ -8,11 +8,13 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"os/user"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/spf13/cobra"
@@ -198,7 +200,7 @@ func (r *runCmd) run(key string, argv []string) error {
 			return r.a.storeErr(s, err)
 		}
 	}
-	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log})
+	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log, Metadata: runMetadata(argv)})
 	defer locker.Close(context.Background())
 
 	start := time.Now()
@@ -548,4 +550,40 @@ func (s *statusLine) clear() {
 	if s.used && foregroundOn(int(s.w.Fd())) {
 		fmt.Fprint(s.w, "\r\033[K")
 	}
+}
+
+// runMetadata is what `dlock list` shows of a holder: who runs what, where.
+// "user=U host=H pid=P cmd=COMMAND ARGS…", cut to dlock.MaxMetadataLen
+// bytes of valid UTF-8.
+func runMetadata(argv []string) string {
+	name := os.Getenv("USER")
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	if name == "" {
+		name = strconv.Itoa(os.Getuid())
+	}
+	host, _ := os.Hostname()
+	words := make([]string, len(argv))
+	for i, w := range argv {
+		words[i] = shellWord(w)
+	}
+	m := fmt.Sprintf("user=%s host=%s pid=%d cmd=%s", name, host, os.Getpid(), strings.Join(words, " "))
+	m = strings.ToValidUTF8(strings.ReplaceAll(m, "\x00", ""), "\uFFFD")
+	for len(m) > dlock.MaxMetadataLen {
+		_, n := utf8.DecodeLastRuneInString(m)
+		m = m[:len(m)-n]
+	}
+	return m
+}
+
+// shellWord is w as a shell would need it: as it is, or single-quoted.
+func shellWord(w string) string {
+	if w != "" && !strings.ContainsFunc(w, func(r rune) bool {
+		return !(r == '/' || r == '.' || r == '-' || r == '_' || r == '=' || r == ':' || r == ',' || r == '+' || r == '@' ||
+			'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9')
+	}) {
+		return w
+	}
+	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 }

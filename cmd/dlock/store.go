@@ -29,7 +29,8 @@ type store struct {
 	guard    *guard // bounds backend's calls; nil until openStore wraps it
 	migrate  func(context.Context) error
 	schema   string
-	claims   *claims // the strategy of each key, for stores with several
+	exists   tableExists // nil for stores without tables
+	claims   *claims     // the strategy of each key, for stores with several
 	doctor   doctorFunc
 	strategy string
 	close    func() error
@@ -131,7 +132,7 @@ func openSQLite(path string, embedded bool) (*store, error) {
 		return nil, failure(err)
 	}
 	return &store{name: "sqlite://" + path, embedded: embedded, backend: b, migrate: b.Migrate,
-		schema: sqlitelock.Schema(), doctor: sqliteDoctor(path), close: b.Close}, nil
+		schema: sqlitelock.Schema(), exists: sqliteTableExists(path), doctor: sqliteDoctor(path), close: b.Close}, nil
 }
 
 func openMySQL(spec *storeSpec) (*store, error) {
@@ -187,7 +188,7 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		Check(context.Context) ([]mysqllock.Finding, error)
 	})
 	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		claims: cl, doctor: mysqlDoctor(checker), close: closeAll}, nil
+		exists: mysqlTableExists(db), claims: cl, doctor: mysqlDoctor(checker), close: closeAll}, nil
 }
 
 // explain turns store errors into messages that name the fix.
@@ -288,5 +289,5 @@ func openPostgres(ctx context.Context, spec *storeSpec) (*store, error) {
 		return cl.migrate(ctx)
 	}
 	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		claims: cl, doctor: pgDoctor(pool), close: closeAll}, nil
+		exists: pgTableExists(pool), claims: cl, doctor: pgDoctor(pool), close: closeAll}, nil
 }
