@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/spf13/cobra"
@@ -50,14 +53,32 @@ func (a *app) listCmd() *cobra.Command {
 				if !l.ExpiresAt.IsZero() {
 					expires = time.Until(l.ExpiresAt).Round(100 * time.Millisecond).String()
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", l.Key, owner, l.Fence,
-					l.AcquiredAt.Local().Format(time.DateTime), expires, l.Metadata)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", printable(l.Key), printable(owner), l.Fence,
+					l.AcquiredAt.Local().Format(listTime), expires, printable(l.Metadata))
 			}
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// listTime is the format of times in dlock list's table: local, with the
+// zone's offset (--json has RFC 3339 in UTC).
+const listTime = "2006-01-02 15:04:05 -07:00"
+
+// printable is s for a terminal: as it is when every character prints,
+// else quoted with Go's escapes (\n, \x1b, \u200b), so that a key, owner
+// or metadata cannot break the table's lines or send terminal escapes.
+func printable(s string) string {
+	if s == "" {
+		return s
+	}
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return !unicode.IsPrint(r) && r != ' ' }) ||
+		strings.HasPrefix(s, `"`) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 type jsonLock struct {
@@ -96,19 +117,33 @@ func (a *app) releaseCmd() *cobra.Command {
 		Long: `release frees KEY whoever holds it. The next holder gets a larger fencing
 token, so a stale holder is fenced out; the holder's dlock notices at its next
 renewal and stops its command. It refuses without --force (exit 64), and
-exits 1 when KEY is not held.`,
+says KEY is free and exits 1 when nothing holds it (with or without
+--force).`,
 		Example: `  dlock release --force nightly-report`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			if !force {
-				return usageError("refusing to free %q held by someone else without --force", args[0])
-			}
+			key := args[0]
 			ctx := a.ctx
 			s, err := a.openStore(ctx, false)
 			if err != nil {
 				return err
 			}
 			defer s.close()
+			if !force {
+				locks, err := dlock.New(s.backend, nil).List(ctx, key)
+				if err != nil && !errors.Is(err, dlock.ErrUnsupported) {
+					return a.storeErr(s, err)
+				}
+				for _, l := range locks {
+					if l.Key == key {
+						return usageError("refusing to free %q held%s without --force", key, holderDetails(l))
+					}
+				}
+				if err == nil {
+					return &exitError{code: 1, err: fmt.Errorf("%q is free: nothing to release", key)}
+				}
+				return usageError("refusing to free %q without --force", key)
+			}
 			if s.claims != nil {
 				err := s.guard.call(ctx, "the strategy check", func(ctx context.Context) error { return s.claims.check(ctx, args[0]) })
 				if err != nil {
@@ -118,7 +153,7 @@ exits 1 when KEY is not held.`,
 			err = dlock.New(s.backend, nil).ForceRelease(ctx, args[0])
 			switch {
 			case errors.Is(err, dlock.ErrNotHeld):
-				return &exitError{code: 1, err: fmt.Errorf("%q is not held", args[0])}
+				return &exitError{code: 1, err: fmt.Errorf("%q is free: nothing to release", args[0])}
 			case err != nil:
 				return a.storeErr(s, err)
 			}
@@ -132,7 +167,7 @@ func (a *app) migrateCmd() *cobra.Command {
 	var print bool
 	return withFlags(&cobra.Command{
 		Use:   "migrate",
-		Short: "Create or upgrade the lock table",
+		Short: "Create the lock tables; say what was created, or that nothing was needed",
 		Example: `  dlock migrate --db mysql://admin:secret@db:3306/ops
   dlock migrate --print > schema.sql`,
 		Args: cobra.NoArgs,
@@ -150,10 +185,36 @@ func (a *app) migrateCmd() *cobra.Command {
 				}
 				return nil
 			}
+			tables := schemaTables(s.schema)
+			before := map[string]bool{}
+			if s.exists != nil {
+				for _, t := range tables {
+					ok, err := bounded(s.guard, ctx, "a table lookup", func(ctx context.Context) (bool, error) { return s.exists(ctx, t) })
+					if err != nil {
+						return a.storeErr(s, err)
+					}
+					before[t] = ok
+				}
+			}
 			if err := s.migrate(ctx); err != nil {
 				return a.storeErr(s, err)
 			}
-			fmt.Fprintf(a.stdout, "migrated %s\n", s.name)
+			var created, existed []string
+			for _, t := range tables {
+				if before[t] {
+					existed = append(existed, unquote(t))
+				} else {
+					created = append(created, unquote(t))
+				}
+			}
+			switch {
+			case s.exists == nil:
+				fmt.Fprintf(a.stdout, "nothing to do: %s needs no tables (it answered)\n", s.name)
+			case len(created) == 0:
+				fmt.Fprintf(a.stdout, "nothing to do: %s has its tables (%s)\n", s.name, strings.Join(existed, ", "))
+			default:
+				fmt.Fprintf(a.stdout, "created in %s: %s\n", s.name, strings.Join(created, ", "))
+			}
 			return nil
 		},
 	}, func(c *cobra.Command) {

@@ -60,6 +60,7 @@ type app struct {
 	dbSet          bool   // --db was given, maybe empty
 	timeout        time.Duration
 	verbose        bool
+	logFormat      string   // --log-format
 	secrets        []string // passwords of the store URL: never printed
 
 	// beforeIO, if set, is called with the parsed store URL instead of
@@ -216,17 +217,21 @@ embedded store.`,
 			if a.timeout <= 0 {
 				return usageError("--timeout %s is not positive", a.timeout)
 			}
-			level := slog.LevelError + 1 // silent
-			if a.verbose {
-				level = slog.LevelDebug
+			log, err := newLogger(a.stderr, a.verbose, a.logFormat)
+			if err != nil {
+				return err
 			}
-			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+			a.log = log
+			routeDriverLogs(log)
 			return nil
 		},
 	}
 	root.PersistentFlags().StringVar(&a.db, "db", "", "lock store URL (default $DLOCK_DB, else the embedded SQLite store)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", defaultTimeout, "bound on each store call that does not wait for the lock (connecting included)")
-	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log renewal failures and lock losses to stderr")
+	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log to stderr: acquisitions and releases with wait and hold times, renewal failures, lock losses, the store clients' own messages")
+	root.PersistentFlags().StringVar(&a.logFormat, "log-format", "text", "format of -v's log lines: text or json (one JSON object a line)")
+	root.Version = versionString()
+	root.SetVersionTemplate("dlock {{.Version}}\n")
 	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.doctorCmd(), a.versionCmd())
 	return root
 }
@@ -235,18 +240,54 @@ func (a *app) versionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:     "version",
 		Short:   "Print dlock's version",
-		Example: "  dlock version",
+		Example: "  dlock version\n  dlock --version",
 		Args:    cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			v := version
-			if v == "" {
-				v = "(devel)"
-				if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-					v = bi.Main.Version
-				}
-			}
-			fmt.Fprintln(a.stdout, "dlock", v)
+			fmt.Fprintln(a.stdout, "dlock", versionString())
 			return nil
 		},
 	}
+}
+
+// versionString is the module version (or the one set with -ldflags
+// "-X main.version=…"), then the VCS commit and time the binary was built
+// from, when the go command recorded them: "v0.1.0", "(devel) commit
+// 0123abcd… 2026-01-02T03:04:05Z, modified".
+func versionString() string {
+	bi, ok := debug.ReadBuildInfo()
+	return formatVersion(version, bi, ok)
+}
+
+func formatVersion(v string, bi *debug.BuildInfo, ok bool) string {
+	if v == "" {
+		v = "(devel)"
+		if ok && bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+	}
+	if !ok {
+		return v
+	}
+	var rev, at string
+	var modified bool
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev != "" {
+		v += " commit " + rev
+		if at != "" {
+			v += " " + at
+		}
+		if modified {
+			v += ", modified"
+		}
+	}
+	return v
 }

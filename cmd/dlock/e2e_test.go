@@ -370,7 +370,6 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "k", "true"},
 		{"run", "", "--", "true"},
 		{"run", "--ttl", "10ms", "k", "--", "true"},
-		{"run", "k", "--", "/no/such/command"},
 		{"run", "--db", "memcached://x", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?strategy=nope", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?color=red", "k", "--", "true"},

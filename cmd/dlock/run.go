@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"math"
 	"os"
 	"os/exec"
+	"os/user"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/spf13/cobra"
@@ -20,19 +24,57 @@ import (
 type runCmd struct {
 	a            *app
 	ttl          time.Duration
-	wait         time.Duration
+	wait         waitFlag
+	noWait       bool
 	grace        time.Duration
 	owner        string
 	conflictCode int
 	quiet        bool
+	shell        string // -c: COMMAND is `sh -c shell`
 }
 
+// waitFlag is --wait/-w: a duration (1m30s) or, as with flock(1), a plain
+// number of seconds (30, 0.5). Negative means "as long as it takes".
+type waitFlag time.Duration
+
+func (w *waitFlag) String() string {
+	if *w < 0 {
+		return "forever"
+	}
+	return time.Duration(*w).String()
+}
+
+func (w *waitFlag) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		secs, ferr := strconv.ParseFloat(v, 64)
+		if ferr != nil || math.IsNaN(secs) || math.IsInf(secs, 0) || secs > math.MaxInt64/float64(time.Second) {
+			return fmt.Errorf("want seconds (30, 0.5) or a duration (1m30s)")
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d < 0 {
+		return fmt.Errorf("negative")
+	}
+	*w = waitFlag(d)
+	return nil
+}
+
+func (*waitFlag) Type() string { return "SECONDS|DURATION" }
+
+const runUsage = "usage: dlock run [flags] KEY -- COMMAND [ARGS...], or dlock run [flags] KEY -c 'SHELL COMMAND'"
+
 func (a *app) runCmd() *cobra.Command {
-	r := &runCmd{a: a}
+	r := &runCmd{a: a, wait: -1}
 	cmd := &cobra.Command{
-		Use:   "run [flags] KEY -- COMMAND [ARGS...]",
+		Use:   "run [flags] KEY -- COMMAND [ARGS...]\n  dlock run [flags] KEY -c 'SHELL COMMAND'\n  dlock run [flags] -- -KEY -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `run acquires KEY, runs COMMAND, and releases KEY when COMMAND exits.
+
+KEY is the first argument that is not a flag; COMMAND follows the -- after
+it, and nothing after that -- is read as dlock's. A KEY that starts with '-'
+goes after a first --: dlock run [flags] -- -KEY -- COMMAND. With -c, COMMAND is sh -c 'SHELL
+COMMAND' and there is nothing after KEY.
 
 COMMAND gets DLOCK_KEY, DLOCK_FENCE (the fence: strictly larger for every new
 holder of KEY; DLOCK_TOKEN is the same number, for older scripts) and
@@ -45,39 +87,87 @@ lost while COMMAND runs, COMMAND gets SIGTERM, then SIGKILL after --grace, and
 dlock exits with 76. If dlock itself dies, COMMAND is killed (Linux
 parent-death signal).
 
-Exit status: COMMAND's (128+N if signal N killed it); 75 (or
+Exit status: COMMAND's (128+N if signal N killed it); 75 (or -E,
 --conflict-exit-code) when the store said KEY was held until --wait ran out;
+127 when COMMAND is not found, 126 when it cannot be executed;
 128+N when signal N ended dlock before COMMAND started; 76 when the lock was
 lost while COMMAND ran, also when that is found only at the release; 64 on
 bad usage (and for a key used with another strategy); 70 when the store
 failed, did not answer within --timeout, or never answered during --wait.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
   # (-q: a run skipped because another machine has the lock sends no mail)
-  */5 * * * * dlock run -q --db mysql://cron:secret@db:3306/ops --wait 0 nightly-report -- /usr/local/bin/report
+  */5 * * * * dlock run -q -n nightly-report -- /usr/local/bin/report
 
-  # wait up to a minute for the lock
-  dlock run --wait 1m deploy -- ./deploy.sh`,
+  # wait up to a minute for the lock (-w 60 is the same)
+  dlock run --wait 1m deploy -- ./deploy.sh
+
+  # a shell command line; exit 1 if the lock is taken
+  dlock run -n -E 1 backup -c 'pg_dump ops | gzip > /backup/ops.gz'`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
-				return usageError("usage: dlock run [flags] KEY -- COMMAND [ARGS...]")
-			}
-			return nil
+			_, _, err := r.splitArgs(cmd.ArgsLenAtDash(), args)
+			return err
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !cmd.Flags().Changed("wait") {
-				r.wait = -1
+			if r.noWait {
+				if cmd.Flags().Changed("wait") {
+					return usageError("-n (--nonblock) and --wait are exclusive")
+				}
+				r.wait = 0
 			}
-			return r.run(args[0], args[1:])
+			key, argv, _ := r.splitArgs(cmd.ArgsLenAtDash(), args)
+			return r.run(key, argv)
 		},
 	}
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		// `dlock run KEY ls -la`: the flags were COMMAND's.
+		if c.Flags().ArgsLenAtDash() < 0 && len(c.Flags().Args()) >= 2 {
+			return usageError("%v: to pass flags to COMMAND, put -- between KEY and COMMAND: dlock run [flags] %s -- %s …", err, c.Flags().Arg(0), c.Flags().Arg(1))
+		}
+		return usageError("%w", err)
+	})
 	f := cmd.Flags()
 	f.DurationVar(&r.ttl, "ttl", dlock.DefaultTTL, "lease; renewed every ttl/3 while COMMAND runs")
-	f.DurationVar(&r.wait, "wait", 0, "how long to wait for the lock; 0 gives up at once (default: wait as long as it takes)")
+	f.VarP(&r.wait, "wait", "w", "how long to wait for the lock: seconds (30, 0.5) or a duration (1m); 0 gives up at once (default: wait as long as it takes)")
+	f.Lookup("wait").DefValue = "forever"
+	f.BoolVarP(&r.noWait, "nonblock", "n", false, "give up at once if the lock is held (--wait 0)")
 	f.DurationVar(&r.grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lock is lost")
-	f.StringVar(&r.owner, "owner", "", "owner identity shown by `dlock list` and exported as DLOCK_OWNER (default: none; the metadata names host and pid)")
-	f.IntVar(&r.conflictCode, "conflict-exit-code", exitConflict, "exit status when the lock was not obtained")
+	f.StringVar(&r.owner, "owner", "", "owner identity shown by `dlock list` and exported as DLOCK_OWNER (default: none; the metadata names user, host, pid and command line)")
+	f.IntVarP(&r.conflictCode, "conflict-exit-code", "E", exitConflict, "exit status when the lock was not obtained")
+	f.StringVarP(&r.shell, "command", "c", "", "run `SHELL COMMAND` with sh -c instead of COMMAND [ARGS...]")
 	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no message when the lock is not obtained")
 	return cmd
+}
+
+// splitArgs splits run's arguments into KEY and COMMAND. dash is the number
+// of arguments before the first -- (-1 without one): KEY -- COMMAND has 1,
+// -- -KEY -- COMMAND has 0 (and its second -- among args).
+func (r *runCmd) splitArgs(dash int, args []string) (key string, argv []string, err error) {
+	switch {
+	case dash == 0 && len(args) >= 1:
+		key, args = args[0], args[1:]
+		if len(args) > 0 {
+			if args[0] != "--" {
+				return "", nil, usageError("after -- %s, another -- must come before COMMAND: dlock run [flags] -- %s -- COMMAND [ARGS...]", key, key)
+			}
+			args = args[1:]
+		}
+	case dash == 1 || (dash < 0 && len(args) == 1 && r.shell != ""):
+		key, args = args[0], args[1:]
+	case dash < 0 && len(args) >= 2:
+		return "", nil, usageError("missing -- between KEY and COMMAND: dlock run [flags] %s -- %s", args[0], strings.Join(args[1:], " "))
+	default:
+		return "", nil, usageError(runUsage)
+	}
+	if r.shell != "" {
+		if len(args) > 0 {
+			return "", nil, usageError("-c gives COMMAND: nothing may follow KEY (%s)", runUsage)
+		}
+		return key, []string{"sh", "-c", r.shell}, nil
+	}
+	if len(args) == 0 {
+		return "", nil, usageError(runUsage)
+	}
+	return key, args, nil
 }
 
 func (r *runCmd) run(key string, argv []string) error {
@@ -88,7 +178,12 @@ func (r *runCmd) run(key string, argv []string) error {
 		return usageError("%w", err)
 	}
 	if _, err := exec.LookPath(argv[0]); err != nil {
-		return usageError("%v", err)
+		// As a shell says it: 127 not found, 126 found but not executable.
+		code := 126
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			code = 127
+		}
+		return &exitError{code: code, err: err}
 	}
 	ctx := r.a.ctx // cancelled by a signal until COMMAND starts
 	s, err := r.a.openStore(ctx, false)
@@ -105,9 +200,10 @@ func (r *runCmd) run(key string, argv []string) error {
 			return r.a.storeErr(s, err)
 		}
 	}
-	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log})
+	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log, Metadata: runMetadata(argv)})
 	defer locker.Close(context.Background())
 
+	start := time.Now()
 	lk, err := r.acquire(ctx, locker, s, key)
 	if err != nil {
 		var ee *exitError
@@ -116,6 +212,7 @@ func (r *runCmd) run(key string, argv []string) error {
 		}
 		return r.a.storeErr(s, err)
 	}
+	r.a.log.Info("acquired", "key", key, "fence", lk.Fence(), "waited", time.Since(start))
 	return r.supervise(lk, argv)
 }
 
@@ -153,7 +250,7 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 	}
 	if r.wait > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.wait)
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(r.wait))
 		defer cancel()
 	}
 
@@ -164,6 +261,7 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 		defer mu.Unlock()
 		return holder
 	}
+	start := time.Now()
 	status := newStatusLine(r.a.stderr, r.quiet)
 	opts = append(opts, dlock.WithWaitFunc(func(h dlock.LockInfo) {
 		mu.Lock()
@@ -172,25 +270,22 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 		if holder == nil || holderDetails(h) != "" {
 			holder = &h
 		}
-		h = *holder
 		mu.Unlock()
-		status.show(waitMessage(key, h))
+		status.show(func(width int) string { return waitMessage(key, lastHolder(), time.Since(start), width) })
 	}))
 
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	if status.w != nil {
 		// Stores that wait in the server report the holder once per wait
-		// (up to 30 s with MySQL): count the lease down in between.
+		// (up to 30 s with MySQL): count the wait up in between.
 		wg.Go(func() {
 			t := time.NewTicker(time.Second)
 			defer t.Stop()
 			for {
 				select {
 				case <-t.C:
-					if h := lastHolder(); h != nil {
-						status.show(waitMessage(key, *h))
-					}
+					status.show(func(width int) string { return waitMessage(key, lastHolder(), time.Since(start), width) })
 				case <-stop:
 					return
 				}
@@ -211,9 +306,9 @@ func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, ke
 		return nil, r.interrupted(lk, key, details)
 	case errors.Is(err, dlock.ErrNotAcquired):
 		if ferr := s.guard.failed(); ferr != nil {
-			return nil, failure(s.explain(fmt.Errorf("gave up after %s waiting for %q: %w", r.wait, key, ferr)))
+			return nil, failure(s.explain(fmt.Errorf("gave up after %s waiting for %q: %w", time.Duration(r.wait), key, ferr)))
 		}
-		return nil, r.notObtained(r.conflictCode, "gave up after %s waiting for %q%s", r.wait, key, details)
+		return nil, r.notObtained(r.conflictCode, "gave up after %s waiting for %q%s", time.Duration(r.wait), key, details)
 	}
 	return lk, err
 }
@@ -241,6 +336,7 @@ func (r *runCmd) notObtained(code int, format string, args ...any) error {
 // lock loss, then releases the lock. A lock lost while COMMAND ran is exit
 // 76 whenever dlock learns it: during the run, or at the release.
 func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
+	heldFrom := time.Now()
 	defer lk.Release(context.Background())
 	// From now on signals go to COMMAND.
 	r.a.stopWatch()
@@ -325,6 +421,7 @@ loop:
 	err := lk.Release(r.a.ctx)
 	switch {
 	case err == nil:
+		r.a.log.Info("released", "key", lk.Key(), "fence", lk.Fence(), "held", time.Since(heldFrom), "exit", code)
 	case errors.Is(err, dlock.ErrNotHeld):
 		return &exitError{code: exitLockLost, err: fmt.Errorf("lock %q lost while the command ran (found at release: %w); the command exited %d", lk.Key(), err, code)}
 	default:
@@ -362,22 +459,41 @@ func exitCode(err error) int {
 	return exitFailure
 }
 
-func waitMessage(key string, h dlock.LockInfo) string {
-	return fmt.Sprintf("waiting: %q is held%s", key, holderDetails(h))
+// waitMessage is the status line while waiting: how long dlock has waited,
+// and what is known of the holder h, if any. When width > 0, a key too
+// long for the line is cut in its middle, so that the holder stays in view.
+func waitMessage(key string, h *dlock.LockInfo, waited time.Duration, width int) string {
+	head := fmt.Sprintf("waiting %s for ", waited.Truncate(time.Second))
+	tail := ""
+	if h != nil {
+		if d := holderDetails(*h); d != "" {
+			tail = ": held" + d
+		}
+	}
+	q := []rune(strconv.Quote(key))
+	if room := width - 1 - len([]rune(head)) - len([]rune(tail)); width > 0 && len(q) > room && room >= 9 {
+		q = append(append(q[:(room-1)/2:(room-1)/2], '…'), q[len(q)-(room-1-(room-1)/2):]...)
+	}
+	return head + string(q) + tail
 }
 
-// holderDetails is "[ by OWNER][, lease expires in D]": what is known of the
-// holder h.
+// holderDetails is "[ by OWNER][ since TIME]": what is known of the holder
+// h. The acquisition time stays put while the holder renews its lease, and
+// tells a stuck holder from a new one.
 func holderDetails(h dlock.LockInfo) string {
 	s := ""
 	if h.Owner != "" {
-		s += " by " + h.Owner
+		s += " by " + strconv.Quote(h.Owner)
 	} else if h.Metadata != "" {
-		s += " by " + h.Metadata
+		s += " by " + strconv.Quote(h.Metadata)
 	}
-	if !h.ExpiresAt.IsZero() {
-		// Not below 0: a lease that ran out may have been renewed since.
-		s += fmt.Sprintf(", lease expires in %s", max(time.Until(h.ExpiresAt), 0).Round(time.Second))
+	if !h.AcquiredAt.IsZero() {
+		at := h.AcquiredAt.Local()
+		layout := "15:04:05"
+		if y, m, d := at.Date(); y != time.Now().Year() || m != time.Now().Month() || d != time.Now().Day() {
+			layout = "2006-01-02 15:04:05"
+		}
+		s += " since " + at.Format(layout)
 	}
 	return s
 }
@@ -401,12 +517,29 @@ func newStatusLine(w any, quiet bool) *statusLine {
 	return &statusLine{w: f}
 }
 
-func (s *statusLine) show(msg string) {
+// show rewrites the line with msg(width of the terminal), cut to that width. It writes
+// only while dlock's process group is the terminal's foreground group: a
+// job put in the background (`dlock run … &`, Ctrl-Z then bg) does not draw
+// over the shell's prompt.
+func (s *statusLine) show(msgFor func(width int) string) {
 	if s.w == nil {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	fd := int(s.w.Fd())
+	if !foregroundOn(fd) {
+		return
+	}
+	w := termWidth(fd)
+	msg := msgFor(w)
+	if w > 1 {
+		// One column short of the width: a full line would wrap on some
+		// terminals, and the next \r would rewrite only its second row.
+		if r := []rune(msg); len(r) > w-1 {
+			msg = string(r[:w-1])
+		}
+	}
 	s.used = true
 	fmt.Fprintf(s.w, "\r\033[K%s", msg)
 }
@@ -414,7 +547,43 @@ func (s *statusLine) show(msg string) {
 func (s *statusLine) clear() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.used {
+	if s.used && foregroundOn(int(s.w.Fd())) {
 		fmt.Fprint(s.w, "\r\033[K")
 	}
+}
+
+// runMetadata is what `dlock list` shows of a holder: who runs what, where.
+// "user=U host=H pid=P cmd=COMMAND ARGS…", cut to dlock.MaxMetadataLen
+// bytes of valid UTF-8.
+func runMetadata(argv []string) string {
+	name := os.Getenv("USER")
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	if name == "" {
+		name = strconv.Itoa(os.Getuid())
+	}
+	host, _ := os.Hostname()
+	words := make([]string, len(argv))
+	for i, w := range argv {
+		words[i] = shellWord(w)
+	}
+	m := fmt.Sprintf("user=%s host=%s pid=%d cmd=%s", name, host, os.Getpid(), strings.Join(words, " "))
+	m = strings.ToValidUTF8(strings.ReplaceAll(m, "\x00", ""), "\uFFFD")
+	for len(m) > dlock.MaxMetadataLen {
+		_, n := utf8.DecodeLastRuneInString(m)
+		m = m[:len(m)-n]
+	}
+	return m
+}
+
+// shellWord is w as a shell would need it: as it is, or single-quoted.
+func shellWord(w string) string {
+	if w != "" && !strings.ContainsFunc(w, func(r rune) bool {
+		return !(r == '/' || r == '.' || r == '-' || r == '_' || r == '=' || r == ':' || r == ',' || r == '+' || r == '@' ||
+			'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9')
+	}) {
+		return w
+	}
+	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
 }

@@ -29,7 +29,8 @@ type store struct {
 	guard    *guard // bounds backend's calls; nil until openStore wraps it
 	migrate  func(context.Context) error
 	schema   string
-	claims   *claims // the strategy of each key, for stores with several
+	exists   tableExists // nil for stores without tables
+	claims   *claims     // the strategy of each key, for stores with several
 	doctor   doctorFunc
 	strategy string
 	close    func() error
@@ -92,9 +93,9 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 	case "postgres":
 		s, err = openPostgres(ctx, spec)
 	case "etcd":
-		s, err = openEtcd(spec)
+		s, err = openEtcd(spec, a.log.With("driver", "etcd"))
 	case "zk":
-		s, err = openZooKeeper(spec)
+		s, err = openZooKeeper(spec, a.log.With("driver", "zookeeper"))
 	}
 	if err != nil {
 		return nil, err
@@ -116,14 +117,22 @@ func (a *app) openStore(ctx context.Context, forMigrate bool) (*store, error) {
 }
 
 // openSQLite opens the SQLite store in the file path. The embedded store
-// creates its table on open.
+// creates its table on open, and its state directory if need be; a path
+// given in a URL must be in a directory that exists (a typo would otherwise
+// make a new, empty store that excludes nobody).
 func openSQLite(path string, embedded bool) (*store, error) {
+	if !embedded {
+		dir := filepath.Dir(path)
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return nil, usageError("sqlite://%s: the directory %s does not exist: create it, or correct the path", path, dir)
+		}
+	}
 	b, err := sqlitelock.Open(path)
 	if err != nil {
 		return nil, failure(err)
 	}
 	return &store{name: "sqlite://" + path, embedded: embedded, backend: b, migrate: b.Migrate,
-		schema: sqlitelock.Schema(), doctor: sqliteDoctor(path), close: b.Close}, nil
+		schema: sqlitelock.Schema(), exists: sqliteTableExists(path), doctor: sqliteDoctor(path), close: b.Close}, nil
 }
 
 func openMySQL(spec *storeSpec) (*store, error) {
@@ -179,7 +188,7 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		Check(context.Context) ([]mysqllock.Finding, error)
 	})
 	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		claims: cl, doctor: mysqlDoctor(db, checker), close: closeAll}, nil
+		exists: mysqlTableExists(db), claims: cl, doctor: mysqlDoctor(db, checker), close: closeAll}, nil
 }
 
 // explain turns store errors into messages that name the fix.
@@ -223,23 +232,6 @@ func openRedis(spec *storeSpec) (*store, error) {
 	ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
 	return &store{name: spec.name, backend: b, migrate: ping,
 		schema: "-- Redis needs no schema.", doctor: redisDoctor(c), close: c.Close}, nil
-}
-
-// quietRedis drops go-redis's own log lines (a failed dial logs one per
-// attempt): dlock reports the error once.
-type quietRedis struct{}
-
-func (quietRedis) Printf(context.Context, string, ...any) {}
-
-// quietMySQL drops the MySQL driver's log lines ("unexpected EOF" when the
-// server closes a connection): dlock reports errors once, on one line.
-type quietMySQL struct{}
-
-func (quietMySQL) Print(...any) {}
-
-func init() {
-	redis.SetLogger(quietRedis{})
-	_ = mysql.SetLogger(quietMySQL{})
 }
 
 // openPostgres opens postgres://user:pass@host:5432/db[?strategy=lease|advisory&table=…]
@@ -297,5 +289,5 @@ func openPostgres(ctx context.Context, spec *storeSpec) (*store, error) {
 		return cl.migrate(ctx)
 	}
 	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		claims: cl, doctor: pgDoctor(pool), close: closeAll}, nil
+		exists: pgTableExists(pool), claims: cl, doctor: pgDoctor(pool), close: closeAll}, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -10,7 +11,6 @@ import (
 	"github.com/dlock-dev/dlock/zklock"
 	"github.com/go-zookeeper/zk"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // endpoints splits a URL's host part, "h1:p1,h2:p2", adding port to hosts
@@ -27,8 +27,8 @@ func endpoints(spec *storeSpec, port string) []string {
 }
 
 // openEtcd opens etcd://host:2379[,host2:2379…][?prefix=/dlock/].
-func openEtcd(spec *storeSpec) (*store, error) {
-	cfg := clientv3.Config{Endpoints: endpoints(spec, "2379"), DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+func openEtcd(spec *storeSpec, log *slog.Logger) (*store, error) {
+	cfg := clientv3.Config{Endpoints: endpoints(spec, "2379"), DialTimeout: 5 * time.Second, Logger: zapLogger(log)}
 	if spec.u.User != nil {
 		cfg.Username = spec.u.User.Username()
 		cfg.Password, _ = spec.u.User.Password()
@@ -53,12 +53,12 @@ func openEtcd(spec *storeSpec) (*store, error) {
 
 // openZooKeeper opens zk://host:2181[,host2:2181…][?root=/dlock&session=30s].
 // Lock TTLs may not exceed the session timeout.
-func openZooKeeper(spec *storeSpec) (*store, error) {
+func openZooKeeper(spec *storeSpec, log *slog.Logger) (*store, error) {
 	session := 30 * time.Second
 	if v := spec.params.Get("session"); v != "" {
 		session, _ = time.ParseDuration(v) // checked by parseStore
 	}
-	c, _, err := zk.Connect(endpoints(spec, "2181"), session, zk.WithLogInfo(false), zk.WithLogger(quietZK{}))
+	c, _, err := zk.Connect(endpoints(spec, "2181"), session, zk.WithLogger(zkLogger{log}))
 	if err != nil {
 		return nil, failure(fmt.Errorf("%s: %s", spec.name, spec.scrub(err.Error())))
 	}
@@ -75,8 +75,3 @@ func openZooKeeper(spec *storeSpec) (*store, error) {
 	return &store{name: spec.name, backend: b, migrate: ping, schema: "-- ZooKeeper needs no schema.",
 		doctor: zkDoctor(c), close: closeConn}, nil
 }
-
-// quietZK drops the ZooKeeper client's connection chatter.
-type quietZK struct{}
-
-func (quietZK) Printf(string, ...any) {}

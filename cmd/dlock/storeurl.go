@@ -83,6 +83,10 @@ func parseStore(raw, source string) (*storeSpec, error) {
 		return &storeSpec{embedded: true, scheme: "sqlite"}, nil
 	}
 	scheme, rest, ok := strings.Cut(raw, "://")
+	if s, _, _ := strings.Cut(raw, ":"); !ok && strings.EqualFold(s, "sqlite") {
+		// sqlite:path has no password to hide.
+		return nil, usageError("bad store URL %q: want an absolute path after three slashes, as in sqlite:///var/lib/dlock/locks.db", raw)
+	}
 	if !ok || !schemeRE.MatchString(scheme) {
 		if s, _, ok := strings.Cut(raw, ":"); ok && schemeRE.MatchString(s) {
 			// scheme:user:pass@host/db: show the scheme alone.
@@ -157,11 +161,14 @@ func parseStore(raw, source string) (*storeSpec, error) {
 	}
 	switch scheme {
 	case "sqlite":
-		spec.path = u.Path
-		if u.Host != "" { // sqlite://relative/path
-			spec.path = filepath.Join(u.Host, u.Path)
+		// sqlite://rel/path reads as host "rel": refused, as is any path that
+		// is not absolute, rather than resolved against whatever directory
+		// dlock happens to run in.
+		if u.Host != "" || u.Opaque != "" || !filepath.IsAbs(u.Path) {
+			return nil, usageError("%s is not an absolute path: want three slashes, as in sqlite:///var/lib/dlock/locks.db", spec.name)
 		}
-		if spec.path == "" {
+		spec.path = u.Path
+		if strings.HasSuffix(spec.path, "/") {
 			return nil, usageError("no file in %s (want sqlite:///path/to/locks.db)", spec.name)
 		}
 	case "mysql":

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -28,6 +29,17 @@ type terminal struct {
 // killed when the test ends.
 func startOnTerminal(t *testing.T, e env, args ...string) (*holder, *terminal) {
 	t.Helper()
+	cmd, _, stderr := command(e, args...)
+	return startCmdOnTerminal(t, cmd, stderr)
+}
+
+// termCols is the width of the test terminals.
+const termCols = 80
+
+// startCmdOnTerminal starts cmd on a new pseudo-terminal of termCols
+// columns; it is killed when the test ends.
+func startCmdOnTerminal(t *testing.T, cmd *exec.Cmd, stderr *bytes.Buffer) (*holder, *terminal) {
+	t.Helper()
 	ptm, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		t.Skipf("SKIPPING: no pseudo-terminals: %v", err)
@@ -43,6 +55,9 @@ func startOnTerminal(t *testing.T, e env, args ...string) (*holder, *terminal) {
 		if ioctlErr = unix.IoctlSetPointerInt(int(fd), unix.TIOCSPTLCK, 0); ioctlErr == nil { // unlock
 			n, ioctlErr = unix.IoctlGetInt(int(fd), unix.TIOCGPTN)
 		}
+		if ioctlErr == nil {
+			ioctlErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: 24, Col: termCols})
+		}
 	})
 	if err != nil || ioctlErr != nil {
 		t.Fatalf("pseudo-terminal: %v %v", err, ioctlErr)
@@ -51,7 +66,6 @@ func startOnTerminal(t *testing.T, e env, args ...string) (*holder, *terminal) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd, _, stderr := command(e, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = pts, pts, pts
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	err = cmd.Start()
@@ -109,31 +123,53 @@ func TestRunReadsTerminal(t *testing.T) {
 	}
 }
 
-// TestWaitOnTerminal checks the status line while waiting on a terminal: it
-// counts the holder's lease down every second, also on stores that wait in
-// the server and report the holder rarely (MySQL lease: once per lease), and
-// Ctrl-C ends the wait with 130, not the conflict code.
+// TestWaitOnTerminal checks the status line while waiting on a terminal:
+// one line rewritten in place and cut to the terminal's width, that counts
+// the wait up every second, also on stores that wait in the server and
+// report the holder rarely (MySQL lease: once per lease), and names the
+// holder and since when it holds the key (not its lease, whose countdown
+// jumps back at every renewal). Ctrl-C ends the wait with 130, not the
+// conflict code.
 func TestWaitOnTerminal(t *testing.T) {
 	e := mysqlStore(t)
 	if e == nil {
 		e = env{"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"}
 	}
-	key := uniqueKey(t)
-	alice := startHolder(t, e, "run", "--owner", "alice", "--ttl", "30s", key, "--", "sleep", "30")
+	// Long enough for the line not to fit in termCols columns.
+	key := uniqueKey(t) + "/" + strings.Repeat("x", termCols/2)
+	alice := startHolder(t, e, "run", "--owner", "alice", "--ttl", "2s", key, "--", "sleep", "30")
 	waitHeld(t, e, key, alice)
 
 	h, term := startOnTerminal(t, e, "run", key, "--", "true")
-	term.waitFor(t, "waiting: ", 20*time.Second)
-	time.Sleep(3500 * time.Millisecond)
-	seen := map[string]bool{}
-	for _, m := range regexp.MustCompile(`lease expires in (\d+s)`).FindAllStringSubmatch(term.output(), -1) {
-		seen[m[1]] = true
+	term.waitFor(t, "waiting ", 20*time.Second)
+	time.Sleep(3500 * time.Millisecond) // the holder renews its 2 s lease twice
+	out := term.output()
+	waited, since := map[string]bool{}, map[string]bool{}
+	for _, m := range regexp.MustCompile(`waiting (\d+s) for`).FindAllStringSubmatch(out, -1) {
+		waited[m[1]] = true
 	}
-	if len(seen) < 2 {
-		t.Errorf("the status line showed the lease expiring in %v over 3.5 s; want it counted down", seen)
+	for _, m := range regexp.MustCompile(`since (\d\d:\d\d:\d\d)`).FindAllStringSubmatch(out, -1) {
+		since[m[1]] = true
 	}
-	if !strings.Contains(term.output(), "alice") {
-		t.Errorf("the status line does not name the holder: %q", term.output())
+	if len(waited) < 2 {
+		t.Errorf("the status line showed waits of %v over 3.5 s; want them counted up", waited)
+	}
+	if len(since) != 1 {
+		t.Errorf("the status line showed the holder holding it since %v; want the one time it was acquired", since)
+	}
+	if strings.Contains(out, "expires") {
+		t.Errorf("the status line shows a lease countdown: %q", out)
+	}
+	if !strings.Contains(out, "alice") {
+		t.Errorf("the status line does not name the holder: %q", out)
+	}
+	if strings.ContainsAny(out, "\n") {
+		t.Errorf("the status line is not one line rewritten in place: %q", out)
+	}
+	for _, line := range strings.Split(out, "\r\033[K") {
+		if n := len([]rune(line)); n >= termCols {
+			t.Errorf("a status line of %d characters on a terminal of %d columns: %q", n, termCols, line)
+		}
 	}
 
 	if _, err := term.ptm.WriteString("\x03"); err != nil { // Ctrl-C
@@ -144,5 +180,28 @@ func TestWaitOnTerminal(t *testing.T) {
 	}
 	if code := h.cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(term.output(), "interrupted by SIGINT") {
 		t.Errorf("Ctrl-C while waiting: exit %d, terminal %q; want 130 saying it was interrupted", code, term.output())
+	}
+}
+
+// TestWaitInBackground checks that dlock waiting in a background job of a
+// terminal (a shell's `dlock run … &`) draws no status line over the
+// foreground job's output.
+func TestWaitInBackground(t *testing.T) {
+	e := env{"XDG_STATE_HOME=" + t.TempDir(), "-DLOCK_DB"}
+	key := uniqueKey(t)
+	alice := startHolder(t, e, "run", "--owner", "alice", key, "--", "sleep", "30")
+	waitHeld(t, e, key, alice)
+
+	// set -m: the shell runs the job in a process group of its own, not the
+	// terminal's foreground group, which stays the shell's.
+	cmd, _, stderr := command(e)
+	cmd.Path, cmd.Args = "/bin/sh", []string{"sh", "-c", `set -m; "$0" run --wait 2.5 "$1" -- true & wait $!; echo "background job exited $?"`, binary, key}
+	h, term := startCmdOnTerminal(t, cmd, stderr)
+	if !h.exited(20 * time.Second) {
+		t.Fatalf("the background dlock did not give up after --wait 2.5: %q", term.output())
+	}
+	term.waitFor(t, "background job exited 75", 5*time.Second)
+	if out := term.output(); strings.Contains(out, "\033[K") {
+		t.Errorf("dlock drew its status line from a background job: %q", out)
 	}
 }
