@@ -133,7 +133,7 @@ func acquire(ctx context.Context, l *dlock.Locker, key string, poll time.Duratio
 		select {
 		case <-time.After(poll):
 		case <-ctx.Done():
-			return nil, errors.Join(err, ctx.Err())
+			return nil, dlock.Join(err, ctx.Err())
 		}
 	}
 }

@@ -123,7 +123,7 @@ func contendOnce(ctx context.Context, l *dlock.Locker, k, dir string) error {
 		return err
 	}
 	err = criticalSection(dir, lk.Fence())
-	return errors.Join(err, lk.Err(), lk.Release(context.Background()))
+	return dlock.Join(err, lk.Err(), lk.Release(context.Background()))
 }
 
 // criticalSection detects overlap across processes with an exclusively

@@ -396,7 +396,7 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 			got.Int64 = 0
 			if !sessionLost(err) {
 				_, err2 := ss.conn.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
-				err = errors.Join(err, err2)
+				err = dlock.Join(err, err2)
 			}
 		}
 		return err

@@ -561,7 +561,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 		}
 		j.waitCancel()
 		if _, uerr := a.unlock(ctx, ss, id); uerr != nil {
-			return errors.Join(err, uerr)
+			return dlock.Join(err, uerr)
 		}
 		return err
 	}

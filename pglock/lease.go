@@ -245,7 +245,7 @@ func (b *Backend) detached(ctx context.Context, stmt func(ctx context.Context, c
 	c, err := b.pool.Acquire(ctx)
 	if err != nil {
 		if ended(ctx) != nil {
-			return false, errors.Join(errLeft, context.Cause(ctx))
+			return false, dlock.Join(errLeft, context.Cause(ctx))
 		}
 		return false, err
 	}
@@ -291,7 +291,7 @@ func (b *Backend) detached(ctx context.Context, stmt func(ctx context.Context, c
 		cancel()
 		close(cancelSent)
 	}()
-	return true, errors.Join(errLeft, context.Cause(ctx))
+	return true, dlock.Join(errLeft, context.Cause(ctx))
 }
 
 // undo releases a lease that an abandoned acquisition took, on the

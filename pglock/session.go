@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -227,7 +228,7 @@ var errLeft = errors.New("pglock: stopped waiting")
 // ctx.Err() when the caller stopped waiting first.
 func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, run func(ctx context.Context, j *job) error) error {
 	if !detached && ctx.Err() != nil {
-		return errors.Join(errLeft, context.Cause(ctx))
+		return dlock.Join(errLeft, context.Cause(ctx))
 	}
 	j := &job{run: run, bound: bound, done: make(chan struct{})}
 	ss.mu.Lock()
@@ -249,7 +250,7 @@ func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, r
 		}
 	}
 	if detached {
-		return errors.Join(errLeft, context.Cause(ctx))
+		return dlock.Join(errLeft, context.Cause(ctx))
 	}
 	j.mu.Lock()
 	if j.settled {
@@ -271,5 +272,5 @@ func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, r
 			close(j.cancelSent)
 		}()
 	}
-	return errors.Join(errLeft, context.Cause(ctx))
+	return dlock.Join(errLeft, context.Cause(ctx))
 }

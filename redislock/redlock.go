@@ -164,7 +164,7 @@ func (r *Redlock) nodeErr(i int, err error) error { return fmt.Errorf("%s: %w", 
 // noQuorum builds the error for an operation a majority did not agree on.
 func (r *Redlock) noQuorum(what string, errs []error) error {
 	return fmt.Errorf("redislock: redlock: %s (quorum %d of %d): %w", what, r.quorum, len(r.nodes),
-		errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+		dlock.Join(append([]error{ErrNoQuorum}, errs...)...))
 }
 
 // Acquire implements dlock.Backend: it tries every server at once and holds
@@ -464,7 +464,7 @@ func (r *Redlock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		return dlock.Result{}, nil
 	case len(failures) == len(r.nodes):
 		return dlock.Result{}, fmt.Errorf("%w: redislock: redlock: no server accepted a subscription: %w",
-			dlock.ErrUnsupported, errors.Join(failures...))
+			dlock.ErrUnsupported, dlock.Join(failures...))
 	}
 	return waitLoop(ctx, req, r.Acquire, wake)
 }

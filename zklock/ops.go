@@ -243,7 +243,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 			})
 		}
 		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
+		if err := dlock.Join(errs...); err != nil {
 			return nil, err
 		}
 		var out []dlock.LockInfo

@@ -177,7 +177,7 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		return nil, err
 	}
 	schema, _ := mysqllock.Schema(opts.Table)
-	closeAll := func() error { return errors.Join(backend.Close(), db.Close()) }
+	closeAll := func() error { return dlock.Join(backend.Close(), db.Close()) }
 	migrate := func(ctx context.Context) error {
 		if err := backend.Migrate(ctx); err != nil {
 			return err
