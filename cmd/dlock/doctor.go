@@ -258,7 +258,7 @@ func zkDoctor(c *zk.Conn) doctorFunc {
 		_, stat, err := c.Exists(p)
 		_ = c.Delete(p, -1)
 		if err != nil || stat == nil {
-			return nil, dlock.Join(fmt.Errorf("read %s", p), err)
+			return nil, fmt.Errorf("read %s: %w", p, err)
 		}
 		return clockFinding("the ZooKeeper server", time.UnixMilli(stat.Ctime), sent, got, time.Millisecond), nil
 	}
