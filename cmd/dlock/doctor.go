@@ -257,7 +257,10 @@ func zkDoctor(c *zk.Conn) doctorFunc {
 		}
 		_, stat, err := c.Exists(p)
 		_ = c.Delete(p, -1)
-		if err != nil || stat == nil {
+		if err == nil && stat == nil {
+			err = errors.New("no node")
+		}
+		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", p, err)
 		}
 		return clockFinding("the ZooKeeper server", time.UnixMilli(stat.Ctime), sent, got, time.Millisecond), nil
