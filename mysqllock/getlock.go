@@ -99,6 +99,9 @@ const MaxSessionTTL = 365 * 24 * time.Hour
 // for a bad table name or a pool limit below 2 without a Connector.
 func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	table, err := checkArgs(db == nil, opts)
+	if err == nil {
+		err = leaseOnly("getlock", opts)
+	}
 	if err != nil {
 		return nil, err
 	}

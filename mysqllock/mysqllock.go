@@ -65,7 +65,8 @@ type Options struct {
 	// The default (nil) logs nothing and checks nothing.
 	Logger *slog.Logger
 
-	// NoDoorbell turns off the lease strategy's doorbells. By default a
+	// NoDoorbell turns off the lease strategy's doorbells; NewGetLock and
+	// NewRowLock refuse it (dlock.ErrInvalidOption). By default a
 	// lease holder also holds a named lock (a "doorbell": GET_LOCK on a
 	// session pinned from a *sql.DB), so that waiters block in the server,
 	// wake the moment the lease is released or its holder dies, and are
@@ -170,6 +171,15 @@ func checkArgs(nilDB bool, opts *Options) (string, error) {
 		err = fmt.Errorf("%w: mysqllock: nil DB", dlock.ErrInvalidOption)
 	}
 	return table, err
+}
+
+// leaseOnly refuses the lease strategy's options for another strategy, so
+// that a setting never silently does nothing.
+func leaseOnly(strategy string, opts *Options) error {
+	if opts != nil && opts.NoDoorbell {
+		return fmt.Errorf("%w: mysqllock: NoDoorbell applies to the lease strategy (New), not to %s", dlock.ErrInvalidOption, strategy)
+	}
+	return nil
 }
 
 // longestSuffix is the longest suffix of the tables that Migrate names

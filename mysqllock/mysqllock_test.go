@@ -884,3 +884,14 @@ func TestDoorbellRecheckKeepsItsSession(t *testing.T) {
 		t.Errorf("the waiter waited on %d sessions in 2.5 TTLs, want 1: its re-checks drop their sessions", len(sessions))
 	}
 }
+
+// TestLeaseOnlyOptions: an option that only the lease strategy uses is
+// refused by the others instead of doing nothing.
+func TestLeaseOnlyOptions(t *testing.T) {
+	if _, err := mysqllock.NewGetLock(&sql.DB{}, &mysqllock.Options{NoDoorbell: true}); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("NewGetLock with NoDoorbell: %v, want ErrInvalidOption", err)
+	}
+	if _, err := mysqllock.NewRowLock(&sql.DB{}, &mysqllock.Options{NoDoorbell: true}); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("NewRowLock with NoDoorbell: %v, want ErrInvalidOption", err)
+	}
+}

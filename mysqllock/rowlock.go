@@ -97,6 +97,9 @@ func lockBusy(err error) bool {
 // matches dlock.ErrInvalidOption for a pool limited to one connection.
 func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	table, err := checkArgs(db == nil, opts)
+	if err == nil {
+		err = leaseOnly("rowlock", opts)
+	}
 	if err != nil {
 		return nil, err
 	}
