@@ -3,6 +3,7 @@ package mysqllock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -59,6 +60,17 @@ func (b *Backend) checkPool() error {
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if err := b.checkPool(); err != nil {
 		return dlock.Result{}, err
+	}
+	if b.bell != nil {
+		// Doorbells are named locks, which Galera does not replicate: a
+		// setting that cannot work is an error, not silently dropped.
+		switch err := b.bell.s.checkGalera(ctx, b.db); {
+		case errors.Is(err, ErrGalera):
+			return dlock.Result{}, fmt.Errorf("%w: mysqllock: the lease strategy's doorbells need named locks, which Galera does not replicate: set Options.NoDoorbell: %w",
+				dlock.ErrInvalidOption, ErrGalera)
+		case err != nil:
+			return dlock.Result{}, b.wrap("acquire", err)
+		}
 	}
 	res, err := b.acquireLease(ctx, req, 0)
 	if err != nil || !res.Acquired || !b.bells() {

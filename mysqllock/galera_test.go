@@ -24,7 +24,7 @@ func TestGaleraRefusesSessionStrategies(t *testing.T) {
 		t.Fatalf("the test server is not a Galera node: wsrep_on=%q, %v", on, err)
 	}
 	const table = "dlock_galera"
-	lease, err := mysqllock.New(db, &mysqllock.Options{Table: table})
+	lease, err := mysqllock.New(db, &mysqllock.Options{Table: table, NoDoorbell: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,6 +34,17 @@ func TestGaleraRefusesSessionStrategies(t *testing.T) {
 	}
 	req := func() dlock.Request {
 		return dlock.Request{Key: locktest.UniqueKey("galera"), Token: dlock.NewToken(), TTL: 5 * time.Second}
+	}
+
+	// Doorbells are named locks: the lease strategy with them refuses
+	// Galera instead of silently going without.
+	bells, err := mysqllock.New(db, &mysqllock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bells.Close()
+	if res, err := bells.Acquire(ctx, req()); !errors.Is(err, mysqllock.ErrGalera) || !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("lease with doorbells on Galera: %+v, %v; want ErrGalera and ErrInvalidOption", res, err)
 	}
 
 	row, err := mysqllock.NewRowLock(db, &mysqllock.Options{Table: table})

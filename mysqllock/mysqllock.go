@@ -71,10 +71,11 @@ type Options struct {
 	// session pinned from a *sql.DB), so that waiters block in the server,
 	// wake the moment the lease is released or its holder dies, and are
 	// handed the lease in FIFO order: a client that releases a key cannot
-	// take it straight back ahead of a waiter. Without doorbells (also where
-	// named locks are unavailable: Galera)
-	// waiters use the Locker's backoff and a releasing client may barge
-	// back in, for more acquisitions per second and no fairness.
+	// take it straight back ahead of a waiter. Without doorbells waiters
+	// use the Locker's backoff and a releasing client may barge back in,
+	// for more acquisitions per second and no fairness. Galera does not
+	// replicate named locks: there, acquisitions with doorbells fail with
+	// ErrGalera (and dlock.ErrInvalidOption); set NoDoorbell.
 	NoDoorbell bool
 
 	// Connector, if set, opens the connections that GetLock, RowLock and

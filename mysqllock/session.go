@@ -213,7 +213,7 @@ func (s *sessions) openOwn(ctx context.Context, ttl time.Duration) (*session, er
 
 // checkGalera refuses to run on Galera. The server is asked until it
 // answers, then never again.
-func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
+func (s *sessions) checkGalera(ctx context.Context, c rower) error {
 	s.mu.Lock()
 	known, galera := s.galeraKnown, s.galera
 	s.mu.Unlock()
@@ -236,6 +236,11 @@ func (s *sessions) checkGalera(ctx context.Context, c *sql.Conn) error {
 		return ErrGalera
 	}
 	return nil
+}
+
+// rower is a *sql.DB or a *sql.Conn.
+type rower interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // open pins a session whose wait_timeout is ttl, so that the server drops
