@@ -665,20 +665,26 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	// server counts idle_session_timeout from its sending. A session that
 	// is gone by then took the grant with it: the wait returns without it.
 	confirming := time.Now()
-	errs, _ := a.Extend(ctx, []dlock.Lease{{Key: req.Key, Token: req.Token, TTL: req.TTL}})
-	switch err := errs[0]; {
-	case err == nil:
+	// The check runs whatever the caller does meanwhile (a check cut by
+	// the caller's context would read as a lost session and leave the
+	// grant held with nobody to release it); the caller's leaving is
+	// looked at afterwards.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), statementBound)
+	defer ccancel()
+	errs, _ := a.Extend(cctx, []dlock.Lease{{Key: req.Key, Token: req.Token, TTL: req.TTL}})
+	if err := errs[0]; err == nil && ctx.Err() == nil {
 		return dlock.Result{Acquired: true, Fence: res.fence, SentAfter: confirming.Sub(began)}, nil
-	case errors.Is(err, dlock.ErrNotHeld):
+	}
+	// Unconfirmed, or the caller left: nobody will use this grant. A
+	// release that finds it gone changes nothing.
+	rerr := a.Release(cctx, req.Key, req.Token)
+	switch err := errs[0]; {
+	case err == nil, errors.Is(err, dlock.ErrNotHeld), ctx.Err() != nil:
 		return dlock.Result{}, nil
-	default:
-		// Unconfirmed (the caller left, or the statement failed): nobody
-		// will use this grant.
-		rerr := a.Release(context.WithoutCancel(ctx), req.Key, req.Token)
-		if ctx.Err() != nil || errors.Is(rerr, dlock.ErrNotHeld) {
-			return dlock.Result{}, nil
-		}
+	case rerr == nil || errors.Is(rerr, dlock.ErrNotHeld):
 		return dlock.Result{}, a.wrap("advisory acquire", err)
+	default:
+		return dlock.Result{}, a.wrap("advisory acquire", dlock.Join(err, rerr))
 	}
 }
 
