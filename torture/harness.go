@@ -62,6 +62,10 @@ type Config struct {
 	// ClientFaults are the client fault kinds the workers inject in the
 	// strategies' runs (not in the positive controls): see client.go.
 	ClientFaults []string
+	// ClientFaultsExcept names strategies whose runs inject no client
+	// faults and run one lane per worker (their findings under client
+	// faults are open: see docs/faults.md).
+	ClientFaultsExcept []string
 	// Lanes is the number of goroutines per worker that each run the
 	// worker's loop on its one Locker, so that a worker holds several locks
 	// on the same store sessions (0: 2 with client faults, else 1).
@@ -268,8 +272,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		if cfg.NoFencing {
 			name += "-nofencing"
 		}
+		client := cfg.ClientFaults
+		if slices.Contains(cfg.ClientFaultsExcept, a.Name) {
+			client = nil
+		}
 		modes = append(modes, mode{adapter: a, noFencing: cfg.NoFencing, control: cfg.NoFencing, faults: faults,
-			client: cfg.ClientFaults, faultEvery: cfg.FaultEvery, duration: cfg.Duration, longFrac: cfg.LongFrac,
+			client: client, faultEvery: cfg.FaultEvery, duration: cfg.Duration, longFrac: cfg.LongFrac,
 			dbRestart: cfg.DBRestart && a.Restart != nil && (len(cfg.RestartOnly) == 0 || slices.Contains(cfg.RestartOnly, a.Name)),
 			name:      name})
 		if cfg.Control > 0 && !cfg.NoFencing {
@@ -466,7 +474,7 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 		defer r.fp.close()
 	}
 	fmt.Fprintf(cfg.Log, "== %s: %d workers × %d lanes, %d keys, ttl %s, %s, faults %v every ~%s%s, client faults %v, fencing %v\n",
-		m.name, cfg.Workers, cfg.Lanes, cfg.Keys, cfg.TTL, m.duration, m.faults, m.faultEvery,
+		m.name, cfg.Workers, r.lanes(), cfg.Keys, cfg.TTL, m.duration, m.faults, m.faultEvery,
 		map[bool]string{true: " + db restarts", false: ""}[m.dbRestart], m.client, !m.noFencing)
 
 	stopClock := make(chan struct{})
@@ -539,6 +547,15 @@ func (r *runner) supervise(slot int) {
 	}
 }
 
+// lanes is the run's lanes per worker: one for a strategy run without
+// client faults (ClientFaultsExcept).
+func (r *runner) lanes() int {
+	if slices.Contains(r.cfg.ClientFaultsExcept, r.m.adapter.Name) {
+		return 1
+	}
+	return r.cfg.Lanes
+}
+
 func (r *runner) start(slot, inc int) (*proc, error) {
 	id := fmt.Sprintf("w%d.%d", slot, inc)
 	p := &proc{slot: slot, id: id, events: filepath.Join(r.dir, id+".jsonl"), exited: make(chan struct{})}
@@ -552,7 +569,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 	wc := workerConfig{
 		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, TTL: r.cfg.TTL,
 		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
-		Lanes:        r.cfg.Lanes,
+		Lanes:        r.lanes(),
 		ClientFaults: r.m.client,
 		Resource:     resAddr,
 		Seed:         r.cfg.Seed ^ uint64(slot)<<32 ^ uint64(inc),
