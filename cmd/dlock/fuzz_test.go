@@ -131,9 +131,9 @@ func FuzzArgs(f *testing.F) {
 		checkNoLeak(t, stdout.String()+stderr.String(), pw, args, scheme, user, rest)
 		switch code {
 		case 0, errStop.code:
-		case exitUsage:
+		case exitUsage, 126, 127: // usage; COMMAND not executable or not found (checked before any I/O)
 			if strings.Count(stderr.String(), "\n") != 1 {
-				t.Fatalf("dlock %q: exit 64 without exactly one line: %q", argv, stderr.String())
+				t.Fatalf("dlock %q: exit %d without exactly one line: %q", argv, code, stderr.String())
 			}
 		default:
 			t.Fatalf("dlock %q: exit %d before any I/O: %q", argv, code, stderr.String())
