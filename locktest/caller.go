@@ -210,20 +210,7 @@ func (s *suite) pausedHolder(t *testing.T) {
 	}
 	k := key(t, "k")
 	cmd := s.spawn(t, suiteName(t), "pause", k, t.TempDir(), 0)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer cmd.Process.Kill()
-	r := bufio.NewReader(out)
+	in, r := startWithPipes(t, cmd)
 	if line, err := r.ReadString('\n'); err != nil || line != "HELD\n" {
 		t.Fatalf("helper did not report holding the lock: %q %v", line, err)
 	}

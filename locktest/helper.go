@@ -253,19 +253,8 @@ func FairShare(t *testing.T, newBackend func(t *testing.T) dlock.Backend, procs 
 	var ps []proc
 	for range procs {
 		cmd := s.spawn(t, t.Name(), "share", k, t.TempDir(), int(d.Milliseconds()))
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		ps = append(ps, proc{cmd, in, bufio.NewReader(out)})
+		in, out := startWithPipes(t, cmd)
+		ps = append(ps, proc{cmd, in, out})
 	}
 	// Every process is up before any starts counting.
 	for _, p := range ps {
@@ -302,4 +291,23 @@ func FairShare(t *testing.T, newBackend func(t *testing.T) dlock.Backend, procs 
 			t.Errorf("rule: fair share; process %d got %d acquisitions, less than half of the fair %.0f (all: %v)", i, n, fair, counts)
 		}
 	}
+}
+
+// startWithPipes starts a helper process with pipes to its stdin and from
+// its stdout; it is killed and reaped when the test ends.
+func startWithPipes(t *testing.T, cmd *exec.Cmd) (io.WriteCloser, *bufio.Reader) {
+	t.Helper()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return in, bufio.NewReader(out)
 }
