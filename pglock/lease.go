@@ -22,9 +22,10 @@ type Backend struct {
 	ln    *listener
 	q     leaseQueries
 
-	bg   context.Context // ended by Close: stops the resolutions under way
-	stop context.CancelFunc
-	wg   sync.WaitGroup // acquisition statements and their resolutions
+	bg    context.Context // ended by Close: stops the resolutions under way
+	stop  context.CancelFunc
+	stmts sync.WaitGroup // acquisition statements and the undoing of abandoned grants
+	wg    sync.WaitGroup // resolutions of broken connections
 }
 
 var (
@@ -65,11 +66,15 @@ func checkArgs(nilPool bool, opts *Options) (tables, Options, error) {
 }
 
 // Close stops the connection that listens for releases on behalf of
-// waiters (waiting acquisitions then fall back to the Locker's backoff), and
-// waits for the acquisition statements still under way. It does not close
-// the pool and does not release locks.
+// waiters (waiting acquisitions then fall back to the Locker's backoff),
+// waits for the acquisition statements still under way and releases what
+// those whose callers left took; then it stops the retries for
+// acquisitions whose connection broke (such a lease, if it was taken, runs
+// out with its TTL). It does not close the pool and does not release
+// locks.
 func (b *Backend) Close() error {
 	b.ln.close()
+	b.stmts.Wait()
 	b.stop()
 	b.wg.Wait()
 	return nil
@@ -253,9 +258,9 @@ func (b *Backend) detached(ctx context.Context, stmt func(ctx context.Context, c
 	var left, settled bool
 	done := make(chan error, 1)
 	cancelSent := make(chan struct{})
-	b.wg.Add(1)
+	b.stmts.Add(1)
 	go func() {
-		defer b.wg.Done()
+		defer b.stmts.Done()
 		defer c.Release()
 		sctx, cancel := context.WithTimeout(context.Background(), statementBound)
 		err := stmt(sctx, c)
@@ -283,9 +288,9 @@ func (b *Backend) detached(ctx context.Context, stmt func(ctx context.Context, c
 	}
 	left = true
 	mu.Unlock()
-	b.wg.Add(1)
+	b.stmts.Add(1)
 	go func() {
-		defer b.wg.Done()
+		defer b.stmts.Done()
 		cctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
 		_ = c.Conn().PgConn().CancelRequest(cctx)
 		cancel()
@@ -297,7 +302,8 @@ func (b *Backend) detached(ctx context.Context, stmt func(ctx context.Context, c
 // undo releases a lease that an abandoned acquisition took, on the
 // connection that took it.
 func (b *Backend) undo(c *pgxpool.Conn, req dlock.Request) {
-	ctx, cancel := context.WithTimeout(b.bg, cleanupTimeout)
+	// Not bounded by Close, which waits for it.
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	for try := 0; try < 3; try++ { // a late cancel request may hit it
 		_, err := c.Exec(ctx, b.q.release, []byte(req.Key), req.Token[:], b.tb.channel)

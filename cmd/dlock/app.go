@@ -176,11 +176,7 @@ func (a *app) printErr(err error) {
 		lines[i] = strings.TrimSpace(l)
 	}
 	msg := strings.Join(lines, " ")
-	for _, p := range a.secrets {
-		if len(p) >= minScrub {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
+	msg = scrubSecrets(msg, a.secrets)
 	if !strings.HasPrefix(msg, "dlock: ") {
 		msg = "dlock: " + msg
 	}

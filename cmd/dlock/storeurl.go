@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -230,13 +231,22 @@ func (s *storeSpec) show(v string) string {
 const minScrub = 4
 
 // scrub replaces the URL's passwords in msg.
-func (s *storeSpec) scrub(msg string) string {
-	for _, p := range s.secrets {
-		if len(p) >= minScrub {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-			msg = strings.ReplaceAll(msg, url.QueryEscape(p), "xxxxx")
-			msg = strings.ReplaceAll(msg, url.PathEscape(p), "xxxxx")
+func (s *storeSpec) scrub(msg string) string { return scrubSecrets(msg, s.secrets) }
+
+// scrubSecrets replaces in msg each secret of at least minScrub bytes, as
+// written, URL-escaped or escaped inside a Go-quoted string, longest first.
+func scrubSecrets(msg string, secrets []string) string {
+	var forms []string
+	for _, p := range secrets {
+		if len(p) < minScrub {
+			continue
 		}
+		q := strconv.Quote(p)
+		forms = append(forms, p, url.QueryEscape(p), url.PathEscape(p), q[1:len(q)-1])
+	}
+	slices.SortStableFunc(forms, func(a, b string) int { return len(b) - len(a) })
+	for _, f := range forms {
+		msg = strings.ReplaceAll(msg, f, "xxxxx")
 	}
 	return msg
 }
@@ -268,8 +278,8 @@ func redactErr(err error) error {
 }
 
 // urlSecrets returns what may be passwords in the store URLs among args,
-// parsed or not: the text between the user name and the last '@', and the
-// values of password parameters.
+// parsed or not: the text between the user name and each '@' after it (a
+// password may hold '@'), and the values of password parameters.
 func urlSecrets(args []string) []string {
 	var out []string
 	add := func(p string) {
@@ -283,7 +293,10 @@ func urlSecrets(args []string) []string {
 		if !ok {
 			continue
 		}
-		if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		for at := range len(rest) {
+			if rest[at] != '@' {
+				continue
+			}
 			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
 				add(pw)
 			}
