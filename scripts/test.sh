@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of every module: gofmt, go vet, staticcheck and
-# go test -race, including the fault harness's short run (torture) and
+# go test -race (which replays every fuzz target's corpus; scripts/fuzz.sh
+# fuzzes), including the fault harness's short run (torture) and
 # internal/release's TestInstallAsAUser, which installs the modules from a file
 # module proxy made from the tree as a user would (third-party modules come
 # from the module cache or $GOPROXY). It starts
@@ -139,11 +140,5 @@ for dir in $(go list -m -f '{{.Dir}}'); do
       go test -race -count=1 -timeout 20m "$@" ./...
   ) || status=1
 done
-# Each fuzz target for a bounded time (its seed corpus also runs in go test).
-for target in .:FuzzValidateKey .:FuzzAcquireOptions cmd/dlock:FuzzParseStore cmd/dlock:FuzzParseStoreRaw cmd/dlock:FuzzArgs; do
-  log "fuzz ${target#*:}"
-  (cd "${target%%:*}" && go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime 10s .) || status=1
-done
-
 [ "$status" = 0 ] || die "some module failed"
 log "all checks passed"
