@@ -221,8 +221,9 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	// once; it counts only if the row stayed locked across its write. The
 	// locking transaction still open after the write commits proves that.
 	// If its session ended before, another client may have locked the row
-	// and written a smaller fence meanwhile.
-	fence, err := r.s.grant(sctx, r.db, ss, req, "")
+	// and written a smaller fence meanwhile; the write is then not made, so
+	// that the holder's row (List, ForceRelease) stays as it wrote it.
+	fence, err := r.grant(sctx, ss, req)
 	if err != nil {
 		_ = tx.Rollback()
 		r.unpin(ss)
@@ -238,6 +239,32 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
 	r.mu.Unlock()
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granted.Sub(began)}, nil
+}
+
+// grant bumps key's fence and records req as its holder, on a pool
+// connection, only while the locking session ss is alive: a session that
+// lives still holds the row (its transaction is open), so no other client
+// has written the key's row since ss locked it.
+func (r *RowLock) grant(ctx context.Context, ss *session, req dlock.Request) (uint64, error) {
+	res, err := r.db.ExecContext(ctx, `INSERT INTO `+r.s.table+`
+  (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+SELECT ?, ?, ?, LAST_INSERT_ID(1), ?, '', UTC_TIMESTAMP(6), ? FROM DUAL
+WHERE EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)
+ON DUPLICATE KEY UPDATE token = ?, owner = ?, fence = LAST_INSERT_ID(fence + 1), conn_id = ?,
+  lock_name = '', acquired_at = UTC_TIMESTAMP(6), metadata = ?`,
+		req.Key, req.Token[:], req.Owner, ss.id, req.Metadata, ss.id,
+		req.Token[:], req.Owner, ss.id, req.Metadata)
+	if err != nil {
+		return 0, err
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		return 0, errors.New("the row was not held across the fence's write: the locking session ended")
+	}
+	fence, err := res.LastInsertId()
+	if err != nil || fence <= 0 {
+		return 0, fmt.Errorf("mysqllock: no fence from the grant (%v)", err)
+	}
+	return uint64(fence), nil
 }
 
 // minRowLockConns is the smallest pool limit (SetMaxOpenConns) that rowlock

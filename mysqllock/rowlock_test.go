@@ -49,6 +49,11 @@ func TestRowLockFenceNeedsUnbrokenHold(t *testing.T) {
 	if err == nil && res.Acquired {
 		t.Fatalf("a fence written after the locking session died was reported: first client acquired with fence %d, while the second client holds the key with fence %d", res.Fence, got.Fence)
 	}
+	// The failed acquisition left the holder's row as the holder wrote it.
+	hs, err := second.List(ctx, key)
+	if err != nil || len(hs) != 1 || hs[0].Token != second1.Token || hs[0].Fence != got.Fence {
+		t.Fatalf("List after the failed acquisition: %+v, %v; want the holder (fence %d)", hs, err, got.Fence)
+	}
 }
 
 // TestRowLockWaitUnderMaxStatementTime waits for a held key on sessions
