@@ -2,6 +2,7 @@ package sqlitelock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"os"
 	"path/filepath"
@@ -45,7 +46,21 @@ func TestConformance(t *testing.T) {
 	if err := open(t, path).Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return open(t, path) })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return open(t, path) },
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend { return pooled(t, path, conns) }))
+}
+
+// pooled is a Backend over a database/sql pool of at most conns
+// connections to the file at path, opened by the caller as New documents.
+func pooled(t *testing.T, path string, conns int) dlock.Backend {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(conns)
+	t.Cleanup(func() { db.Close() })
+	return sqlitelock.New(db)
 }
 
 func TestMissingTable(t *testing.T) {
