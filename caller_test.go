@@ -314,3 +314,80 @@ func TestLossReportedBeforeTheGrantArrives(t *testing.T) {
 		t.Errorf("got %v, want ErrNotAcquired", err)
 	}
 }
+
+// deafBackend is a store client that ignores contexts: each call blocks
+// until answer is closed, then grants (Acquire) or succeeds.
+type deafBackend struct {
+	okBackend
+	answer   chan struct{}
+	mu       sync.Mutex
+	granted  map[string]bool
+	released map[string]bool
+}
+
+func (b *deafBackend) Acquire(_ context.Context, req Request) (Result, error) {
+	<-b.answer
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.granted[req.Key] = true
+	return Result{Acquired: true, Fence: 1}, nil
+}
+
+func (b *deafBackend) Release(_ context.Context, key string, _ Token) error {
+	<-b.answer
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.released[key] = true
+	return nil
+}
+
+// TestCallsReturnWhenTheStoreIgnoresTheirContext: a store that stops
+// answering, behind a client that does not honour contexts, still lets
+// every call return by its caller's deadline; a grant that arrives after
+// its caller left is released, and Close returns by its own deadline.
+func TestCallsReturnWhenTheStoreIgnoresTheirContext(t *testing.T) {
+	b := &deafBackend{answer: make(chan struct{}), granted: map[string]bool{}, released: map[string]bool{}}
+	l := New(b, nil)
+	close(b.answer) // answer once, to hold a lock
+	lk, err := l.TryAcquire(context.Background(), "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.answer = make(chan struct{}) // the store stops answering
+	for name, call := range map[string]func(ctx context.Context) error{
+		"TryAcquire": func(ctx context.Context) error { _, err := l.TryAcquire(ctx, "late"); return err },
+		"Release":    func(ctx context.Context) error { return lk.Release(ctx) },
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		done := make(chan error, 1)
+		go func() { done <- call(ctx) }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s: %v, want the deadline's error", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("rule: a call returns when its context ends; %s is still waiting for the store", name)
+		}
+		cancel()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := l.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Close on a silent store: %v, want the deadline's error", err)
+	}
+	close(b.answer) // the store answers again: the late grant lands
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.mu.Lock()
+		ok := b.granted["late"] && b.released["late"]
+		b.mu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a grant that landed after its caller left was not released")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -157,13 +157,21 @@ func (k *Lock) Release(ctx context.Context) error {
 	ls.ended = true
 	ls.timer.Stop()
 	delete(l.held, ls.key)
+	l.wg.Add(1) // under mu: before any Close can wait
 	l.mu.Unlock()
 
-	err := l.b.Release(ctx, ls.key, ls.token)
-
-	l.mu.Lock()
-	l.wakeLocked(ls.key)
-	l.mu.Unlock()
+	wake := func() {
+		l.mu.Lock()
+		l.wakeLocked(ls.key)
+		l.mu.Unlock()
+	}
+	_, err := await(l, ctx, func() (struct{}, error) {
+		return struct{}{}, l.b.Release(ctx, ls.key, ls.token)
+	}, func(struct{}, error) { wake() })
+	wake()
+	if errors.Is(err, errAbandoned) {
+		err = ctx.Err()
+	}
 	if err != nil {
 		return fmt.Errorf("dlock: release %q: %w", ls.key, err)
 	}

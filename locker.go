@@ -183,8 +183,10 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]LockInfo, error) {
 
 // Close releases every lock this Locker holds (their Done channels close and
 // Err reports ErrClosed), makes later acquisitions fail with ErrClosed, and
-// waits for the Locker's goroutines to stop. It returns the release errors,
-// if any. Closing twice is a no-op.
+// waits for the Locker's goroutines to stop, or for ctx to end: store calls
+// still under way then end by themselves (when the store answers or their
+// own bounds pass). It returns the release errors and ctx's, if any.
+// Closing twice is a no-op.
 func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
 	if l.closed {
@@ -205,12 +207,28 @@ func (l *Locker) Close(ctx context.Context) error {
 
 	var errs []error
 	for _, ls := range leases {
-		if err := l.b.Release(ctx, ls.key, ls.token); err != nil {
+		l.wg.Add(1)
+		_, err := await(l, ctx, func() (struct{}, error) {
+			return struct{}{}, l.b.Release(ctx, ls.key, ls.token)
+		}, nil)
+		if errors.Is(err, errAbandoned) {
+			err = ctx.Err()
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("dlock: release %q: %w", ls.key, err))
 		}
 	}
 	l.bgCancel()
-	l.wg.Wait()
+	waited := make(chan struct{})
+	go func() {
+		l.wg.Wait()
+		close(waited)
+	}()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		errs = append(errs, fmt.Errorf("dlock: close: store calls still under way end by themselves: %w", ctx.Err()))
+	}
 	return Join(errs...)
 }
 
@@ -295,22 +313,31 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, inS
 	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
 	sent, realSent := l.clock.Now(), time.Now()
 	cctx, stop := l.withClosing(ctx)
-	var res Result
-	var err error
-	if inStore {
-		res, err = l.b.(Waiter).AcquireWait(cctx, req)
-		if err == nil && res.Acquired && res.SentAfter > 0 {
-			// SentAfter is real time. Count back from now only what
-			// followed the sending (about a round trip), so that a Clock
-			// running at another rate errs over that alone, not over the
-			// whole wait.
-			sent = l.clock.Now().Add(-max(time.Since(realSent)-res.SentAfter, 0))
+	l.wg.Add(1)
+	res, err := await(l, cctx, func() (Result, error) {
+		if inStore {
+			return l.b.(Waiter).AcquireWait(cctx, req)
 		}
-	} else {
-		res, err = l.b.Acquire(cctx, req)
-	}
+		return l.b.Acquire(cctx, req)
+	}, func(res Result, err error) {
+		// The caller left: nobody will hold what the call took.
+		if res.Acquired || err != nil && !(inStore && errors.Is(err, ErrUnsupported)) {
+			l.resolve(req)
+		}
+	})
 	stop()
+	if inStore && err == nil && res.Acquired && res.SentAfter > 0 {
+		// SentAfter is real time. Count back from now only what followed
+		// the sending (about a round trip), so that a Clock running at
+		// another rate errs over that alone, not over the whole wait.
+		sent = l.clock.Now().Add(-max(time.Since(realSent)-res.SentAfter, 0))
+	}
 	switch {
+	case errors.Is(err, errAbandoned):
+		if cerr := ctxErr(ctx); cerr != nil {
+			return nil, out, fmt.Errorf("%w: %w", ErrNotAcquired, cerr)
+		}
+		return nil, out, ErrClosed
 	case inStore && errors.Is(err, ErrUnsupported):
 		return nil, out, err
 	case err != nil:
@@ -464,4 +491,53 @@ func (l *Locker) resolve(req Request) {
 		t.Stop()
 		wait = min(2*wait, time.Second)
 	}
+}
+
+// errAbandoned is await's error for a call whose caller stopped waiting.
+var errAbandoned = errors.New("dlock: store call abandoned")
+
+// await runs call on a goroutine of its own and waits for it until ctx
+// ends, so that the caller returns by its deadline even when the store (or
+// a client that does not honour contexts) stops answering. If ctx ends
+// first it returns errAbandoned at once, and late runs with the call's
+// outcome when the call returns, on that goroutine. The caller must have
+// done l.wg.Add(1) for the goroutine (Close then waits for it, or for its
+// own ctx).
+func await[T any](l *Locker, ctx context.Context, call func() (T, error), late func(T, error)) (T, error) {
+	type outcome struct {
+		v   T
+		err error
+	}
+	var mu sync.Mutex
+	abandoned := false
+	ch := make(chan outcome, 1)
+	go func() {
+		defer l.wg.Done()
+		v, err := call()
+		mu.Lock()
+		if !abandoned {
+			ch <- outcome{v, err}
+			mu.Unlock()
+			return
+		}
+		mu.Unlock()
+		if late != nil {
+			late(v, err)
+		}
+	}()
+	select {
+	case o := <-ch:
+		return o.v, o.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case o := <-ch:
+		return o.v, o.err
+	default:
+	}
+	abandoned = true
+	var zero T
+	return zero, errAbandoned
 }

@@ -51,7 +51,8 @@ func newBackend(t testing.TB, eps []string) *etcdlock.Backend {
 
 func TestConformance(t *testing.T) {
 	eps := endpoints(t)
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, eps) })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, eps) },
+		locktest.Stallable(eps[0], func(t *testing.T, addr string) dlock.Backend { return newBackend(t, []string{addr}) }))
 }
 
 func TestNewNilClient(t *testing.T) {

@@ -57,6 +57,8 @@ type suite struct {
 	crashBound  time.Duration
 	noRemaining bool
 	pool        func(t *testing.T, conns int) dlock.Backend
+	stallTarget string
+	stallable   func(t *testing.T, addr string) dlock.Backend
 }
 
 // Run runs the conformance suite against backends made by newBackend. Each
@@ -106,6 +108,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"DoReleasesWhenFnPanics", s.doPanics},
 		{"CloseRacingAcquisitionsLeavesNothingHeld", s.closeRacing},
 		{"ErrReportsLossAfterPause", s.pausedHolder},
+		{"StoreThatStopsAnsweringIsAnError", s.stalledStore},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)

@@ -35,6 +35,26 @@ func dsn() string {
 
 var migrateOnce sync.Once
 
+// proxied gives locktest.Stallable the test server's address and a way to
+// build a backend whose every connection goes to another address.
+func proxied(t *testing.T, build func(t *testing.T, db *sql.DB) dlock.Backend) locktest.Option {
+	cfg, err := mysql.ParseDSN(dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return locktest.Stallable(cfg.Addr, func(t *testing.T, addr string) dlock.Backend {
+		newBackend(t, "") // migrated
+		c := cfg.Clone()
+		c.Net, c.Addr = "tcp", addr
+		db, err := sql.Open("mysql", c.FormatDSN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return build(t, db)
+	})
+}
+
 // needServer skips the test (or fails it under CI=true) when there is no
 // server, before the conformance suite starts helper processes, which would
 // skip on their own and leave the suite waiting for their reports.
@@ -100,6 +120,14 @@ func TestConformance(t *testing.T) {
 		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
 			db, opts := pooled(t, conns)
 			b, err := mysqllock.New(db, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() })
+			return b
+		}),
+		proxied(t, func(t *testing.T, db *sql.DB) dlock.Backend {
+			b, err := mysqllock.New(db, &mysqllock.Options{Table: testTable})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -312,6 +340,14 @@ func TestConformanceGetLock(t *testing.T) {
 			}
 			t.Cleanup(func() { g.Close() })
 			return g
+		}),
+		proxied(t, func(t *testing.T, db *sql.DB) dlock.Backend {
+			g, err := mysqllock.NewGetLock(db, &mysqllock.Options{Table: testTable})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { g.Close() })
+			return g
 		}))
 }
 
@@ -341,6 +377,14 @@ func TestConformanceRowLock(t *testing.T) {
 		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
 			db, opts := pooled(t, conns)
 			r, err := mysqllock.NewRowLock(db, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close() })
+			return r
+		}),
+		proxied(t, func(t *testing.T, db *sql.DB) dlock.Backend {
+			r, err := mysqllock.NewRowLock(db, &mysqllock.Options{Table: testTable})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -161,7 +163,28 @@ func newAdvisory(t testing.TB, pool *pgxpool.Pool) *pglock.Advisory {
 func TestConformanceLease(t *testing.T) {
 	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newLease(t, nil) },
-		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend { return newLease(t, smallPool(t, conns)) }))
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend { return newLease(t, smallPool(t, conns)) }),
+		proxied(t, func(t *testing.T, pool *pgxpool.Pool) dlock.Backend { return newLease(t, pool) }))
+}
+
+// proxied gives locktest.Stallable the test server's address and a way to
+// build a backend whose every connection goes to another address.
+func proxied(t *testing.T, build func(t *testing.T, pool *pgxpool.Pool) dlock.Backend) locktest.Option {
+	cfg := openConfig(t)
+	target := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	return locktest.Stallable(target, func(t *testing.T, addr string) dlock.Backend {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := openConfig(t)
+		c.ConnConfig.Host, c.ConnConfig.Port, c.ConnConfig.Fallbacks = host, uint16(p), nil
+		return build(t, openWith(t, c))
+	})
 }
 
 // smallPool returns a pool of at most conns connections on the test server.
@@ -174,7 +197,8 @@ func smallPool(t testing.TB, conns int) *pgxpool.Pool {
 func TestConformanceAdvisory(t *testing.T) {
 	needServer(t)
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newAdvisory(t, nil) }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint(),
-		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend { return newAdvisory(t, smallPool(t, conns)) }))
+		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend { return newAdvisory(t, smallPool(t, conns)) }),
+		proxied(t, func(t *testing.T, pool *pgxpool.Pool) dlock.Backend { return newAdvisory(t, pool) }))
 }
 
 // The fair-share tests run 8 processes on one key for 3 s each: no process

@@ -79,6 +79,9 @@ func TestConformance(t *testing.T) {
 			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conns})
 			t.Cleanup(func() { c.Close() })
 			return newBackend(t, c, nil)
+		}),
+		locktest.Stallable(addr, func(t *testing.T, proxy string) dlock.Backend {
+			return newBackend(t, newClient(t, proxy), nil)
 		}))
 }
 

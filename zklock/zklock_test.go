@@ -40,7 +40,8 @@ func newBackend(t testing.TB, c zklock.Conn) *zklock.Backend {
 
 func TestConformance(t *testing.T) {
 	addrs := sharedAddrs(t)
-	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, newConn(t, addrs...)) })
+	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, newConn(t, addrs...)) },
+		locktest.Stallable(addrs[0], func(t *testing.T, addr string) dlock.Backend { return newBackend(t, newConn(t, addr)) }))
 }
 
 func TestNewValidatesOptions(t *testing.T) {
