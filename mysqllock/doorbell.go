@@ -61,6 +61,9 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := b.checkPool(); err != nil {
 		return dlock.Result{}, err
 	}
+	if err := b.claims.Check(ctx, req.Key); err != nil {
+		return dlock.Result{}, b.wrap("acquire", err)
+	}
 	if b.bell != nil {
 		// Doorbells are named locks, which Galera does not replicate: a
 		// setting that cannot work is an error, not silently dropped.

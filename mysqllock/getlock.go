@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/claims"
 )
 
 // GetLock is the getlock strategy: MySQL named locks (GET_LOCK /
@@ -62,11 +63,12 @@ import (
 // Not for Galera (GET_LOCK is not replicated: NewGetLock's first use fails
 // with ErrGalera), Group Replication or proxies that multiplex sessions.
 type GetLock struct {
-	s     *sessions
-	bell  bool // a lease's doorbell: "dbell" names, no fencing row
-	loss  dlock.LossHandlers
-	warn  warner
-	table string // the lease table, quoted, whose schema Migrate creates
+	claims *claims.Set // nil for a lease's doorbells
+	s      *sessions
+	bell   bool // a lease's doorbell: "dbell" names, no fencing row
+	loss   dlock.LossHandlers
+	warn   warner
+	table  string // the lease table, quoted, whose schema Migrate creates
 
 	mu       sync.Mutex
 	main     *session                 // takes the uncontended locks
@@ -109,7 +111,7 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	if err := s.checkPool(); err != nil {
 		return nil, err
 	}
-	return &GetLock{s: s, warn: warner{log: logger(opts)}, table: table}, nil
+	return &GetLock{s: s, warn: warner{log: logger(opts)}, table: table, claims: newClaims(db, table, "getlock")}, nil
 }
 
 // OnLoss implements dlock.LossReporter: when a session ends (a statement on
@@ -149,8 +151,11 @@ func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
 	if err := ctxErr(ctx); err != nil {
 		return err
 	}
-	if !g.bell {
+	if g.claims != nil {
 		g.warn.warnOnce(ctx, g.Check)
+		if err := g.claims.Check(ctx, req.Key); err != nil {
+			return wrapErr(g.table, "getlock acquire", err)
+		}
 	}
 	return nil
 }
@@ -684,6 +689,11 @@ func (g *GetLock) release(ss *session, key string, tok dlock.Token) {
 // session held is freed, and its holders learn it at once if they watch
 // their sessions (GetLock does), else at their next renewal.
 func (g *GetLock) ForceRelease(ctx context.Context, key string) error {
+	if g.claims != nil {
+		if err := g.claims.CheckOnly(ctx, key); err != nil {
+			return wrapErr(g.table, "getlock force release", err)
+		}
+	}
 	var id sql.NullInt64
 	if err := g.s.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", g.name(key)).Scan(&id); err != nil {
 		return wrapErr(g.s.table, "getlock force release", err)

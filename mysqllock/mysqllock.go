@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -55,7 +56,7 @@ type Options struct {
 	// Table is the lock table, optionally qualified by database
 	// ("locks.dlock_locks"). Each part is 1..64 of [A-Za-z0-9_$], not all
 	// digits, and the table itself at most 56, for the tables named after
-	// it ("_session", "_rows"). The default is DefaultTable.
+	// it ("_session", "_rows", "_claims"). The default is DefaultTable.
 	Table string
 
 	// Logger receives a warning for each server setting that breaks a
@@ -104,6 +105,7 @@ func connector(opts *Options) driver.Connector {
 // Backend is the lease strategy on MySQL/MariaDB. It is safe for concurrent
 // use.
 type Backend struct {
+	claims *claims.Set
 	db     *sql.DB
 	table  string // quoted
 	q      queries
@@ -133,7 +135,7 @@ func New(db *sql.DB, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{db: db, table: table, q: newQueries(table), warn: warner{log: logger(opts)}}
+	b := &Backend{db: db, table: table, q: newQueries(table), warn: warner{log: logger(opts)}, claims: newClaims(db, table, "lease")}
 	if opts == nil || !opts.NoDoorbell {
 		s := newSessions(db, "").forStrategy("the lease strategy with doorbells (Options.NoDoorbell unset)", minSessionConns, connector(opts))
 		if err := s.checkPool(); err != nil {
@@ -558,6 +560,9 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 // any, is freed by killing the session that holds it (which rings the
 // doorbells of that client's other keys: a spurious wake-up, no more).
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	if err := b.claims.CheckOnly(ctx, key); err != nil {
+		return b.wrap("force release", err)
+	}
 	err := b.free(ctx, "force release", b.q.forceRelease, key)
 	if err == nil && b.bell != nil {
 		_ = b.bell.ForceRelease(ctx, key)

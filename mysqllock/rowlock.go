@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -49,13 +50,14 @@ import (
 // on two nodes would hold a key at once. The first use there fails with
 // ErrGalera; use the lease strategy (New).
 type RowLock struct {
-	db    *sql.DB
-	s     *sessions
-	rows  string // quoted rows table
-	table string // the lease table, quoted, whose schema Migrate creates
-	mu    sync.Mutex
-	held  map[string]*rowHold
-	known map[string]struct{} // keys whose row exists
+	claims *claims.Set
+	db     *sql.DB
+	s      *sessions
+	rows   string // quoted rows table
+	table  string // the lease table, quoted, whose schema Migrate creates
+	mu     sync.Mutex
+	held   map[string]*rowHold
+	known  map[string]struct{} // keys whose row exists
 	// flavor is the server's (flavorUnknown until a wait has asked).
 	flavor atomic.Int32
 	warn   warner
@@ -108,7 +110,7 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
 	}
-	return &RowLock{freed: make(chan struct{}), db: db, s: s, rows: base + "_rows`", table: table,
+	return &RowLock{claims: newClaims(db, table, "rowlock"), freed: make(chan struct{}), db: db, s: s, rows: base + "_rows`", table: table,
 		held: make(map[string]*rowHold), known: make(map[string]struct{}), warn: warner{log: logger(opts)}}, nil
 }
 
@@ -158,6 +160,9 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		return dlock.Result{}, fmt.Errorf("%w: mysqllock: rowlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, req.TTL, MaxSessionTTL)
 	}
 	r.warn.warnOnce(ctx, r.Check)
+	if err := r.claims.Check(ctx, req.Key); err != nil {
+		return dlock.Result{}, wrapErr(r.table, "rowlock acquire", err)
+	}
 	r.mu.Lock()
 	_, mine := r.held[req.Key]
 	r.mu.Unlock()
@@ -532,6 +537,9 @@ func (r *RowLock) Release(ctx context.Context, key string, token dlock.Token) er
 // ForceRelease implements dlock.ForceReleaser by killing the session of the
 // key's last holder if its row is locked.
 func (r *RowLock) ForceRelease(ctx context.Context, key string) error {
+	if err := r.claims.CheckOnly(ctx, key); err != nil {
+		return wrapErr(r.table, "rowlock force release", err)
+	}
 	tx, err := r.db.BeginTx(ctx, nil)
 	if err != nil {
 		return wrapErr(r.rows, "rowlock force release", err)

@@ -31,3 +31,12 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_rows` (
   name VARBINARY(255) NOT NULL,
   PRIMARY KEY (name)
 ) ENGINE=InnoDB;
+
+-- The strategy each key is used with (lease, getlock or rowlock), recorded
+-- by its first acquisition: the strategies do not exclude each other, so
+-- the others refuse the key (mysqllock.ErrOtherStrategy).
+CREATE TABLE IF NOT EXISTS `dlock_locks_claims` (
+  name     VARBINARY(255) NOT NULL,
+  strategy VARCHAR(16)    CHARACTER SET ascii NOT NULL,
+  PRIMARY KEY (name)
+) ENGINE=InnoDB;

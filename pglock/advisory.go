@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,11 +75,12 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     ErrTransactionPooling: every statement on a session checks
 //     pg_backend_pid(), which catches such a pooler as soon as it switches).
 type Advisory struct {
-	pool *pgxpool.Pool
-	tb   tables
-	log  *slog.Logger
-	q    advisoryQueries
-	loss dlock.LossHandlers
+	claims *claims.Set
+	pool   *pgxpool.Pool
+	tb     tables
+	log    *slog.Logger
+	q      advisoryQueries
+	loss   dlock.LossHandlers
 
 	mainSem chan struct{} // serialises choosing the main session
 	mu      sync.Mutex
@@ -133,7 +135,7 @@ func NewAdvisory(pool *pgxpool.Pool, opts *Options) (*Advisory, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Advisory{pool: pool, tb: tb, log: logger(o), held: make(map[uint64]*hold), all: make(map[*session]bool),
+	return &Advisory{claims: newClaims(pool, tb, "advisory"), pool: pool, tb: tb, log: logger(o), held: make(map[uint64]*hold), all: make(map[*session]bool),
 		mainSem: make(chan struct{}, 1), q: newAdvisoryQueries(tb)}, nil
 }
 
@@ -471,6 +473,9 @@ type grantResult struct {
 // turns out to be gone it is replaced and the attempt made once more. An
 // ended ctx is refused before any I/O.
 func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := a.claims.Check(ctx, req.Key); err != nil {
+		return dlock.Result{}, wrapErr(a.tb, "advisory acquire", err)
+	}
 	id := hashKey(req.Key)
 	for try := 0; ; try++ {
 		if h := a.heldLocally(id, nil); h != nil {
@@ -628,6 +633,12 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	began := time.Now()
 	if ended(ctx) != nil {
 		return dlock.Result{}, nil
+	}
+	if err := a.claims.Check(ctx, req.Key); err != nil {
+		if ctx.Err() != nil {
+			return dlock.Result{}, nil
+		}
+		return dlock.Result{}, wrapErr(a.tb, "advisory acquire", err)
 	}
 	ss, err := a.open(ctx)
 	if err != nil {
@@ -857,6 +868,9 @@ func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) e
 // needs the right to signal that backend (same role, pg_signal_backend or
 // superuser).
 func (a *Advisory) ForceRelease(ctx context.Context, key string) error {
+	if err := a.claims.CheckOnly(ctx, key); err != nil {
+		return wrapErr(a.tb, "advisory force release", err)
+	}
 	k1, k2 := AdvisoryKeys(key)
 	rows, err := a.pool.Query(ctx, `SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2

@@ -9,18 +9,20 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Backend is the lease strategy. It is safe for concurrent use. Create it
 // with New; Close it to stop its LISTEN connection.
 type Backend struct {
-	pool  *pgxpool.Pool
-	tb    tables
-	grace time.Duration // < 0: no queue
-	log   *slog.Logger
-	ln    *listener
-	q     leaseQueries
+	claims *claims.Set
+	pool   *pgxpool.Pool
+	tb     tables
+	grace  time.Duration // < 0: no queue
+	log    *slog.Logger
+	ln     *listener
+	q      leaseQueries
 
 	bg    context.Context // ended by Close: stops the resolutions under way
 	stop  context.CancelFunc
@@ -48,7 +50,7 @@ func New(pool *pgxpool.Pool, opts *Options) (*Backend, error) {
 		grace = DefaultGrace
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Backend{pool: pool, tb: tb, grace: grace, log: logger(o), ln: newListener(pool, tb.channel), q: newLeaseQueries(tb),
+	return &Backend{claims: newClaims(pool, tb, "lease"), pool: pool, tb: tb, grace: grace, log: logger(o), ln: newListener(pool, tb.channel), q: newLeaseQueries(tb),
 		bg: bg, stop: stop}, nil
 }
 
@@ -356,6 +358,9 @@ const (
 // while it runs returns its error at once; the statement is cancelled, and a
 // lease it took all the same is released.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := b.claims.Check(ctx, req.Key); err != nil {
+		return dlock.Result{}, wrapErr(b.tb, "acquire", err)
+	}
 	res, _, err := b.attempt(ctx, req, nil, 0)
 	if errors.Is(err, errLeft) {
 		return dlock.Result{}, ctx.Err()
@@ -377,6 +382,12 @@ const (
 // least every few seconds, for up to 30 s. If the LISTEN connection cannot
 // be had it returns dlock.ErrUnsupported, having taken nothing.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := b.claims.Check(ctx, req.Key); err != nil {
+		if ctx.Err() != nil {
+			return dlock.Result{}, nil
+		}
+		return dlock.Result{}, wrapErr(b.tb, "acquire", err)
+	}
 	wake, unsubscribe := b.ln.subscribe(req.Key, req.Token, max(b.grace, 0))
 	defer unsubscribe()
 	var since *time.Time
@@ -498,6 +509,9 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 // token holds it, and wakes the waiters. The holder learns of it at its next
 // renewal; the next holder gets a larger fence.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	if err := b.claims.CheckOnly(ctx, key); err != nil {
+		return wrapErr(b.tb, "force release", err)
+	}
 	return b.free(ctx, "force release", b.q.forceRelease, []byte(key), b.tb.channel)
 }
 

@@ -87,8 +87,8 @@ import (
 )
 
 // DefaultTable is the table used when Options.Table is empty. The waiter
-// queue and the advisory strategy's table are named after it with the
-// suffixes "_waiters" and "_session".
+// queue, the advisory strategy's table and the keys' strategies are named
+// after it with the suffixes "_waiters", "_session" and "_claims".
 const DefaultTable = "dlock_locks"
 
 // DefaultGrace is the lease strategy's grace period when Options.Grace is 0.
@@ -162,6 +162,7 @@ type tables struct {
 	lease   string
 	waiters string
 	session string
+	claims  string // the strategy of each key
 	channel string // NOTIFY channel
 }
 
@@ -197,6 +198,7 @@ func parseTable(name string) (tables, error) {
 		lease:   prefix + `"` + t + `"`,
 		waiters: prefix + `"` + t + `_waiters"`,
 		session: prefix + `"` + t + `_session"`,
+		claims:  prefix + `"` + t + `_claims"`,
 		channel: name,
 	}
 	if len(tb.channel) > 63 {

@@ -39,3 +39,11 @@ CREATE TABLE IF NOT EXISTS "dlock_locks_session" (
   acquired_at timestamptz NOT NULL,
   metadata    text        NOT NULL DEFAULT ''
 );
+
+-- The strategy each key is used with (lease or advisory), recorded by its
+-- first acquisition: the strategies do not exclude each other, so the other
+-- refuses the key (pglock.ErrOtherStrategy).
+CREATE TABLE IF NOT EXISTS "dlock_locks_claims" (
+  name     bytea NOT NULL PRIMARY KEY,
+  strategy text  NOT NULL
+);

@@ -144,12 +144,6 @@ says KEY is free and exits 1 when nothing holds it (with or without
 				}
 				return usageError("refusing to free %q without --force", key)
 			}
-			if s.claims != nil {
-				err := s.guard.call(ctx, "the strategy check", func(ctx context.Context) error { return s.claims.check(ctx, args[0]) })
-				if err != nil {
-					return a.storeErr(s, err)
-				}
-			}
 			err = dlock.New(s.backend, nil).ForceRelease(ctx, args[0])
 			switch {
 			case errors.Is(err, dlock.ErrNotHeld):

@@ -17,6 +17,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/dlock-dev/dlock/pglock"
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 )
@@ -194,12 +196,6 @@ func (r *runCmd) run(key string, argv []string) error {
 	if s.embedded && !r.quiet && !stdinTerminal() {
 		fmt.Fprintf(r.a.stderr, "dlock: no --db or $DLOCK_DB: using this host's embedded store %s, which excludes only processes of this host\n", s.name)
 	}
-	if s.claims != nil {
-		err := s.guard.call(ctx, "the strategy check", func(ctx context.Context) error { return s.claims.claim(ctx, key) })
-		if err != nil {
-			return r.a.storeErr(s, err)
-		}
-	}
 	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log, Metadata: runMetadata(argv)})
 	defer locker.Close(context.Background())
 
@@ -222,7 +218,7 @@ func (a *app) storeErr(s *store, err error) error {
 	if sig := a.interruptedBy(); sig != 0 {
 		return &exitError{code: 128 + int(sig), err: fmt.Errorf("interrupted by %s", unix.SignalName(sig))}
 	}
-	if errors.Is(err, errOtherStrategy) {
+	if errors.Is(err, mysqllock.ErrOtherStrategy) || errors.Is(err, pglock.ErrOtherStrategy) {
 		return usageError("%s: %w", s.name, err)
 	}
 	return failure(s.explain(err))

@@ -30,7 +30,6 @@ type store struct {
 	migrate  func(context.Context) error
 	schema   string
 	exists   tableExists // nil for stores without tables
-	claims   *claims     // the strategy of each key, for stores with several
 	doctor   doctorFunc
 	strategy string
 	close    func() error
@@ -171,24 +170,13 @@ func openMySQL(spec *storeSpec) (*store, error) {
 		db.Close()
 		return nil, usageError("%w", err)
 	}
-	cl, err := mysqlClaims(db, opts.Table, spec.strategy())
-	if err != nil {
-		db.Close()
-		return nil, err
-	}
 	schema, _ := mysqllock.Schema(opts.Table)
 	closeAll := func() error { return dlock.Join(backend.Close(), db.Close()) }
-	migrate := func(ctx context.Context) error {
-		if err := backend.Migrate(ctx); err != nil {
-			return err
-		}
-		return cl.migrate(ctx)
-	}
 	checker, _ := backend.(interface {
 		Check(context.Context) ([]mysqllock.Finding, error)
 	})
-	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		exists: mysqlTableExists(db), claims: cl, doctor: mysqlDoctor(db, checker), close: closeAll}, nil
+	return &store{name: spec.name, backend: backend, migrate: backend.Migrate, schema: schema,
+		exists: mysqlTableExists(db), doctor: mysqlDoctor(db, checker), close: closeAll}, nil
 }
 
 // explain turns store errors into messages that name the fix.
@@ -271,23 +259,12 @@ func openPostgres(ctx context.Context, spec *storeSpec) (*store, error) {
 		pool.Close()
 		return nil, usageError("%w", err)
 	}
-	cl, err := pgClaims(pool, opts.Table, spec.strategy())
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
 	schema, _ := pglock.Schema(opts.Table)
 	closeAll := func() error {
 		err := backend.Close()
 		pool.Close()
 		return err
 	}
-	migrate := func(ctx context.Context) error {
-		if err := backend.Migrate(ctx); err != nil {
-			return err
-		}
-		return cl.migrate(ctx)
-	}
-	return &store{name: spec.name, backend: backend, migrate: migrate, schema: schema + "\n" + cl.ddl,
-		exists: pgTableExists(pool), claims: cl, doctor: pgDoctor(pool), close: closeAll}, nil
+	return &store{name: spec.name, backend: backend, migrate: backend.Migrate, schema: schema,
+		exists: pgTableExists(pool), doctor: pgDoctor(pool), close: closeAll}, nil
 }
