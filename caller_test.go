@@ -391,3 +391,51 @@ func TestCallsReturnWhenTheStoreIgnoresTheirContext(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// ctxBackend honours contexts: a call with an ended context fails.
+type ctxBackend struct {
+	okBackend
+	mu       sync.Mutex
+	released bool
+}
+
+func (b *ctxBackend) Release(ctx context.Context, key string, _ Token) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.released = true
+	return nil
+}
+
+// TestReleaseOutlivesItsCallersDeadline: a Release whose context has ended
+// (an HTTP handler's, after the response) returns the context's error, yet
+// the key is released in the background instead of lingering for its TTL.
+func TestReleaseOutlivesItsCallersDeadline(t *testing.T) {
+	b := &ctxBackend{}
+	l := New(b, nil)
+	defer l.Close(context.Background())
+	lk, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := lk.Release(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Release with an ended context: %v, want its error", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.mu.Lock()
+		ok := b.released
+		b.mu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rule: a release cut short by its caller's context goes on in the background; the key was never released")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -135,7 +135,9 @@ func (c *lockContext) Err() error {
 // freed when the last of them is released. It returns an error matching
 // ErrNotHeld if the Lock was already released, lost or closed (then it
 // changes nothing), or the backend's error if the store could not be reached
-// (the lease then expires with its TTL).
+// (the lease then expires with its TTL). If ctx ends first, Release returns
+// its error and the release goes on in the background for a few seconds,
+// so that a caller's deadline does not keep the key for the rest of its TTL.
 func (k *Lock) Release(ctx context.Context) error {
 	l, ls := k.l, k.ls
 	l.mu.Lock()
@@ -167,10 +169,18 @@ func (k *Lock) Release(ctx context.Context) error {
 	}
 	_, err := await(l, ctx, func() (struct{}, error) {
 		return struct{}{}, l.b.Release(ctx, ls.key, ls.token)
-	}, func(struct{}, error) { wake() })
+	}, func(_ struct{}, err error) {
+		if err != nil && !errors.Is(err, ErrNotHeld) {
+			l.releaseLater(ls.key, ls.token)
+		}
+		wake()
+	})
 	wake()
-	if errors.Is(err, errAbandoned) {
+	switch {
+	case errors.Is(err, errAbandoned):
 		err = ctx.Err()
+	case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil:
+		l.releaseLater(ls.key, ls.token)
 	}
 	if err != nil {
 		return fmt.Errorf("dlock: release %q: %w", ls.key, err)

@@ -493,6 +493,29 @@ func (l *Locker) resolve(req Request) {
 	}
 }
 
+// releaseLater releases a lease whose release was cut short by its
+// caller's context, in the background, bounded by cleanupTimeout. Close
+// waits for it; a Locker that is closing starts none.
+func (l *Locker) releaseLater(key string, token Token) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		if err := l.b.Release(ctx, key, token); err == nil {
+			l.mu.Lock()
+			l.wakeLocked(key)
+			l.mu.Unlock()
+		}
+	}()
+}
+
 // errAbandoned is await's error for a call whose caller stopped waiting.
 var errAbandoned = errors.New("dlock: store call abandoned")
 

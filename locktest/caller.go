@@ -280,3 +280,24 @@ func closeBackend(b dlock.Backend) {
 		_ = c.Close()
 	}
 }
+
+// releaseEndedCtx: a Release whose context has already ended (an HTTP
+// handler's, after the response) still frees the key, well before its TTL.
+func (s *suite) releaseEndedCtx(t *testing.T) {
+	l, _ := s.locker(t)
+	other, _ := s.locker(t)
+	k := key(t, "k")
+	lk, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(longTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = lk.Release(ctx)
+	// Well within the 30 s lease: a key left to its TTL fails.
+	olk, err := other.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: a release with an ended context still frees the key; %v", err)
+	}
+	olk.Release(context.Background())
+}

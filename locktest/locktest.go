@@ -109,6 +109,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"CloseRacingAcquisitionsLeavesNothingHeld", s.closeRacing},
 		{"ErrReportsLossAfterPause", s.pausedHolder},
 		{"StoreThatStopsAnsweringIsAnError", s.stalledStore},
+		{"ReleaseWithEndedContextStillFrees", s.releaseEndedCtx},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
