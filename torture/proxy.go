@@ -90,9 +90,38 @@ func (fp *faultProxies) addToxic(slot int, name, typ, attrs string) error {
 	return nil
 }
 
+// removeToxic removes a toxic from both directions of a slot's proxy. A
+// removal waits for the toxic's links, and can wedge as Stop can (a link
+// blocked on a sink that is gone): after stopBound the slot gets a new
+// proxy on the same address, without the toxic.
 func (fp *faultProxies) removeToxic(slot int, name string) {
-	for _, dir := range []string{"upstream", "downstream"} {
-		_ = fp.proxy(slot).Toxics.RemoveToxic(context.Background(), name+"_"+dir)
+	p := fp.proxy(slot)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, dir := range []string{"upstream", "downstream"} {
+			_ = p.Toxics.RemoveToxic(context.Background(), name+"_"+dir)
+		}
+	}()
+	t := time.NewTimer(stopBound)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	fp.mu.Lock()
+	defer fp.mu.Unlock()
+	if fp.ps[slot] != p {
+		return // replaced meanwhile
+	}
+	fp.stopLocked(slot)
+	if fp.ps[slot] == p { // stopped, but its toxics are still locked
+		fp.gen++
+		fp.ps[slot] = toxiproxy.NewProxy(fp.srv, fmt.Sprintf("slot%d-%d", slot, fp.gen), fp.addrs[slot], p.Upstream)
+	}
+	if !fp.cuts[slot] && !fp.down {
+		_ = fp.start(slot)
 	}
 }
 
