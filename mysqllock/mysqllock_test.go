@@ -518,8 +518,10 @@ func TestGetLockManyLocksOneSession(t *testing.T) {
 		}
 		sample()
 	}
-	if peak > 1 {
-		t.Errorf("%d locks opened up to %d connections, want 1: uncontended locks share one session", n, peak)
+	// One session holds the locks; the pool's other connection records
+	// the keys' strategy (claims).
+	if peak > 2 {
+		t.Errorf("%d locks opened up to %d connections, want 2: uncontended locks share one session", n, peak)
 	}
 }
 

@@ -455,14 +455,14 @@ func TestGetLockTTLBeyondWaitTimeout(t *testing.T) {
 // worked before keep their lock names.
 func TestLongUTF8Keys(t *testing.T) {
 	ctx := t.Context()
-	suffix := dlock.NewToken().String()[:8]
-	long := strings.Repeat("😀", 50) + suffix  // 58 runes, 208 bytes
-	ascii := strings.Repeat("a", 50) + suffix // 58 runes: named as before
 	for name, nb := range map[string]func(t *testing.T) dlock.Backend{
 		"getlock": func(t *testing.T) dlock.Backend { return newGetLock(t, "") },
 		"lease":   func(t *testing.T) dlock.Backend { return newBackend(t, "") },
 	} {
 		t.Run(name, func(t *testing.T) {
+			suffix := dlock.NewToken().String()[:8]   // a key per strategy
+			long := strings.Repeat("😀", 50) + suffix  // 58 runes, 208 bytes
+			ascii := strings.Repeat("a", 50) + suffix // 58 runes: named as before
 			a := locktest.NewLocker(t, nb(t))
 			b := locktest.NewLocker(t, nb(t))
 			for _, key := range []string{long, ascii} {
@@ -480,6 +480,8 @@ func TestLongUTF8Keys(t *testing.T) {
 		})
 	}
 	t.Run("names", func(t *testing.T) {
+		suffix := dlock.NewToken().String()[:8]
+		long, ascii := strings.Repeat("😀", 50)+suffix, strings.Repeat("a", 50)+suffix
 		g := newGetLock(t, "")
 		if got := mysqllock.GetLockName(g, ascii); got != "dlock:"+ascii {
 			t.Errorf("lock name of a 58-character ASCII key: %q, want the key itself after \"dlock:\"", got)
