@@ -527,7 +527,7 @@ func TestLongTableNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	defer db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+ok+", "+ok+"_session, "+ok+"_rows")
+	defer db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+ok+", "+ok+"_session, "+ok+"_rows, "+ok+"_claims")
 	if err := b.Migrate(ctx); err != nil {
 		t.Errorf("Migrate with a table of %d characters: %v", len(ok), err)
 	}

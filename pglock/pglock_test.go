@@ -58,7 +58,7 @@ func dropTables() {
 	}
 	defer pool.Close()
 	t := testTable()
-	_, _ = pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "%s", "%s_waiters", "%s_session"`, t, t, t))
+	_, _ = pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "%s", "%s_waiters", "%s_session", "%s_claims"`, t, t, t, t))
 }
 
 // dsn returns the test server's DSN: $DLOCK_PG_DSN or the local PostgreSQL.
