@@ -160,8 +160,13 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 			// safe).
 			res := dlock.Result{Acquired: true, Fence: uint64(fence)}
 			sending := time.Now()
-			if b.extend(dlock.Lease{Key: req.Key, Token: req.Token, TTL: req.TTL}) == nil {
+			switch err := b.extend(dlock.Lease{Key: req.Key, Token: req.Token, TTL: req.TTL}); {
+			case err == nil:
 				res.SentAfter = sending.Sub(began)
+			case errors.Is(err, dlock.ErrNotHeld):
+				// The node is gone, or its lease had run out before the
+				// renewal (which then deleted it): nothing is held.
+				return attempt{res: dlock.Result{Holder: holder}}, nil
 			}
 			return attempt{res: res, n: n}, nil
 		}
@@ -285,6 +290,13 @@ func (b *Backend) adopt(req dlock.Request) (*node, int64) {
 		if !notHeld(err) {
 			b.deleteQuietly(p.n.path)
 		}
+		return nil, 0
+	}
+	if late(st.Mtime, p.n.mtime, p.n.ttl) {
+		// The node's lease had run out before this write. If it reached
+		// the head meanwhile it held the key until then, unknown to anyone:
+		// it must not hold it again under the same fence. Queue anew.
+		_ = b.c.Delete(p.n.path, st.Version)
 		return nil, 0
 	}
 	return &node{key: req.Key, path: p.n.path, data: data, version: st.Version, mtime: st.Mtime, ttl: req.TTL}, st.Czxid

@@ -30,8 +30,8 @@
 //     mtime on. A contender that finds the holder's mtime+TTL behind the
 //     leader's time of its own latest write deletes the holder's node, so
 //     an abandoned lock (a crashed holder, a paused process) is free within
-//     its TTL, as on every dlock backend. An Extend whose write lands more
-//     than a TTL after the previous one deletes the node itself and reports
+//     its TTL, as on every dlock backend. An Extend whose write lands a TTL
+//     or more after the previous one deletes the node itself and reports
 //     dlock.ErrNotHeld: an expired lease is never revived. The comparison
 //     uses the leader's wall clock; after a leader change, it assumes the
 //     members' clocks agree to well within the Locker's margin.
@@ -76,7 +76,11 @@
 // waits at most half the TTL and then returns without the lock, leaving the
 // node queued for the Locker's next call (which rewrites it with the new
 // token, and so also keeps a live waiter's node from looking abandoned). A
-// node not taken up again within its TTL is deleted. When the caller's
+// node not taken up again within its TTL is deleted. A call that takes a
+// node up only after its lease ran out (its write lands a TTL or more after
+// the previous one) deletes it and queues a new node instead: if the node
+// had reached the head meanwhile, it held the key until its lease ended,
+// and it must not hold it again under the same fence. When the caller's
 // context ends, the waiter's node is deleted at once.
 //
 // TryAcquire (Backend.Acquire) does not queue: it creates its node, and
@@ -365,6 +369,12 @@ func expiry(r record, st *zk.Stat) int64 {
 	}
 	return st.Mtime + ttl
 }
+
+// late reports whether a write that the leader stamped at mtime came after
+// the end of the lease that the node's previous write, at prev, began: by
+// expiry's rule a lease is live while the leader's time is before prev+ttl,
+// and from then on a contender may delete the node.
+func late(mtime, prev int64, ttl time.Duration) bool { return mtime-prev >= ttl.Milliseconds() }
 
 // info describes the queue node of key with data r and stat st.
 func info(key string, r record, st *zk.Stat) dlock.LockInfo {
