@@ -69,13 +69,16 @@
 //
 // A waiting acquisition (dlock.Waiter) keeps its node in the queue and
 // watches only its predecessor (no thundering herd), so the lock is handed
-// over in arrival order. When the predecessor is the holder, the waiter also
-// wakes when the holder's lease would end, and deletes the holder's node if
-// the lease has indeed expired by the leader's clock. Because the Locker
-// measures a granted lease from the moment it called AcquireWait, each call
-// waits at most half the TTL and then returns without the lock, leaving the
-// node queued for the Locker's next call (which rewrites it with the new
-// token, and so also keeps a live waiter's node from looking abandoned). A
+// over in arrival order. The waiter also wakes when its predecessor's lease
+// would end (the holder's, or a waiting node's that its waiter no longer
+// renews: a paused, partitioned or dead process), and deletes the
+// predecessor's node if the lease has indeed expired by the leader's clock,
+// so that a stalled waiter holds the queue up for at most its TTL, not until
+// its session ends. Because the Locker measures a granted lease from the
+// moment it called AcquireWait, each call waits at most a third of the TTL
+// and then returns without the lock, leaving the node queued for the
+// Locker's next call (which rewrites it with the new token, and so also
+// keeps a live waiter's node from looking abandoned). A
 // node not taken up again within its TTL is deleted. A call that takes a
 // node up only after its lease ran out (its write lands a TTL or more after
 // the previous one) deletes it and queues a new node instead: if the node
@@ -88,9 +91,9 @@
 //
 // # Limits
 //
-//   - A waiter whose process dies leaves its node in the queue until its
-//     TTL runs out (its successor then deletes it when it reaches the head)
-//     or its session expires.
+//   - A waiter whose process dies or stalls leaves its node in the queue
+//     until its TTL runs out (its successor then deletes it) or its session
+//     expires: once its turn comes, it holds the key up for that long.
 //   - A create whose reply is lost with the connection is resolved by the
 //     Locker's Release, which finds the node by its token. If the server
 //     applies the create only after that (it was still in flight), the node

@@ -352,3 +352,40 @@ func TestParkedHeadIsNotRevived(t *testing.T) {
 		t.Errorf("rule: a node whose lease ran out is never granted again; granted with its fence %d", parked)
 	}
 }
+
+// TestStalledWaiterDoesNotHoldUpTheQueue: a waiter whose process stalls
+// (paused, partitioned) with its node next in line keeps its session, and
+// its node outlives the holder's lease; the waiter behind it must not wait
+// for that session to end. Once the stalled node's lease has run out too,
+// the next waiter deletes it and takes the key.
+func TestStalledWaiterDoesNotHoldUpTheQueue(t *testing.T) {
+	addrs := sharedAddrs(t)
+	holder, stalled, waiter := newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...))
+	k := locktest.UniqueKey("stalled")
+	ctx := ctxT(t, 20*time.Second)
+	ttl := time.Second
+	// A holder that stops renewing.
+	if r, err := holder.Acquire(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl}); err != nil || !r.Acquired {
+		t.Fatalf("Acquire: %+v %v", r, err)
+	}
+	// A waiter that queues and is never heard of again (its Backend's timers
+	// stopped, as in a paused process).
+	if res, err := stalled.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl}); err != nil || res.Acquired {
+		t.Fatalf("AcquireWait: %+v %v", res, err)
+	}
+	stalled.StopParkTimers(k)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		res, err := waiter.AcquireWait(wctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Acquired {
+			return
+		}
+		if wctx.Err() != nil {
+			t.Fatal("rule: a waiter whose node's lease ran out does not hold up the queue; the next waiter never got the key")
+		}
+	}
+}
