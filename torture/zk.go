@@ -302,6 +302,7 @@ type zkNode struct {
 	mtimeMs  int64
 	ttlMs    int64
 	reqToken string // the request token in its data
+	pid      int    // the pid in its data's metadata (0 if none)
 	leaseTok string // the request token when it last held (granted or extended)
 	ended    bool   // its lease ran out or ended while it held
 	// deadCounted: counted as having reached the head with its lease run out.
@@ -320,14 +321,15 @@ func (n *zkNode) token() [16]byte {
 // setData records a write of the node's data at timeMs by session.
 func (n *zkNode) setData(data []byte, timeMs, session int64) {
 	var r struct {
-		Token string `json:"token"`
-		TTL   int64  `json:"ttl_ms"`
+		Token    string `json:"token"`
+		TTL      int64  `json:"ttl_ms"`
+		Metadata string `json:"metadata"`
 	}
 	_ = json.Unmarshal(data, &r) // foreign data: no token, the shortest lease (as zklock reads it)
 	if r.TTL <= 0 {
 		r.TTL = dlock.MinTTL.Milliseconds()
 	}
-	n.reqToken, n.ttlMs, n.mtimeMs, n.writer = r.Token, r.TTL, timeMs, session
+	n.reqToken, n.ttlMs, n.mtimeMs, n.writer, n.pid = r.Token, r.TTL, timeMs, session, metadataPid(r.Metadata)
 }
 
 // zkKeyState is one key directory in the replay.
@@ -500,7 +502,7 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 		sort.Slice(ks, func(i, j int) bool { return ks[i].key < ks[j].key })
 		for _, k := range ks {
 			ev := func(n *zkNode, expMs int64) LeaseEvent {
-				return LeaseEvent{Seq: t.Zxid, Key: k.key, Fence: uint64(n.czxid), Token: n.token(), AtUs: us(T), ExpUs: us(expMs)}
+				return LeaseEvent{Seq: t.Zxid, Key: k.key, Fence: uint64(n.czxid), Token: n.token(), AtUs: us(T), ExpUs: us(expMs), Pid: n.pid}
 			}
 			if h := k.holder; h != nil {
 				if d, gone := deleted[h]; gone {
