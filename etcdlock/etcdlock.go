@@ -56,9 +56,12 @@
 // deletion goes on in the background; Backend.Close waits for it). One AcquireWait call
 // waits at most a third of the TTL (the Locker counts the lease from the
 // call's start); it then leaves its entry queued for the Locker's next call,
-// which renews it and keeps the place in the queue. A waiter that crashes
-// holds up the queue, when its turn comes, until its entry's lease expires,
-// as a crashed holder does. An acquisition that cannot wait (TryAcquire)
+// which renews it and keeps the place in the queue. An entry that reaches
+// the head of the queue before the next call takes it over is removed at
+// once (each parked entry keeps a watch for it), so that a waiter that gave
+// up between two calls never holds the key up: the next waiter gets it, and
+// a late call queues anew. A waiter that crashes holds up the queue, when
+// its turn comes, until its entry's lease expires, as a crashed holder does. An acquisition that cannot wait (TryAcquire)
 // creates its entry only if the directory is empty, in one transaction, so
 // it never queues and never barges: it fails while anyone holds or waits.
 //
@@ -160,10 +163,11 @@ type Backend struct {
 	prefix  string
 	timeout time.Duration // of one request
 
-	mu     sync.Mutex
-	parked map[string][]*entry // waiting entries between two AcquireWait calls, by dlock key
-	closed bool                // Close was called: clean-up runs in the caller
-	bg     sync.WaitGroup      // background revocations; Add only under mu, before closed
+	mu      sync.Mutex
+	parked  map[string][]*entry // waiting entries between two AcquireWait calls, by dlock key
+	parkFor time.Duration       // how long a parked entry is kept for the next call
+	closed  bool                // Close was called: clean-up runs in the caller
+	bg      sync.WaitGroup      // background revocations; Add only under mu, before closed
 }
 
 var (
@@ -193,7 +197,7 @@ func New(c Client, opts *Options) (*Backend, error) {
 	if timeout == 0 {
 		timeout = DefaultRequestTimeout
 	}
-	return &Backend{c: c, prefix: prefix, timeout: timeout, parked: make(map[string][]*entry)}, nil
+	return &Backend{c: c, prefix: prefix, timeout: timeout, parked: make(map[string][]*entry), parkFor: parkTimeout}, nil
 }
 
 // Escaping '/' keeps a key's directory from containing another key's; escaping
@@ -433,9 +437,9 @@ func (b *Backend) Close() error {
 	var parked []*entry
 	for _, es := range b.parked {
 		for _, e := range es {
-			if e.timer.Stop() {
-				parked = append(parked, e)
-			}
+			e.timer.Stop()
+			e.unwatch()
+			parked = append(parked, e)
 		}
 	}
 	clear(b.parked)

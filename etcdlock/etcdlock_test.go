@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -381,5 +382,64 @@ func TestCloseRemovesParkedEntries(t *testing.T) {
 	}
 	if got := entries(t, cl, dir); len(got) != 1 {
 		t.Errorf("after Close the directory holds %v, want only the holder", got)
+	}
+}
+
+// TestParkedEntryAtTheHeadIsRemoved: an entry parked between two
+// AcquireWait calls that reaches the head before a call takes it over (its
+// waiter gave up between two calls, or was slow to call again) is removed
+// at once, so that the key goes to the next waiter, not to nobody until the
+// park times out or the entry's lease runs out.
+func TestParkedEntryAtTheHeadIsRemoved(t *testing.T) {
+	eps := endpoints(t)
+	cl := newClient(t, eps...)
+	holder, parker, waiter := newBackend(t, eps), newBackend(t, eps), newBackend(t, eps)
+	parker.SetParkTimeout(time.Hour) // only reaching the head may remove the entry
+	k := locktest.UniqueKey("parkhead")
+	dir := etcdlock.DefaultPrefix + strings.ReplaceAll(k, "/", "%2F") + "/"
+	ctx := ctxT(t, 20*time.Second)
+	hold := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second}
+	if res, err := holder.Acquire(ctx, hold); err != nil || !res.Acquired {
+		t.Fatalf("Acquire: %+v %v", res, err)
+	}
+	// A third of the TTL: the call parks its entry and returns.
+	res, err := parker.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Millisecond})
+	if err != nil || res.Acquired {
+		t.Fatalf("AcquireWait: %+v %v, want a parked entry", res, err)
+	}
+	// Keep the parked entry's lease alive, so that only a revocation ends it.
+	resp, err := cl.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil || len(resp.Kvs) != 2 {
+		t.Fatalf("directory: %v %v, want the holder and the parked entry", resp, err)
+	}
+	parked := string(resp.Kvs[1].Key)
+	id, err := strconv.ParseUint(parked[strings.LastIndexByte(parked, '/')+1:], 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	alive, err := cl.KeepAlive(kctx, clientv3.LeaseID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range alive {
+		}
+	}()
+	if err := holder.Release(ctx, k, hold.Token); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		res, err := waiter.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Acquired {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("rule: a parked entry that reaches the head does not hold the key; the next waiter never got it (directory %v)", entries(t, cl, dir))
+		}
 	}
 }

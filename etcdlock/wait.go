@@ -19,7 +19,9 @@ import (
 // at once (with a new token), and that call takes the parked entry over:
 // renews its lease, writes the new token into it and keeps waiting in the
 // same place in the queue. A parked entry nobody takes over within
-// parkTimeout (the waiter gave up between two calls) is removed.
+// parkTimeout (the waiter gave up between two calls) is removed, and so is
+// one that reaches the head of the queue while parked: the key would
+// otherwise be held by nobody until then.
 const parkTimeout = time.Second
 
 // maxChecks bounds the predecessor checks of one AcquireWait call; each
@@ -35,6 +37,9 @@ type entry struct {
 	secs  int64            // the lease's TTL in seconds
 	rev   int64            // create revision: the place in the queue, and the fence
 	timer *time.Timer      // removes the entry while parked; guarded by Backend.mu
+	// unwatch ends the watch that removes the entry if it reaches the head
+	// while parked; guarded by Backend.mu.
+	unwatch context.CancelFunc
 }
 
 // AcquireWait implements dlock.Waiter. It queues an entry for req (or takes
@@ -241,9 +246,11 @@ func (b *Backend) waitDelete(ctx context.Context, name string, rev int64, bound 
 	}
 }
 
-// park keeps e queued for the next AcquireWait call on its key, and removes
-// it if no call takes it over within parkTimeout.
-// After Close it removes e at once.
+// park keeps e queued for the next AcquireWait call on its key. It removes
+// e if no call takes it over within the park timeout, or at once if e
+// reaches the head of the queue before a call takes it over: a parked entry
+// at the head would hold the key for nobody. After Close it removes e at
+// once.
 func (b *Backend) park(e *entry) {
 	b.mu.Lock()
 	if b.closed {
@@ -253,18 +260,33 @@ func (b *Backend) park(e *entry) {
 	}
 	defer b.mu.Unlock()
 	b.parked[e.key] = append(b.parked[e.key], e)
-	e.timer = time.AfterFunc(parkTimeout, func() {
-		b.mu.Lock()
-		found := b.removeParkedLocked(e)
-		if found {
-			b.bg.Add(1) // before Close can see it gone: Close waits for it
+	e.timer = time.AfterFunc(b.parkFor, func() { b.drop(e) })
+	ctx, cancel := context.WithCancel(context.Background())
+	e.unwatch = cancel
+	w := *e     // wait writes to the entry it is given
+	b.bg.Add(1) // before Close can see e gone: Close waits for the watch
+	go func() {
+		defer b.bg.Done()
+		if held, _ := b.wait(ctx, &w, nil); held {
+			b.drop(e)
 		}
-		b.mu.Unlock()
-		if found {
-			defer b.bg.Done()
-			b.revokeLater(context.Background(), e.lease)
-		}
-	})
+	}()
+}
+
+// drop removes e if it is still parked, and revokes its lease.
+func (b *Backend) drop(e *entry) {
+	b.mu.Lock()
+	found := b.removeParkedLocked(e)
+	if found {
+		e.timer.Stop()
+		e.unwatch()
+		b.bg.Add(1) // before Close can see it gone: Close waits for it
+	}
+	b.mu.Unlock()
+	if found {
+		defer b.bg.Done()
+		b.revokeLater(context.Background(), e.lease)
+	}
 }
 
 // unpark returns the oldest parked entry of key whose lease has secs
@@ -281,6 +303,7 @@ func (b *Backend) unpark(key string, secs int64) *entry {
 	if oldest != nil {
 		b.removeParkedLocked(oldest)
 		oldest.timer.Stop()
+		oldest.unwatch()
 	}
 	return oldest
 }

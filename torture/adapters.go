@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -157,6 +158,24 @@ type LeaseEvent struct {
 	// Open: the store records grants only (a session lock ends with its
 	// session, which leaves no row behind); the lease's end is unknown.
 	Open bool
+	// Pid is the worker process whose Locker wrote the granted entry, read
+	// from the Locker's default metadata ("… pid=N …") where the store keeps
+	// it (etcd, ZooKeeper); 0 if unknown. It names the owner of a grant that
+	// no worker reported (a waiter's queued entry that reached the head).
+	Pid int
+}
+
+// metadataPid returns the pid in dlock's default Locker metadata
+// ("host=H pid=N prog=P"), or 0.
+func metadataPid(meta string) int {
+	for _, f := range strings.Fields(meta) {
+		if v, ok := strings.CutPrefix(f, "pid="); ok {
+			if n, err := strconv.Atoi(v); err == nil {
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // markReleases flags the changes that ended a lease: the expiry set to the

@@ -169,6 +169,7 @@ type lease struct {
 	lostUs  int64 // when the store forgot it with a killed server (relUs too), or 0
 	open    bool  // the store does not record the end (session locks)
 	nextUs  int64 // the next grant of the key (for open leases, the next one a worker got), or 0
+	pid     int   // the worker process that wrote the grant, if the store says (LeaseEvent.Pid)
 	hold    *hold
 }
 
@@ -425,7 +426,7 @@ func (c *checker) buildLeases() {
 						e.Key, e.Fence, e.AtUs, l.fence, l.expUs, e.Seq)
 				}
 			}
-			l = &lease{key: e.Key, fence: e.Fence, token: e.Token, grantUs: e.AtUs, expUs: e.ExpUs, open: e.Open}
+			l = &lease{key: e.Key, fence: e.Fence, token: e.Token, grantUs: e.AtUs, expUs: e.ExpUs, open: e.Open, pid: e.Pid}
 			if e.Release {
 				l.relUs = e.AtUs
 			}
@@ -865,6 +866,10 @@ func (c *checker) faultFigures() {
 // (the figure FreeWait shows it; the takeover target is 250 ms); the hard
 // bound, set to flag stuck keys rather than slow machines, is TTL. After a
 // release a polling waiter may be in its longest backoff (1 s): TTL + 1 s.
+// A grant in between that no worker reported, whose entry belongs to a worker
+// that a fault touched (a queued waiter that could not take its turn), held
+// the key as that worker's lease would have: it holds the queue up until the
+// store ends it, as a faulted holder does, and the wait counts from its end.
 // Also records how long acquisitions wait in all (a fairness figure: polling
 // waiters barge).
 func (c *checker) liveness() {
@@ -907,17 +912,25 @@ func (c *checker) liveness() {
 	for _, h := range c.holds {
 		byKey[h.key] = append(byKey[h.key], h)
 	}
+	workerOf := map[int]string{}
+	for _, w := range c.in.Workers {
+		if w.Pid != 0 {
+			workerOf[w.Pid] = w.ID
+		}
+	}
 	for k, ls := range c.leases {
 		for i := range ls {
 			if ls[i].hold == nil {
 				continue // handed back by the backend itself
 			}
 			var next *lease
+			var between []*lease // grants no worker reported, before next
 			for _, n := range ls[i+1:] {
 				if n.hold != nil {
 					next = n
 					break
 				}
+				between = append(between, n)
 			}
 			end, released := c.mono(ls[i].endUs()), ls[i].relUs > 0
 			if ls[i].open {
@@ -936,6 +949,12 @@ func (c *checker) liveness() {
 					end = h.relStart + int64(c.in.TTL)
 				default:
 					continue
+				}
+			}
+			for _, u := range between {
+				w, ok := workerOf[u.pid]
+				if uEnd := c.mono(u.endUs()); ok && !u.open && uEnd > end && faultedAt(w, c.mono(u.grantUs), uEnd) {
+					end, released = uEnd, u.relUs > 0
 				}
 			}
 			bound := boundExp

@@ -193,6 +193,47 @@ func TestCheckLiveness(t *testing.T) {
 	}
 }
 
+// A grant that no worker reported, to a queued waiter under a fault, holds
+// the key as a faulted holder's lease does: w1's lease ends at 600 ms, the
+// head passes to w3's entry (fence 2), which w3, paused, cannot take up
+// until the store ends it at 1.9 s; w2, waiting since 200 ms, gets the key
+// then (fence 3). The wait counts from 1.9 s. The same entry of a worker no
+// fault touched (a waiter that gave up and left its entry at the head) is a
+// free key with a waiter.
+func TestCheckLivenessFaultedWaitersGrant(t *testing.T) {
+	in := base()
+	const shift = 1300 * ms
+	in.History[1].Release = false // ended as etcd's history ends every lease
+	in.History = []LeaseEvent{
+		in.History[0], in.History[1],
+		{Seq: 3, Key: "k", Fence: 2, Token: [16]byte{3}, AtUs: 600_000, ExpUs: 9000_000, Pid: 333},
+		{Seq: 4, Key: "k", Fence: 2, Token: [16]byte{3}, AtUs: 1900_000, ExpUs: 1900_000, Pid: 333},
+		{Seq: 5, Key: "k", Fence: 3, Token: [16]byte{2}, AtUs: 1900_000, ExpUs: 2900_000, Pid: 222},
+		{Seq: 6, Key: "k", Fence: 3, Token: [16]byte{2}, AtUs: 900_000 + shift/1000, ExpUs: 900_000 + shift/1000, Release: true, Pid: 222},
+	}
+	in.Workers[0].Pid, in.Workers[1].Pid = 111, 222
+	for i := range in.Workers[1].Events {
+		e := &in.Workers[1].Events[i]
+		e.F = 3
+		if i > 0 {
+			e.T0 += shift
+		}
+		e.T += shift
+	}
+	for i := 2; i < 4; i++ {
+		in.ResLog[i].Fence = 3
+		in.ResLog[i].AtUs += shift / 1000
+	}
+	in.ResLog[3].Seen = 3
+	in.Workers = append(in.Workers, &workerLog{ID: "w3", Pid: 333})
+	in.Faults = []FaultRecord{{Kind: FaultStop, Worker: "w3", Start: 500 * ms, End: 2500 * ms}}
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a paused waiter's entry at the head: %v", r.ViolationList)
+	}
+	in.Faults = nil
+	wantViolation(t, in, vLiveness)
+}
+
 // A waiter inside a slow backend call that began while a fault touched it
 // is not waiting in the store: w1 releases at 2 s; w2's call from 300 ms
 // began under its own partition (200–400 ms) and ran on until 4 s, long

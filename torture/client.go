@@ -137,6 +137,7 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 	var fence uint64
 	var panicAt int64
 	acquired := false
+	var watched chan struct{} // closed once fn's context ended and that was recorded
 	actx, cancel := context.WithTimeout(ctx, 10*ttl)
 	err := func() (err error) {
 		defer func() {
@@ -152,12 +153,24 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 			plan := l.plan()
 			w.rec.rec(Event{T0: t0, Ev: "acq", K: key, F: fence, Plan: int64(plan), Cf: ClientDoPanic})
 			w.say("H %s %d %d", key, fence, plan.Milliseconds())
+			// fctx ends when the Locker gives the lock up (the holder is told
+			// of a loss) or when Do returns: record it as held does lk.Done.
+			watched = make(chan struct{})
+			go func() {
+				defer close(watched)
+				<-fctx.Done()
+				cause := context.Cause(fctx)
+				w.rec.rec(Event{T: Mono(), Ev: "done", K: key, F: fence, OK: errors.Is(cause, dlock.ErrLockLost), Err: errString(cause)})
+			}()
 			l.hold(fctx, key, fence, plan, func() error { return context.Cause(fctx) })
 			panicAt = Mono()
 			panic(errDoPanic)
 		}, dlock.WithTTL(ttl))
 	}()
 	cancel()
+	if watched != nil {
+		<-watched // Do cancelled fn's context before it returned
+	}
 	if !acquired {
 		if ctx.Err() == nil {
 			w.rec.rec(Event{T0: t0, Ev: "acqerr", K: key, Err: errString(err)})

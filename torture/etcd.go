@@ -432,6 +432,7 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 	type entry struct {
 		create int64
 		token  [16]byte
+		pid    int
 	}
 	type dir struct {
 		entries map[string]*entry // by etcd key
@@ -480,7 +481,7 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 			case e != nil && c.Create != e.create:
 				return nil, 0, fmt.Errorf("revision %d: %q created at %d, recorded at %d", c.Rev, c.Name, c.Create, e.create)
 			default:
-				tok, err := etcdToken(c.Value)
+				tok, pid, err := etcdToken(c.Value)
 				if err != nil {
 					return nil, 0, fmt.Errorf("revision %d: %q: %w", c.Rev, c.Name, err)
 				}
@@ -488,7 +489,7 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 					e = &entry{create: c.Create}
 					d.entries[c.Name] = e
 				}
-				e.token = tok
+				e.token, e.pid = tok, pid
 			}
 			if !slices.Contains(touched, key) {
 				touched = append(touched, key)
@@ -509,10 +510,10 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 					}
 				}
 				g := out[d.grant]
-				emit(LeaseEvent{Key: key, Fence: g.Fence, Token: g.Token, AtUs: recv, ExpUs: recv})
+				emit(LeaseEvent{Key: key, Fence: g.Fence, Token: g.Token, AtUs: recv, ExpUs: recv, Pid: g.Pid})
 			}
 			if head != nil && head != d.head {
-				d.grant = emit(LeaseEvent{Key: key, Fence: uint64(head.create), Token: head.token, AtUs: recv, ExpUs: liveUntilDeleted})
+				d.grant = emit(LeaseEvent{Key: key, Fence: uint64(head.create), Token: head.token, AtUs: recv, ExpUs: liveUntilDeleted, Pid: head.pid})
 			} else if head != nil {
 				out[d.grant].Token = head.token // a parked place taken over (see etcdLease)
 			}
@@ -527,19 +528,21 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 	return out, live, nil
 }
 
-// etcdToken reads the token of an entry's JSON value.
-func etcdToken(value string) ([16]byte, error) {
+// etcdToken reads the token of an entry's JSON value, and the pid in its
+// metadata (0 if none).
+func etcdToken(value string) ([16]byte, int, error) {
 	var tok [16]byte
 	var v struct {
-		Token string `json:"token"`
+		Token    string `json:"token"`
+		Metadata string `json:"metadata"`
 	}
 	if err := json.Unmarshal([]byte(value), &v); err != nil {
-		return tok, fmt.Errorf("entry value: %w", err)
+		return tok, 0, fmt.Errorf("entry value: %w", err)
 	}
 	b, err := hex.DecodeString(v.Token)
 	if err != nil || len(b) != len(tok) {
-		return tok, fmt.Errorf("entry token %q: not 16 bytes in hex", v.Token)
+		return tok, 0, fmt.Errorf("entry token %q: not 16 bytes in hex", v.Token)
 	}
 	copy(tok[:], b)
-	return tok, nil
+	return tok, metadataPid(v.Metadata), nil
 }

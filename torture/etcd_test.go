@@ -180,7 +180,7 @@ func TestEtcdEntryKeyAsEtcdlock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tok, err := etcdToken(etcdValue(byte(i + 1)))
+		tok, _, err := etcdToken(etcdValue(byte(i + 1)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -142,15 +142,6 @@ func TestShortRun(t *testing.T) {
 	}
 	if s := os.Getenv("DLOCK_TORTURE_STRATEGIES"); s != "" {
 		cfg.Strategies = strings.Split(s, ",")
-	} else {
-		// zk-lease has an open finding (the ZooKeeper history shows a lease
-		// changed after its end, a few times per run): it runs in the long
-		// run and with DLOCK_TORTURE_STRATEGIES, not here, until explained.
-		for _, a := range Adapters {
-			if a.Name != "zk-lease" {
-				cfg.Strategies = append(cfg.Strategies, a.Name)
-			}
-		}
 	}
 	selected := func(prefix string) bool {
 		for _, a := range Adapters {

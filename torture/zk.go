@@ -47,12 +47,13 @@ import (
 //     (which zklock never does: contenders delete only expired holders, by version) is left out,
 //     so that the next grant is reported as a grant while the lease was live. A deletion after the
 //     expiry is cleanup: the lease ended at its expiry.
-//   - A setData of a node whose lease was granted and has run out does not extend it: zklock's
-//     Extend, finding its write more than a TTL after the previous one, deletes the node and
-//     reports the lock lost; until then the node is a zombie that blocks the key (the liveness
-//     check sees the time) but holds nothing. If a zombie is written with another request token
-//     (zklock reusing a queued node for a new request) it is granted again, with its old fence,
-//     and the checker reports the expired lease as extended.
+//   - A setData of a node whose lease was granted and has run out does not extend it, whatever
+//     request token it writes: zklock, finding its write a TTL or more after the previous one,
+//     deletes the node (Extend reports the lock lost; AcquireWait, taking up a parked node for
+//     a new request, queues a new node instead); until then the node is a zombie that blocks the
+//     key (the liveness check sees the time) but holds nothing. A zklock that went on using such
+//     a node would hold its fence past the lease's end in this history: the checker reports the
+//     holder as keeping the lock past the store's expiry.
 //
 // Tokens: zklock hands a queued node from one acquisition request to the next of the same Backend
 // (it rewrites the node with the new request's token when the Locker calls again), and ZooKeeper
@@ -273,7 +274,7 @@ type zkReplayStats struct {
 	SessionEnded                 int // leases ended by their session's end
 	DeadHeads                    int // nodes that reached the head with their lease run out
 	Zombies                      int // setData of a node whose granted lease had run out
-	Regrants                     int // ... with a new request token: granted again
+	LateTakeUps                  int // ... with a new request token (a parked node taken up late)
 	RequestSwaps                 int // request token rewritten on a live holder (same session)
 	ForeignEnds                  int // a live holder deleted by another session
 	MaxQueue                     int // most nodes in one key's queue
@@ -285,10 +286,10 @@ type zkReplayStats struct {
 func (s *zkReplayStats) String() string {
 	return fmt.Sprintf("%d under the root, %d failed requests (anywhere); %d keys; %d grants, %d extensions, %d releases, %d expired, "+
 		"%d ended by their session, %d foreign deletions of a live lease; %d queued nodes reached the head expired; "+
-		"%d late writes to an expired holder (zombie, %d ms in all before deletion), %d of them granted again; "+
+		"%d late writes to an expired holder (zombie, %d ms in all before deletion), %d of them for a new request; "+
 		"%d request-token rewrites of a live holder; longest queue %d",
 		s.Txns, s.Failed, len(s.keysSeen), s.Grants, s.Extensions, s.Releases, s.Expired, s.SessionEnded, s.ForeignEnds,
-		s.DeadHeads, s.Zombies, s.ZombieMs, s.Regrants, s.RequestSwaps, s.MaxQueue)
+		s.DeadHeads, s.Zombies, s.ZombieMs, s.LateTakeUps, s.RequestSwaps, s.MaxQueue)
 }
 
 // zkNode is a queue node in the replay.
@@ -301,6 +302,7 @@ type zkNode struct {
 	mtimeMs  int64
 	ttlMs    int64
 	reqToken string // the request token in its data
+	pid      int    // the pid in its data's metadata (0 if none)
 	leaseTok string // the request token when it last held (granted or extended)
 	ended    bool   // its lease ran out or ended while it held
 	// deadCounted: counted as having reached the head with its lease run out.
@@ -319,14 +321,15 @@ func (n *zkNode) token() [16]byte {
 // setData records a write of the node's data at timeMs by session.
 func (n *zkNode) setData(data []byte, timeMs, session int64) {
 	var r struct {
-		Token string `json:"token"`
-		TTL   int64  `json:"ttl_ms"`
+		Token    string `json:"token"`
+		TTL      int64  `json:"ttl_ms"`
+		Metadata string `json:"metadata"`
 	}
 	_ = json.Unmarshal(data, &r) // foreign data: no token, the shortest lease (as zklock reads it)
 	if r.TTL <= 0 {
 		r.TTL = dlock.MinTTL.Milliseconds()
 	}
-	n.reqToken, n.ttlMs, n.mtimeMs, n.writer = r.Token, r.TTL, timeMs, session
+	n.reqToken, n.ttlMs, n.mtimeMs, n.writer, n.pid = r.Token, r.TTL, timeMs, session, metadataPid(r.Metadata)
 }
 
 // zkKeyState is one key directory in the replay.
@@ -499,7 +502,7 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 		sort.Slice(ks, func(i, j int) bool { return ks[i].key < ks[j].key })
 		for _, k := range ks {
 			ev := func(n *zkNode, expMs int64) LeaseEvent {
-				return LeaseEvent{Seq: t.Zxid, Key: k.key, Fence: uint64(n.czxid), Token: n.token(), AtUs: us(T), ExpUs: us(expMs)}
+				return LeaseEvent{Seq: t.Zxid, Key: k.key, Fence: uint64(n.czxid), Token: n.token(), AtUs: us(T), ExpUs: us(expMs), Pid: n.pid}
 			}
 			if h := k.holder; h != nil {
 				if d, gone := deleted[h]; gone {
@@ -536,15 +539,17 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 			switch {
 			case n.ended && !written[n]:
 				continue
-			case n.ended && n.reqToken == n.leaseTok:
-				// A late renewal: zklock deletes the node and reports the lock lost.
+			case n.ended:
+				// A late write (a renewal, or a parked node taken up for a new
+				// request): zklock deletes the node; it holds nothing.
 				stats.Zombies++
+				if n.reqToken != n.leaseTok {
+					stats.LateTakeUps++
+				}
 				if _, ok := stats.firstZombie[n]; !ok {
 					stats.firstZombie[n] = T
 				}
 				continue
-			case n.ended:
-				stats.Regrants++ // reused for a new request: granted again (see zkLease)
 			case n.expMs() <= T:
 				if !n.deadCounted {
 					n.deadCounted = true
@@ -552,7 +557,7 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 				}
 				continue
 			}
-			n.ended, n.leaseTok = false, n.reqToken
+			n.leaseTok = n.reqToken
 			k.holder = n
 			out = append(out, ev(n, n.expMs()))
 			stats.Grants++

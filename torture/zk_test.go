@@ -218,23 +218,49 @@ func TestZKReplayLateRenewalIsNoExtension(t *testing.T) {
 	}
 }
 
-// A node whose lease ran out, rewritten for a new request, is granted again with its old fence:
-// the checker reports the expired lease as extended.
-func TestZKReplayRegrantIsReported(t *testing.T) {
+// A node whose lease ran out, rewritten for a new request (a parked node taken up late), is a
+// zombie like a late renewal: zklock deletes it and queues a new node, which is granted with a
+// new fence. A zklock that kept the node would hand its fence out again after the lease's end,
+// and the checker reports that holder as keeping the lock past the store's expiry.
+func TestZKReplayLateTakeUpIsNoGrant(t *testing.T) {
 	var s zkScript
 	s.txn(sessA, 1000, zkDir)
 	a := s.txn(sessA, 1000, zkCreate(0, "a1"))
 	s.txn(sessA, 2500, zkSet(0, "a2"))
+	s.txn(sessA, 2502, zkDel(0))
+	c := s.txn(sessA, 2503, zkCreate(1, "a2"))
 	evs, stats := replay(t, &s)
+	tok := zkTok(sessA, sessA)
 	wantEvents(t, evs, []LeaseEvent{
-		{Seq: a, Key: "k", Fence: uint64(a), Token: zkTok(sessA, sessA), AtUs: 1000e3, ExpUs: 2000e3},
-		{Seq: a + 1, Key: "k", Fence: uint64(a), Token: zkTok(sessA, sessA), AtUs: 2500e3, ExpUs: 3500e3},
+		{Seq: a, Key: "k", Fence: uint64(a), Token: tok, AtUs: 1000e3, ExpUs: 2000e3},
+		{Seq: c, Key: "k", Fence: uint64(c), Token: tok, AtUs: 2503e3, ExpUs: 3503e3},
 	})
-	if stats.Regrants != 1 {
+	if stats.Zombies != 1 || stats.LateTakeUps != 1 || stats.ZombieMs != 2 || stats.Grants != 2 {
 		t.Errorf("stats: %s", stats)
 	}
-	if r := storeCheck(evs); r.Violations[vRevived] != 1 {
+	if r := storeCheck(evs); r.ViolationCount != 0 {
 		t.Errorf("checker: %v", r.ViolationList)
+	}
+
+	// The same node kept and renewed: its holder acquired it after the store's expiry.
+	s = zkScript{}
+	s.txn(sessA, 1000, zkDir)
+	a = s.txn(sessA, 1000, zkCreate(0, "a1"))
+	s.txn(sessA, 2500, zkSet(0, "a2"))
+	s.txn(sessA, 2800, zkSet(0, "a2"))
+	s.txn(sessA, 3100, zkDel(0))
+	evs, _ = replay(t, &s)
+	in := checkInput{
+		Name: "zk", Strategy: "zk-lease", TTL: time.Second, HasHistory: true, History: evs,
+		Started: 0, Ended: 10_000 * ms,
+		Workers: []*workerLog{{ID: "w1", Events: []Event{
+			{T0: 2400 * ms, T: 2510 * ms, Ev: "acq", K: "k", F: uint64(a)},
+			{T: 3100 * ms, Ev: "done", K: "k", F: uint64(a), Err: "dlock: not held"},
+			{T0: 3100 * ms, T: 3101 * ms, Ev: "rel", K: "k", F: uint64(a)},
+		}}},
+	}
+	if r := check(in); r.Violations[vNoNotice] != 1 {
+		t.Errorf("a fence held after its lease's end: %v", r.ViolationList)
 	}
 }
 

@@ -160,62 +160,61 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 			// safe).
 			res := dlock.Result{Acquired: true, Fence: uint64(fence)}
 			sending := time.Now()
-			if b.extend(dlock.Lease{Key: req.Key, Token: req.Token, TTL: req.TTL}) == nil {
+			switch err := b.extend(dlock.Lease{Key: req.Key, Token: req.Token, TTL: req.TTL}); {
+			case err == nil:
 				res.SentAfter = sending.Sub(began)
+			case errors.Is(err, dlock.ErrNotHeld):
+				// The node is gone, or its lease had run out before the
+				// renewal (which then deleted it): nothing is held.
+				return attempt{res: dlock.Result{Holder: holder}}, nil
 			}
 			return attempt{res: res, n: n}, nil
 		}
+		// Mind the predecessor's lease as well as its deletion: the
+		// holder's, or a waiter's that its process no longer renews
+		// (paused, partitioned, dead) and that would hold the queue up
+		// until its session ended. Either node may go once its lease has
+		// run out by the leader's clock.
 		pred := dir + "/" + q[i-1]
-		var watch <-chan zk.Event
-		var leaseEnd <-chan time.Time
-		if i == 1 { // the predecessor holds the lock: mind its lease too
-			data, st, ch, err := b.c.GetW(pred)
-			if errors.Is(err, zk.ErrNoNode) {
-				continue
+		data, st, watch, err := b.c.GetW(pred)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return fail(err)
+		}
+		r := decode(data)
+		end := expiry(r, st)
+		if i == 1 { // the predecessor holds the lock
+			holder = info(req.Key, r, st)
+		}
+		if end <= leaderNow() {
+			// Read the leader's clock by rewriting our own node, which
+			// also shows that our session is alive.
+			st2, err := b.c.Set(n.path, n.data, n.version)
+			if notHeld(err) {
+				return attempt{res: dlock.Result{Holder: holder}}, nil
 			}
 			if err != nil {
 				return fail(err)
 			}
-			r := decode(data)
-			end := expiry(r, st)
-			holder = info(req.Key, r, st)
-			if end <= leaderNow() {
-				// Read the leader's clock by rewriting our own node, which
-				// also shows that our session is alive.
-				st2, err := b.c.Set(n.path, n.data, n.version)
-				if notHeld(err) {
-					return attempt{res: dlock.Result{Holder: holder}}, nil
-				}
-				if err != nil {
+			n.version, n.mtime = st2.Version, st2.Mtime
+			srvNow, at = st2.Mtime, time.Now()
+			if end <= srvNow {
+				if err := b.c.Delete(pred, st.Version); err != nil && !notHeld(err) {
 					return fail(err)
 				}
-				n.version, n.mtime = st2.Version, st2.Mtime
-				srvNow, at = st2.Mtime, time.Now()
-				if end <= srvNow {
-					if err := b.c.Delete(pred, st.Version); err != nil && !notHeld(err) {
-						return fail(err)
-					}
-					continue
-				}
-			}
-			remaining := time.Duration(end-leaderNow()) * time.Millisecond
-			holder.ExpiresAt = time.Now().Add(remaining)
-			lease.Reset(remaining + time.Millisecond)
-			leaseEnd = lease.C
-			watch = ch
-		} else {
-			ok, _, ch, err := b.c.ExistsW(pred)
-			if err != nil {
-				return fail(err)
-			}
-			if !ok {
 				continue
 			}
-			watch = ch
 		}
+		remaining := time.Duration(end-leaderNow()) * time.Millisecond
+		if i == 1 {
+			holder.ExpiresAt = time.Now().Add(remaining)
+		}
+		lease.Reset(remaining + time.Millisecond)
 		select {
 		case <-watch:
-		case <-leaseEnd:
+		case <-lease.C:
 		case <-chunk.C:
 			b.park(n, fence)
 			return attempt{res: dlock.Result{Holder: holder}}, nil
@@ -285,6 +284,13 @@ func (b *Backend) adopt(req dlock.Request) (*node, int64) {
 		if !notHeld(err) {
 			b.deleteQuietly(p.n.path)
 		}
+		return nil, 0
+	}
+	if late(st.Mtime, p.n.mtime, p.n.ttl) {
+		// The node's lease had run out before this write. If it reached
+		// the head meanwhile it held the key until then, unknown to anyone:
+		// it must not hold it again under the same fence. Queue anew.
+		_ = b.c.Delete(p.n.path, st.Version)
 		return nil, 0
 	}
 	return &node{key: req.Key, path: p.n.path, data: data, version: st.Version, mtime: st.Mtime, ttl: req.TTL}, st.Czxid

@@ -17,7 +17,7 @@ import (
 // setData of its node (one round trip; the leases of a call are sent
 // concurrently on the one connection). A node that is gone (released by
 // force, deleted as abandoned, or removed with an expired session) is
-// dlock.ErrNotHeld, and so is a renewal that lands more than a TTL after the
+// dlock.ErrNotHeld, and so is a renewal that lands a TTL or more after the
 // previous write by the leader's clock: the node is then deleted, never
 // revived.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
@@ -51,7 +51,7 @@ func (b *Backend) extend(l dlock.Lease) error {
 		b.hold(l.Token, n)
 	}
 	b.mu.Lock()
-	path, data, version, mtime, ttl := n.path, n.data, n.version, n.mtime, n.ttl.Milliseconds()
+	path, data, version, mtime, ttl := n.path, n.data, n.version, n.mtime, n.ttl
 	b.mu.Unlock()
 	for try := 0; ; try++ {
 		st, err := b.c.Set(path, data, version)
@@ -60,7 +60,7 @@ func (b *Backend) extend(l dlock.Lease) error {
 			// was lost: catch up if the node is still ours and was renewed
 			// in time.
 			d, st0, gerr := b.c.Get(path)
-			if gerr == nil && decode(d).Token == l.Token.String() && st0.Mtime-mtime <= ttl {
+			if gerr == nil && decode(d).Token == l.Token.String() && !late(st0.Mtime, mtime, ttl) {
 				version, mtime = st0.Version, st0.Mtime
 				continue
 			}
@@ -72,11 +72,11 @@ func (b *Backend) extend(l dlock.Lease) error {
 		if err != nil {
 			return fmt.Errorf("zklock: extend %q: %w", l.Key, err)
 		}
-		if st.Mtime-mtime > ttl {
+		if late(st.Mtime, mtime, ttl) {
 			// The lease had run out before this write: give the node up.
 			_ = b.c.Delete(path, st.Version)
 			b.forget(l.Token, n)
-			return fmt.Errorf("%w: lease expired %d ms before the renewal", dlock.ErrNotHeld, st.Mtime-mtime-ttl)
+			return fmt.Errorf("%w: lease ended %d ms before the renewal", dlock.ErrNotHeld, st.Mtime-mtime-ttl.Milliseconds())
 		}
 		b.mu.Lock()
 		n.version, n.mtime = st.Version, st.Mtime
@@ -129,7 +129,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 func (b *Backend) release(key string, token dlock.Token) error {
 	if n := b.heldNode(key, token); n != nil {
 		b.mu.Lock()
-		path, data, mtime, ttl := n.path, n.data, n.mtime, n.ttl.Milliseconds()
+		path, data, mtime, ttl := n.path, n.data, n.mtime, n.ttl
 		b.mu.Unlock()
 		res, err := b.c.Multi(
 			&zk.SetDataRequest{Path: path, Data: data, Version: -1},
@@ -143,7 +143,7 @@ func (b *Backend) release(key string, token dlock.Token) error {
 			return dlock.ErrNotHeld
 		case err != nil:
 			return err
-		case len(res) > 0 && res[0].Stat != nil && res[0].Stat.Mtime-mtime > ttl:
+		case len(res) > 0 && res[0].Stat != nil && late(res[0].Stat.Mtime, mtime, ttl):
 			return fmt.Errorf("%w: the lease had expired", dlock.ErrNotHeld)
 		}
 		return nil

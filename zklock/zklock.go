@@ -30,8 +30,8 @@
 //     mtime on. A contender that finds the holder's mtime+TTL behind the
 //     leader's time of its own latest write deletes the holder's node, so
 //     an abandoned lock (a crashed holder, a paused process) is free within
-//     its TTL, as on every dlock backend. An Extend whose write lands more
-//     than a TTL after the previous one deletes the node itself and reports
+//     its TTL, as on every dlock backend. An Extend whose write lands a TTL
+//     or more after the previous one deletes the node itself and reports
 //     dlock.ErrNotHeld: an expired lease is never revived. The comparison
 //     uses the leader's wall clock; after a leader change, it assumes the
 //     members' clocks agree to well within the Locker's margin.
@@ -69,14 +69,21 @@
 //
 // A waiting acquisition (dlock.Waiter) keeps its node in the queue and
 // watches only its predecessor (no thundering herd), so the lock is handed
-// over in arrival order. When the predecessor is the holder, the waiter also
-// wakes when the holder's lease would end, and deletes the holder's node if
-// the lease has indeed expired by the leader's clock. Because the Locker
-// measures a granted lease from the moment it called AcquireWait, each call
-// waits at most half the TTL and then returns without the lock, leaving the
-// node queued for the Locker's next call (which rewrites it with the new
-// token, and so also keeps a live waiter's node from looking abandoned). A
-// node not taken up again within its TTL is deleted. When the caller's
+// over in arrival order. The waiter also wakes when its predecessor's lease
+// would end (the holder's, or a waiting node's that its waiter no longer
+// renews: a paused, partitioned or dead process), and deletes the
+// predecessor's node if the lease has indeed expired by the leader's clock,
+// so that a stalled waiter holds the queue up for at most its TTL, not until
+// its session ends. Because the Locker measures a granted lease from the
+// moment it called AcquireWait, each call waits at most a third of the TTL
+// and then returns without the lock, leaving the node queued for the
+// Locker's next call (which rewrites it with the new token, and so also
+// keeps a live waiter's node from looking abandoned). A
+// node not taken up again within its TTL is deleted. A call that takes a
+// node up only after its lease ran out (its write lands a TTL or more after
+// the previous one) deletes it and queues a new node instead: if the node
+// had reached the head meanwhile, it held the key until its lease ended,
+// and it must not hold it again under the same fence. When the caller's
 // context ends, the waiter's node is deleted at once.
 //
 // TryAcquire (Backend.Acquire) does not queue: it creates its node, and
@@ -84,9 +91,9 @@
 //
 // # Limits
 //
-//   - A waiter whose process dies leaves its node in the queue until its
-//     TTL runs out (its successor then deletes it when it reaches the head)
-//     or its session expires.
+//   - A waiter whose process dies or stalls leaves its node in the queue
+//     until its TTL runs out (its successor then deletes it) or its session
+//     expires: once its turn comes, it holds the key up for that long.
 //   - A create whose reply is lost with the connection is resolved by the
 //     Locker's Release, which finds the node by its token. If the server
 //     applies the create only after that (it was still in flight), the node
@@ -365,6 +372,12 @@ func expiry(r record, st *zk.Stat) int64 {
 	}
 	return st.Mtime + ttl
 }
+
+// late reports whether a write that the leader stamped at mtime came after
+// the end of the lease that the node's previous write, at prev, began: by
+// expiry's rule a lease is live while the leader's time is before prev+ttl,
+// and from then on a contender may delete the node.
+func late(mtime, prev int64, ttl time.Duration) bool { return mtime-prev >= ttl.Milliseconds() }
 
 // info describes the queue node of key with data r and stat st.
 func info(key string, r record, st *zk.Stat) dlock.LockInfo {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -300,5 +301,92 @@ func TestHolderInfo(t *testing.T) {
 	}
 	if err := b.Release(ctx, k, tok); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestParkedHeadIsNotRevived: a parked node that reaches the head and is
+// taken up only after its lease ran out (a Locker that calls late: a pause,
+// a slow network) had held the key by the store's rules until then; the
+// next AcquireWait must not hold it again under the same fence.
+func TestParkedHeadIsNotRevived(t *testing.T) {
+	addrs := sharedAddrs(t)
+	b := newBackend(t, newConn(t, addrs...))
+	k := locktest.UniqueKey("revive")
+	ctx := ctxT(t, 20*time.Second)
+	hold := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second}
+	if r, err := b.Acquire(ctx, hold); err != nil || !r.Acquired {
+		t.Fatalf("Acquire: %+v %v", r, err)
+	}
+	w := newBackend(t, newConn(t, addrs...))
+	ttl := time.Second
+	res, err := w.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl})
+	if err != nil || res.Acquired {
+		t.Fatalf("AcquireWait: %+v %v", res, err)
+	}
+	w.StopParkTimers(k)
+	// The parked node's fence: its czxid.
+	admin := newConn(t, addrs...)
+	names, _, err := admin.Children(b.Dir(k))
+	if err != nil || len(names) != 2 {
+		t.Fatalf("queue: %v %v", names, err)
+	}
+	slices.Sort(names)
+	_, st, err := admin.Get(b.Dir(k) + "/" + names[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	parked := uint64(st.Czxid)
+	if err := b.Release(ctx, k, hold.Token); err != nil { // the parked node is the head now
+		t.Fatal(err)
+	}
+	time.Sleep(ttl + 200*time.Millisecond) // its lease runs out, nobody takes it
+	for {
+		res, err = w.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl})
+		if err != nil || res.Acquired {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Fence == parked {
+		t.Errorf("rule: a node whose lease ran out is never granted again; granted with its fence %d", parked)
+	}
+}
+
+// TestStalledWaiterDoesNotHoldUpTheQueue: a waiter whose process stalls
+// (paused, partitioned) with its node next in line keeps its session, and
+// its node outlives the holder's lease; the waiter behind it must not wait
+// for that session to end. Once the stalled node's lease has run out too,
+// the next waiter deletes it and takes the key.
+func TestStalledWaiterDoesNotHoldUpTheQueue(t *testing.T) {
+	addrs := sharedAddrs(t)
+	holder, stalled, waiter := newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...))
+	k := locktest.UniqueKey("stalled")
+	ctx := ctxT(t, 20*time.Second)
+	ttl := time.Second
+	// A holder that stops renewing.
+	if r, err := holder.Acquire(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl}); err != nil || !r.Acquired {
+		t.Fatalf("Acquire: %+v %v", r, err)
+	}
+	// A waiter that queues and is never heard of again (its Backend's timers
+	// stopped, as in a paused process).
+	if res, err := stalled.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl}); err != nil || res.Acquired {
+		t.Fatalf("AcquireWait: %+v %v", res, err)
+	}
+	stalled.StopParkTimers(k)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		res, err := waiter.AcquireWait(wctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Acquired {
+			return
+		}
+		if wctx.Err() != nil {
+			t.Fatal("rule: a waiter whose node's lease ran out does not hold up the queue; the next waiter never got the key")
+		}
 	}
 }
