@@ -90,6 +90,7 @@ type checkInput struct {
 	StoreClock *clockMap
 	OffsetSkew int64 // spread of the offset samples, ns
 	Problems   []string
+	KnownRaces int // the workers' race reports that are knownRaces
 }
 
 // hold is one acquisition as a worker saw it.
@@ -294,7 +295,7 @@ func check(in checkInput) *RunReport {
 	c.rep = &RunReport{
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
-		Problems: in.Problems,
+		Problems: in.Problems, KnownRaces: in.KnownRaces,
 	}
 	if in.StoreClock != nil {
 		c.rep.StoreClock = in.StoreClock.String()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -54,17 +55,23 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 			in.Problems = append(in.Problems, fmt.Sprintf("%s: %d unreadable event lines", p.id, bad))
 		}
 		in.Workers = append(in.Workers, &workerLog{ID: p.id, Pid: p.pid(), Events: evs, Killed: killedAt[p.id]})
+		errText, _ := os.ReadFile(filepath.Join(r.dir, p.id+".stderr"))
+		races, known := dataRaces(errText)
+		if known > 0 {
+			in.KnownRaces += known
+		}
 		switch {
 		case lateKill:
 			in.Problems = append(in.Problems, fmt.Sprintf("%s did not exit within 10 s of SIGTERM", p.id))
-		case waitErr != nil && !killed:
+		case waitErr != nil && !killed && !(races == known && known > 0 && raceExit(waitErr)):
 			in.Problems = append(in.Problems, fmt.Sprintf("%s exited: %v (see %s.stderr)", p.id, waitErr, p.id))
 		}
-		if errText, _ := os.ReadFile(filepath.Join(r.dir, p.id+".stderr")); len(errText) > 0 {
-			for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:"} {
-				if bytes.Contains(errText, []byte(bad)) {
-					in.Problems = append(in.Problems, fmt.Sprintf("%s: %q in %s.stderr", p.id, bad, p.id))
-				}
+		if races > known {
+			in.Problems = append(in.Problems, fmt.Sprintf("%s: %d data race(s) in %s.stderr", p.id, races-known, p.id))
+		}
+		for _, bad := range []string{"panic:", "fatal error:"} {
+			if bytes.Contains(errText, []byte(bad)) {
+				in.Problems = append(in.Problems, fmt.Sprintf("%s: %q in %s.stderr", p.id, bad, p.id))
 			}
 		}
 	}
@@ -126,4 +133,54 @@ func notStarted(evs []Event, readErr, waitErr error, termed bool) bool {
 		return false
 	}
 	return readErr == nil || errors.Is(readErr, fs.ErrNotExist)
+}
+
+// knownRaces are data races inside the store clients that dlock cannot
+// avoid, as the pair of functions at the top of the two accesses' stacks.
+// go-zookeeper v1.0.4 reads Conn.lastZxid when it re-sends watches on a
+// reconnection while its receive loop writes it (go-zookeeper/zk#35,
+// samuel/go-zookeeper#260; no release fixes it).
+var knownRaces = [][2]string{
+	{"github.com/go-zookeeper/zk.(*Conn).recvLoop()", "github.com/go-zookeeper/zk.(*Conn).sendSetWatches()"},
+}
+
+// dataRaces counts the race detector's reports in a worker's stderr, and
+// those among them that are knownRaces.
+func dataRaces(stderr []byte) (all, known int) {
+	const head = "WARNING: DATA RACE\n"
+	parts := strings.Split(string(stderr), head)
+	for _, rep := range parts[1:] {
+		all++
+		if end := strings.Index(rep, "=================="); end >= 0 {
+			rep = rep[:end]
+		}
+		tops := raceTops(rep)
+		for _, k := range knownRaces {
+			if len(tops) == 2 && (tops[0] == k[0] && tops[1] == k[1] || tops[0] == k[1] && tops[1] == k[0]) {
+				known++
+				break
+			}
+		}
+	}
+	return all, known
+}
+
+// raceTops returns the top frame's function of each access in one race
+// report: the line after each "… at 0x… by goroutine N:" line.
+func raceTops(rep string) []string {
+	var tops []string
+	lines := strings.Split(rep, "\n")
+	for i, l := range lines {
+		if strings.Contains(l, " at 0x") && strings.HasSuffix(l, ":") && i+1 < len(lines) {
+			tops = append(tops, strings.TrimSpace(lines[i+1]))
+		}
+	}
+	return tops
+}
+
+// raceExit reports whether err is the exit status the race detector gives
+// a process that reported races (66 unless GORACE says otherwise).
+func raceExit(err error) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && ee.ExitCode() == 66
 }

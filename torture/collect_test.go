@@ -3,7 +3,9 @@ package torture
 import (
 	"errors"
 	"io/fs"
+	"os"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +36,28 @@ func TestNotStarted(t *testing.T) {
 		if got := notStarted(c.evs, c.readErr, c.waitErr, c.termed); got != c.want {
 			t.Errorf("%s: notStarted = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestDataRaces: a worker's race report is a problem of the run unless both
+// its accesses are a known race inside a store client.
+func TestDataRaces(t *testing.T) {
+	known, err := os.ReadFile("testdata/race_known.stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all, k := dataRaces(known); all != 1 || k != 1 {
+		t.Errorf("go-zookeeper's lastZxid race: %d races, %d known; want 1, 1", all, k)
+	}
+	// The same report with one access in dlock's code is not known.
+	ours := strings.Replace(string(known), "github.com/go-zookeeper/zk.(*Conn).sendSetWatches()", "github.com/dlock-dev/dlock/zklock.(*Backend).wait()", 1)
+	if all, k := dataRaces([]byte(ours)); all != 1 || k != 0 {
+		t.Errorf("a race with dlock's code: %d races, %d known; want 1, 0", all, k)
+	}
+	if all, k := dataRaces(append(known, ours...)); all != 2 || k != 1 {
+		t.Errorf("both: %d races, %d known; want 2, 1", all, k)
+	}
+	if all, _ := dataRaces([]byte("time=… level=WARN msg=\"dlock: lock lost\"\n")); all != 0 {
+		t.Errorf("no race: %d", all)
 	}
 }
