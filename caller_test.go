@@ -50,9 +50,6 @@ func TestErrAfterPause(t *testing.T) {
 	}
 	ctx, cancel := lk.Context(context.Background())
 	defer cancel()
-	if d, ok := ctx.Deadline(); !ok || !d.Equal(lk.Deadline()) {
-		t.Errorf("the lock's context has deadline %v (%v), want the lease's safe deadline %v", d, ok, lk.Deadline())
-	}
 	if lk.Err() != nil || ctx.Err() != nil {
 		t.Fatalf("lost before the pause: %v, %v", lk.Err(), ctx.Err())
 	}
@@ -435,6 +432,84 @@ func TestReleaseOutlivesItsCallersDeadline(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("rule: a release cut short by its caller's context goes on in the background; the key was never released")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestTimeoutUnderLockContextFires: a timeout derived from the lock's
+// context fires when it is due, however often the lease is renewed (a
+// context whose Deadline moved with renewal made derived timeouts that
+// relied on it never fire).
+func TestTimeoutUnderLockContextFires(t *testing.T) {
+	l := New(okBackend{}, &Options{TTL: MinTTL})
+	defer l.Close(context.Background())
+	lk, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := lk.Context(context.Background())
+	defer cancel()
+	tctx, tcancel := context.WithTimeout(ctx, 3*MinTTL/2) // beyond the first safe deadline
+	defer tcancel()
+	select {
+	case <-tctx.Done():
+		if lk.Err() != nil {
+			t.Fatalf("the lock was lost: %v", lk.Err())
+		}
+	case <-time.After(10 * MinTTL):
+		t.Fatal("rule: a timeout under the lock's context fires; it did not, while the lease was renewed")
+	}
+}
+
+// TestReentrantAcquireAfterPause: a reentrant acquisition after a pause
+// past the lease's safe deadline does not hand out the lost lease; it
+// reports the loss to the earlier handle and acquires anew.
+func TestReentrantAcquireAfterPause(t *testing.T) {
+	clock := &manualClock{now: time.Unix(1000, 0)}
+	l := New(okBackend{}, &Options{TTL: 10 * time.Second, Clock: clock})
+	defer l.Close(context.Background())
+	first, err := l.TryAcquire(context.Background(), "k", WithOwner("job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(11 * time.Second) // stopped past the TTL
+	again, err := l.TryAcquire(context.Background(), "k", WithOwner("job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(first.Err(), ErrLockLost) {
+		t.Errorf("the handle from before the pause: Err %v, want ErrLockLost", first.Err())
+	}
+	if again.Err() != nil {
+		t.Errorf("rule: a reentrant acquisition after a pause is a new, live lease; Err %v", again.Err())
+	}
+}
+
+// TestCloseWithEndedContextStillReleases: Close with a context that has
+// already ended (a shutdown budget spent) returns its error, yet releases
+// the held keys in the background instead of leaving them to their TTL.
+func TestCloseWithEndedContextStillReleases(t *testing.T) {
+	b := &ctxBackend{}
+	l := New(b, nil)
+	if _, err := l.TryAcquire(context.Background(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := l.Close(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Close with an ended context: %v, want its error", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.mu.Lock()
+		ok := b.released
+		b.mu.Unlock()
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rule: Close with an ended context still releases what it held; the key was never released")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -89,11 +89,11 @@ func (k *Lock) Deadline() time.Time {
 
 // Context returns a context derived from parent that is cancelled, with
 // context.Cause set to Err(), when this Lock is released or lost. Its Err
-// checks the lease's safe deadline as Lock.Err does, and its Deadline is the
-// earlier of parent's and the lease's safe deadline at the moment of the
-// call (renewal moves it forward; work started under the context should not
-// outlive the instant the lock is known to be held). Call cancel when done
-// with it.
+// checks the lease's safe deadline as Lock.Err does, so a process pause past
+// the lease is reported by the first call after it. Its Deadline is parent's:
+// the lease's end moves with every renewal, and a context's Deadline must
+// not (a timeout derived from it would otherwise never fire); Lock.Deadline
+// gives the lease's current safe deadline. Call cancel when done with it.
 func (k *Lock) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	k.l.mu.Lock()
@@ -106,19 +106,11 @@ func (k *Lock) Context(parent context.Context) (context.Context, context.CancelF
 	return &lockContext{Context: ctx, k: k}, func() { cancel(context.Canceled) }
 }
 
-// lockContext is the context of a Lock: a cancelCtx whose Err and Deadline
-// also consult the lease.
+// lockContext is the context of a Lock: a cancelCtx whose Err also
+// consults the lease.
 type lockContext struct {
 	context.Context
 	k *Lock
-}
-
-func (c *lockContext) Deadline() (time.Time, bool) {
-	d := c.k.Deadline()
-	if pd, ok := c.Context.Deadline(); ok && pd.Before(d) {
-		return pd, true
-	}
-	return d, true
 }
 
 func (c *lockContext) Err() error {

@@ -185,7 +185,8 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]LockInfo, error) {
 // Err reports ErrClosed), makes later acquisitions fail with ErrClosed, and
 // waits for the Locker's goroutines to stop, or for ctx to end: store calls
 // still under way then end by themselves (when the store answers or their
-// own bounds pass). It returns the release errors and ctx's, if any.
+// own bounds pass), and releases that ctx cut short go on in the background
+// for a few seconds. It returns the release errors and ctx's, if any.
 // Closing twice is a no-op.
 func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Lock()
@@ -210,9 +211,20 @@ func (l *Locker) Close(ctx context.Context) error {
 		l.wg.Add(1)
 		_, err := await(l, ctx, func() (struct{}, error) {
 			return struct{}{}, l.b.Release(ctx, ls.key, ls.token)
-		}, nil)
-		if errors.Is(err, errAbandoned) {
+		}, func(_ struct{}, err error) {
+			if err != nil && !errors.Is(err, ErrNotHeld) {
+				l.wg.Add(1) // this goroutine still counts: before any Wait ends
+				go l.releaseBounded(ls.key, ls.token)
+			}
+		})
+		switch {
+		case errors.Is(err, errAbandoned):
 			err = ctx.Err()
+		case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil:
+			// Cut short by ctx: release in the background all the same,
+			// rather than leave the key to its TTL.
+			l.wg.Add(1)
+			go l.releaseBounded(ls.key, ls.token)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("dlock: release %q: %w", ls.key, err))
@@ -292,6 +304,9 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, inS
 	if l.closed {
 		l.mu.Unlock()
 		return nil, outcome{}, ErrClosed
+	}
+	if ls := l.held[key]; ls != nil {
+		l.checkDeadlineLocked(ls) // a lease lost to a pause is no longer held
 	}
 	out := outcome{woken: l.wakerLocked(key)}
 	if ls := l.held[key]; ls != nil {
@@ -504,16 +519,20 @@ func (l *Locker) releaseLater(key string, token Token) {
 	}
 	l.wg.Add(1)
 	l.mu.Unlock()
-	go func() {
-		defer l.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		defer cancel()
-		if err := l.b.Release(ctx, key, token); err == nil {
-			l.mu.Lock()
-			l.wakeLocked(key)
-			l.mu.Unlock()
-		}
-	}()
+	go l.releaseBounded(key, token)
+}
+
+// releaseBounded releases a lease, bounded by cleanupTimeout, and wakes the
+// key's local waiters if it did. The caller has done l.wg.Add(1) for it.
+func (l *Locker) releaseBounded(key string, token Token) {
+	defer l.wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if err := l.b.Release(ctx, key, token); err == nil {
+		l.mu.Lock()
+		l.wakeLocked(key)
+		l.mu.Unlock()
+	}
 }
 
 // errAbandoned is await's error for a call whose caller stopped waiting.
