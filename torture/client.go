@@ -152,7 +152,26 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 			plan := l.plan()
 			w.rec.rec(Event{T0: t0, Ev: "acq", K: key, F: fence, Plan: int64(plan), Cf: ClientDoPanic})
 			w.say("H %s %d %d", key, fence, plan.Milliseconds())
-			l.hold(fctx, key, fence, plan, func() error { return context.Cause(fctx) })
+			// The loss notice of a Do is the cancellation of fn's
+			// context, as Done is a Lock's: record it, or the checker
+			// takes the panic, which comes only at fn's next check, for
+			// the notice.
+			stop := context.AfterFunc(fctx, func() {
+				t := Mono()
+				cause := context.Cause(fctx)
+				w.rec.rec(Event{T: t, Ev: "done", K: key, F: fence, OK: errors.Is(cause, dlock.ErrLockLost), Err: errString(cause)})
+			})
+			defer stop()
+			// fctx.Err, as an application asks: it also answers from
+			// the lease's deadline when the Locker's timer has not run
+			// yet (after a pause), which context.Cause alone does not.
+			lost := func() error {
+				if fctx.Err() != nil {
+					return context.Cause(fctx)
+				}
+				return nil
+			}
+			l.hold(fctx, key, fence, plan, lost)
 			panicAt = Mono()
 			panic(errDoPanic)
 		}, dlock.WithTTL(ttl))
