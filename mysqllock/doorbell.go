@@ -42,6 +42,15 @@ const staleBell = 100 * time.Millisecond
 // the waiter back at the end of the doorbell's queue.
 func recheck(ttl time.Duration) time.Duration { return max(ttl/4, 2*staleBell) }
 
+// bellPoll bounds the sleep of a waiter that holds a key's doorbell while the
+// lease is held: its holder then has no doorbell (it took the lease while
+// another session held the bell, or the bell's session ended), so its
+// release rings nobody. A release of a lease granted with its bell keeps
+// the lease for the doorbell's holder for staleBell (see Release): looking
+// twice as often takes it within that window; after one granted without,
+// looking often is the waiter's only chance against the releasing client.
+const bellPoll = staleBell / 2
+
 // bells reports whether doorbells are in use.
 func (b *Backend) bells() bool { return b.bell != nil && !b.noBell.Load() }
 
@@ -87,7 +96,11 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 // stale holder), this lease goes without, and its waiters back off instead
 // of being woken.
 func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Result) (dlock.Result, error) {
-	if _, err := b.bell.Acquire(ctx, req); errors.Is(err, ErrGalera) {
+	r, err := b.bell.Acquire(ctx, req)
+	switch {
+	case err == nil && r.Acquired:
+		b.belled.Store(req.Token, struct{}{})
+	case errors.Is(err, ErrGalera):
 		b.noBell.Store(true)
 	}
 	return res, nil
@@ -96,11 +109,12 @@ func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Res
 // AcquireWait implements dlock.Waiter: wait on the key's doorbell, bounded by
 // the holder's remaining lease (or by staleBell when the lease is already
 // free) and by recheck, then take the lease as the first in line. If the
-// lease is still held (its holder died, or took it without a doorbell), back
-// off while keeping the doorbell, never beyond the lease's end. Doorbell
-// failures are never errors: they only cost the wake-up. In a pool with a
-// limit, when no connection can be spared for a waiter's doorbell session,
-// it returns dlock.ErrUnsupported and the Locker polls instead.
+// lease is still held (its holder died, or holds it without a doorbell), back
+// off while keeping the doorbell, never beyond the lease's end nor longer
+// than bellPoll at a time. Doorbell failures are never errors: they only
+// cost the wake-up. In a pool with a limit, when no connection can be spared
+// for a waiter's doorbell session, it returns dlock.ErrUnsupported and the
+// Locker polls instead.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if !b.bells() {
 		return dlock.Result{}, dlock.ErrUnsupported
@@ -141,11 +155,14 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		sending := time.Now()
 		res, err := b.acquireLease(ctx, req, inLine)
 		if err != nil || res.Acquired {
+			if res.Acquired && inLine != 0 {
+				b.belled.Store(req.Token, struct{}{})
+			}
 			// The lease starts with this statement, not with the wait.
 			res.SentAfter = sending.Sub(began)
 			return res, err // after an error the Locker's Release drops the doorbell too
 		}
-		if !sleep(ctx, bo.Next(res.Remaining)) {
+		if !sleep(ctx, min(bo.Next(res.Remaining), bellPoll)) {
 			_ = b.bell.Release(context.WithoutCancel(ctx), req.Key, req.Token)
 			return dlock.Result{}, nil
 		}
@@ -154,6 +171,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 
 // ring releases the doorbell token holds for key, if any.
 func (b *Backend) ring(ctx context.Context, key string, token dlock.Token) {
+	b.belled.Delete(token)
 	if b.bell != nil {
 		_ = b.bell.Release(ctx, key, token)
 	}

@@ -58,3 +58,17 @@ var LockBusy = lockBusy
 
 // GetLockName returns the named lock that g takes for key.
 func GetLockName(g *GetLock, key string) string { return g.name(key) }
+
+// KnowsDoorbell reports whether b counts key's doorbell as held on one of
+// its sessions (a session found gone no longer counts).
+func KnowsDoorbell(b *Backend, key string) bool {
+	g := b.bell
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, ss := range g.byToken {
+		if _, ok := ss.keys[key]; ok && !ss.broken.Load() {
+			return true
+		}
+	}
+	return false
+}

@@ -111,6 +111,9 @@ type Backend struct {
 	q      queries
 	bell   *GetLock    // the doorbells; nil without them
 	noBell atomic.Bool // doorbells turned out to be unavailable (Galera)
+	// belled holds the tokens of the leases granted with their doorbell,
+	// until released (see Release).
+	belled sync.Map
 	warn   warner
 }
 
@@ -534,15 +537,21 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 // even if ctx ends (or has ended) first: ctx bounds only the wait for its
 // answer, and the error is then ctx's.
 //
-// A lease released without its doorbell (another session held the bell when
-// it was taken: a stalled former holder) wakes nobody, so it is released as
-// long past: the acquisition statement then keeps it for no one in line.
+// A lease granted without its doorbell (another session held the bell: a
+// stalled former holder) wakes nobody, so it is released as long past: the
+// acquisition statement then keeps it for no one in line. A lease granted
+// with its doorbell is released as now even if the bell's session has
+// ended since (KILL, a cut connection): whoever holds the bell then took it
+// after the grant, so it is a waiter first in line, which looks at the lease
+// often (bellPoll) and for staleBell is the only one that may take it.
+// Released as long past, the lease would go to its releasing client, which
+// takes it straight back without the doorbell, and again at every release.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
 	if err := b.checkPool(); err != nil {
 		return err
 	}
 	q := b.q.release
-	if b.bells() && b.bell.sessionOf(key, token) == 0 {
+	if _, belled := b.belled.LoadAndDelete(token); b.bells() && !belled {
 		q = b.q.releaseNoBell
 	}
 	_, err := outlive(ctx, func(ctx context.Context) (struct{}, error) {

@@ -669,6 +669,95 @@ func TestDoorbellLossIsNotLeaseLoss(t *testing.T) {
 	}
 }
 
+// TestLostDoorbellDoesNotLetTheHolderBarge: a holder whose doorbell's
+// session ended (KILL, a cut connection) keeps its lease, and the waiter
+// first in line takes the doorbell. Then the holder releases and at once
+// asks for the key again: the waiter, first in line, must get it first.
+// Each later lease of the holder would go without a doorbell too (the
+// waiter holds it), so a holder that took the key back would keep doing so
+// (the lease test of locktest.FairShare saw two processes take 809 and 462
+// of the acquisitions and six others about 51 each, with the driver
+// logging a connection lost).
+func TestLostDoorbellDoesNotLetTheHolderBarge(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	const ttl = 5 * time.Second
+	b := newBackend(t, "")
+	key := locktest.UniqueKey("doorbell-barge")
+	bell := mysqllock.DoorbellName(b, key)
+	holder := locktest.NewLocker(t, b)
+	lk, err := holder.Acquire(ctx, key, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := open(t, "")
+	var killed int64
+	if err := admin.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", bell).Scan(&killed); err != nil {
+		t.Fatalf("the holder's doorbell: %v", err)
+	}
+	if _, err := admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", killed)); err != nil {
+		t.Fatal(err)
+	}
+	// The holder's backend finds the session gone (its liveness check).
+	for try := 0; mysqllock.KnowsDoorbell(b, key); try++ {
+		if try == 500 {
+			t.Fatal("the holder's backend did not see its doorbell's session end within 5 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waiter := locktest.NewLocker(t, newBackend(t, ""))
+	type result struct {
+		lk  *dlock.Lock
+		err error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		w, err := waiter.Acquire(ctx, key, dlock.WithTTL(ttl))
+		waited <- result{w, err}
+	}()
+	// The waiter is first in line once it holds the doorbell.
+	for try := 0; ; try++ {
+		var id sql.NullInt64
+		if err := admin.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", bell).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if id.Valid && id.Int64 != killed {
+			break
+		}
+		if try == 500 {
+			t.Fatal("the waiter did not take the doorbell within 5 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	back := make(chan result, 1)
+	go func() {
+		lk, err := holder.Acquire(ctx, key, dlock.WithTTL(ttl))
+		back <- result{lk, err}
+	}()
+	select {
+	case r := <-waited:
+		if r.err != nil {
+			t.Fatalf("the waiter: %v", r.err)
+		}
+		r.lk.Release(ctx)
+		if r := <-back; r.err == nil {
+			r.lk.Release(ctx)
+		}
+	case r := <-back:
+		if r.err != nil {
+			t.Fatalf("the holder's second acquisition: %v", r.err)
+		}
+		t.Errorf("rule: fair handoff; the releasing holder took the key back (fence %d) ahead of the waiter first in line", r.lk.Fence())
+		r.lk.Release(ctx)
+		if r := <-waited; r.err == nil {
+			r.lk.Release(ctx)
+		}
+	}
+}
+
 // TestLeaseExpiredReleaseFreesKey: a Release whose context has already
 // ended returns that error, but the lease is released all the same, rather
 // than left to its TTL with nobody renewing it.

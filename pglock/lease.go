@@ -215,10 +215,12 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 			grace, since, us(register)).
 			Scan(&fence, &place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs)
 	}, func(c *pgxpool.Conn, err error) {
-		// Nobody will use or renew this grant.
-		if err == nil && fence != nil {
+		switch {
+		case err == nil && fence != nil: // nobody will use or renew this grant
 			b.undo(c, req)
-		} else if err != nil && sessionLost(err) {
+		case err == nil && place != nil: // nobody waits in this place
+			b.leave(c, req)
+		case err != nil && sessionLost(err):
 			b.resolveUntil(req, sent)
 		}
 	})
@@ -314,6 +316,20 @@ func (b *Backend) undo(c *pgxpool.Conn, req dlock.Request) {
 				b.log.Warn("pglock: could not release a lease whose acquisition was abandoned; it expires with its TTL",
 					"key", req.Key, "ttl", req.TTL, "err", err)
 			}
+			return
+		}
+	}
+}
+
+// leave takes out of the key's waiter queue the place that an abandoned
+// acquisition joined, on the connection that joined it: a live entry of a
+// waiter that left would be named by every release, and the waiters behind
+// it would wait out the grace period each time, until the entry runs out.
+func (b *Backend) leave(c *pgxpool.Conn, req dlock.Request) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	for try := 0; try < 3; try++ { // a late cancel request may hit it
+		if _, err := c.Exec(ctx, b.q.unregister, []byte(req.Key), req.Token[:]); !cancelled(err) {
 			return
 		}
 	}

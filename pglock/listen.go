@@ -166,7 +166,10 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 }
 
 // dispatch wakes the waiters of the key a notification names: the waiter
-// it names (or all if it names none) at once, the others after their grace.
+// it names (or all if it names none) at once, the others their grace after
+// this notification. A wake-up pending from an earlier one is put off: the
+// key is kept for the named waiter until this grace ends, and a waiter
+// woken before that is refused and sleeps another grace.
 func (l *listener) dispatch(payload string) {
 	hk, first, _ := strings.Cut(payload, " ")
 	l.mu.Lock()
@@ -175,7 +178,9 @@ func (l *listener) dispatch(payload string) {
 		switch {
 		case first == "" || s.token == first || s.grace <= 0:
 			notify(s.ch)
-		case s.later == nil:
+		case s.later != nil:
+			s.later.Reset(s.grace)
+		default:
 			ch := s.ch
 			s.later = time.AfterFunc(s.grace, func() {
 				notify(ch)

@@ -743,3 +743,49 @@ WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '
 		t.Error("the released lease is live again")
 	}
 }
+
+// TestAbandonedWaitLeavesTheQueue: a waiter whose caller leaves while its
+// acquisition statement runs (a caller's deadline of a few milliseconds)
+// must not stay in the key's waiter queue: a live entry ahead of the real
+// waiters is named by every release, and they wait out the grace period
+// each time, for as long as the entry lives (waitStep + waitSlack).
+func TestAbandonedWaitLeavesTheQueue(t *testing.T) {
+	ctx := t.Context()
+	pool := open(t, "")
+	b := newLease(t, pool)
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := locktest.UniqueKey("abandoned-wait")
+	holder := locktest.NewLocker(t, b)
+	lk, err := holder.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	waiter := locktest.NewLocker(t, newLease(t, nil))
+	for i := range 200 {
+		wctx, cancel := context.WithTimeout(ctx, time.Duration(i%6)*time.Millisecond)
+		if _, err := waiter.Acquire(wctx, key, dlock.WithTTL(30*time.Second)); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("Acquire of a held key with a short deadline: %v", err)
+		}
+		cancel()
+	}
+	live := func() (n int) {
+		t.Helper()
+		err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM "%s_waiters" WHERE name = $1 AND until > clock_timestamp()`, testTable()),
+			[]byte(key)).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// What the callers left behind is settled once their statements end.
+	n := live()
+	for deadline := time.Now().Add(3 * time.Second); n > 0 && time.Now().Before(deadline); n = live() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n > 0 {
+		t.Errorf("rule: a waiter that left is not in the queue; %d entries of callers that left are still live", n)
+	}
+}

@@ -245,8 +245,10 @@ func parseHolder(key string, v []any, now time.Time) (dlock.LockInfo, time.Durat
 	}
 	var remaining time.Duration
 	if len(v) > 0 {
-		if ms, ok := v[0].(int64); ok && ms > 0 {
-			remaining = time.Duration(ms) * time.Millisecond
+		// PTTL rounds down: 0 is a lease with less than a millisecond
+		// left, not an unknown one (-1: no expiry).
+		if ms, ok := v[0].(int64); ok && ms >= 0 {
+			remaining = max(time.Duration(ms)*time.Millisecond, time.Millisecond)
 			h.ExpiresAt = now.Add(remaining)
 		}
 	}

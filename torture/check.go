@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"encoding/hex"
 	"fmt"
 	"sort"
 	"strings"
@@ -196,6 +197,7 @@ type checker struct {
 	leases  map[string][]*lease // key → leases in grant order
 	byLF    map[string]*lease   // key/fence → lease
 	slow    map[string][]span   // worker → its slow backend calls
+	tokens  map[[16]byte]string // token of a slow acquisition's request → its worker
 	failed  map[string][]wait   // key → acquisitions that ended in an error
 	clockOK bool
 }
@@ -291,7 +293,7 @@ func (c *checker) fault(kind string) *FaultStats {
 
 // check analyses one run.
 func check(in checkInput) *RunReport {
-	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, failed: map[string][]wait{}}
+	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, tokens: map[[16]byte]string{}, failed: map[string][]wait{}}
 	c.rep = &RunReport{
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
@@ -364,6 +366,11 @@ func (c *checker) buildHolds() {
 				}
 			case "slow":
 				c.slow[w.ID] = append(c.slow[w.ID], span{e.T0, e.T})
+				var tok [16]byte
+				if b, err := hex.DecodeString(e.Tok); err == nil && len(b) == len(tok) {
+					copy(tok[:], b)
+					c.tokens[tok] = w.ID
+				}
 			case "done":
 				if h := open[kf(e.K, e.F)]; h != nil {
 					h.doneAt, h.lost = e.T, e.OK
@@ -860,8 +867,9 @@ func (c *checker) faultFigures() {
 // liveness checks that a key the store has let go is taken again soon when
 // someone is waiting for it: from each lease's end at the store to the next
 // grant that a worker was told of (a backend may take and hand back a lease
-// on its own), if a worker that no fault touched was in Acquire for that key
-// across that instant (a worker stuck in a backend call that began under a
+// on its own), or to a grant made to a waiter that a fault cut off (it holds
+// the key although no worker was told), if a worker that no fault touched
+// was in Acquire for that key across that instant (a worker stuck in a backend call that began under a
 // fault of its own is not waiting in the store either). A waiter never sleeps past the holder's remaining
 // lease, so after an expiry the next grant should come within a round trip
 // (the figure FreeWait shows it; the takeover target is 250 ms); the hard
@@ -919,15 +927,24 @@ func (c *checker) liveness() {
 			workerOf[w.Pid] = w.ID
 		}
 	}
+	// cutOff: a grant no worker was told of went to a worker that a fault
+	// cut off while it waited (its slow call's token names it): the key
+	// was taken then, and stays taken until the store ends that grant (a
+	// session's idle timeout, a lease's TTL).
+	cutOff := func(l *lease) bool {
+		w, ok := c.tokens[l.token]
+		g := c.mono(l.grantUs)
+		return ok && faultedAt(w, g, g)
+	}
 	for k, ls := range c.leases {
 		for i := range ls {
 			if ls[i].hold == nil {
-				continue // handed back by the backend itself
+				continue // handed back by the backend itself, or a cut-off waiter's
 			}
 			var next *lease
 			var between []*lease // grants no worker reported, before next
 			for _, n := range ls[i+1:] {
-				if n.hold != nil {
+				if n.hold != nil || cutOff(n) {
 					next = n
 					break
 				}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlock-dev/dlock"
 )
 
 // The checker's own tests: synthetic records with a known flaw must be
@@ -374,4 +376,51 @@ func TestControlVerdict(t *testing.T) {
 	if !strings.Contains(strings.Join(c.rep.ViolationList, "\n"), vErrNilAfterEnd) {
 		t.Errorf("the client violation is not listed: %d entries", len(c.rep.ViolationList))
 	}
+}
+
+// A grant that no worker was told of, made to a worker that a fault cut off
+// while it waited (its reply lost in a partition, or the process stopped),
+// took the key: the server holds such a session grant until it ends the
+// session (its idle timeout, about a TTL). The wait of the others from the
+// release to the next grant a worker got is not the key staying free. w1
+// releases at 600 ms; w3, partitioned from 500 ms, is granted fence 2 at
+// 610 ms inside its wait; w2, waiting since 200 ms, gets fence 3 at 2.7 s.
+func TestCheckLivenessKeyTakenByACutOffWaiter(t *testing.T) {
+	in := base()
+	for i := range in.History {
+		in.History[i].Open = true
+	}
+	tok3 := [16]byte{3, 3}
+	in.History = []LeaseEvent{in.History[0],
+		{Seq: 2, Key: "k", Fence: 2, Token: tok3, AtUs: 610_000, Open: true},
+		{Seq: 3, Key: "k", Fence: 3, Token: [16]byte{2}, AtUs: 2690_000, Open: true}}
+	w2 := in.Workers[1].Events
+	for i := range w2 {
+		w2[i].F = 3
+		if i > 0 {
+			w2[i].T0 += 2100 * ms
+			w2[i].T += 2100 * ms
+		}
+	}
+	w2[0].T = 2700 * ms
+	for i := range in.ResLog[2:] {
+		in.ResLog[2+i].Fence = 3
+		in.ResLog[2+i].AtUs += 2100_000
+	}
+	in.ResLog[3].Seen = 3
+	in.Workers = append(in.Workers, &workerLog{ID: "w3", Events: []Event{
+		{T0: 300 * ms, T: 2600 * ms, Ev: "slow", Op: "wait", K: "k", Err: "connection reset", Tok: dlock.Token(tok3).String()},
+	}})
+	in.Faults = []FaultRecord{{Kind: FaultPartition, Worker: "w3", Start: 500 * ms, End: 2500 * ms}}
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a key granted to a cut-off waiter counted as free: %v", r.ViolationList)
+	}
+	// Granted to a worker no fault touched, the key was free as far as
+	// anyone could tell: the wait is judged.
+	in.Faults[0].Worker = "w4"
+	wantViolation(t, in, vLiveness)
+	// So is a grant whose token no worker's record names.
+	in.Faults[0].Worker = "w3"
+	in.Workers[2].Events[0].Tok = ""
+	wantViolation(t, in, vLiveness)
 }

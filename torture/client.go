@@ -154,7 +154,9 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 			w.rec.rec(Event{T0: t0, Ev: "acq", K: key, F: fence, Plan: int64(plan), Cf: ClientDoPanic})
 			w.say("H %s %d %d", key, fence, plan.Milliseconds())
 			// fctx ends when the Locker gives the lock up (the holder is told
-			// of a loss) or when Do returns: record it as held does lk.Done.
+			// of a loss) or when Do returns: record it as held does lk.Done,
+			// or the checker takes the panic, which comes only at fn's next
+			// check, for the notice.
 			watched = make(chan struct{})
 			go func() {
 				defer close(watched)
@@ -162,7 +164,16 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 				cause := context.Cause(fctx)
 				w.rec.rec(Event{T: Mono(), Ev: "done", K: key, F: fence, OK: errors.Is(cause, dlock.ErrLockLost), Err: errString(cause)})
 			}()
-			l.hold(fctx, key, fence, plan, func() error { return context.Cause(fctx) })
+			// fctx.Err, as an application asks: it also answers from
+			// the lease's deadline when the Locker's timer has not run
+			// yet (after a pause), which context.Cause alone does not.
+			lost := func() error {
+				if fctx.Err() != nil {
+					return context.Cause(fctx)
+				}
+				return nil
+			}
+			l.hold(fctx, key, fence, plan, lost)
 			panicAt = Mono()
 			panic(errDoPanic)
 		}, dlock.WithTTL(ttl))

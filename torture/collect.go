@@ -101,6 +101,18 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 	}
 	in.ResLog = log
 
+	// The store's history and the run's clock, so that a finding can be
+	// read again from the records (times as in faults.jsonl: relative to
+	// the run's start, in ns; the store's instants are Unix µs, Mono() =
+	// µs × 1000 − offset_ns).
+	if f, err := os.Create(filepath.Join(r.dir, "history.jsonl")); err == nil {
+		enc := json.NewEncoder(f)
+		_ = enc.Encode(map[string]int64{"started_mono": started, "ended_mono": ended, "offset_ns": in.Offset})
+		for _, e := range in.History {
+			_ = enc.Encode(e)
+		}
+		f.Close()
+	}
 	if f, err := os.Create(filepath.Join(r.dir, "faults.jsonl")); err == nil {
 		enc := json.NewEncoder(f)
 		for _, fr := range r.faults {

@@ -34,6 +34,9 @@ type Event struct {
 	// Chk (op): the lock's Err was nil when asked at or after this instant,
 	// just before the access.
 	Chk int64 `json:"chk,omitempty"`
+	// Tok (slow acquire and wait): the owner token of the call's request
+	// (hex), which names the worker behind a grant no worker was told of.
+	Tok string `json:"tok,omitempty"`
 }
 
 // recorder appends events to a worker's file. Each event is one write(2), so

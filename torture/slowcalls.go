@@ -18,15 +18,20 @@ type timedBackend struct {
 }
 
 func (b *timedBackend) note(op, key string, t0 int64, err error) {
+	b.noteTok(op, key, "", t0, err)
+}
+
+// noteTok is note for a call that sent a request with token tok.
+func (b *timedBackend) noteTok(op, key, tok string, t0 int64, err error) {
 	if t := Mono(); time.Duration(t-t0) >= b.slow {
-		b.rec.rec(Event{T: t, T0: t0, Ev: "slow", Op: op, K: key, Err: errString(err)})
+		b.rec.rec(Event{T: t, T0: t0, Ev: "slow", Op: op, K: key, Err: errString(err), Tok: tok})
 	}
 }
 
 func (b *timedBackend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	t0 := Mono()
 	res, err := b.Backend.Acquire(ctx, req)
-	b.note("acquire", req.Key, t0, err)
+	b.noteTok("acquire", req.Key, req.Token.String(), t0, err)
 	b.granted(req, res, err)
 	return res, err
 }
@@ -71,7 +76,7 @@ func (b timedWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.
 	res, err := b.w.AcquireWait(ctx, req)
 	b.granted(req, res, err)
 	if t := Mono(); time.Duration(t-t0) > req.TTL {
-		b.rec.rec(Event{T: t, T0: t0, Ev: "slow", Op: "wait", K: req.Key, Err: errString(err), OK: res.Acquired})
+		b.rec.rec(Event{T: t, T0: t0, Ev: "slow", Op: "wait", K: req.Key, Err: errString(err), OK: res.Acquired, Tok: req.Token.String()})
 	}
 	return res, err
 }

@@ -1,0 +1,98 @@
+package torture
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/memlock"
+)
+
+// lostOnRenewal is a store that grants and never renews: every lease is
+// lost at its first renewal.
+type lostOnRenewal struct{ *memlock.Backend }
+
+func (b lostOnRenewal) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	errs := make([]error, len(leases))
+	for i := range errs {
+		errs[i] = dlock.ErrNotHeld
+	}
+	return errs, nil
+}
+
+// A lock lost while a Do's function runs is told through the function's
+// context: the worker records that instant as the hold's notice ("done"),
+// before the panic that ends the hold, as it does for a Lock's Done.
+func TestDoPanicRecordsLoss(t *testing.T) {
+	_, db := testDSN(t)
+	ctx := context.Background()
+	const tag = "dopanictest"
+	if err := setupResource(ctx, db, tag, []string{"k"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		res, log := resourceTables(tag)
+		db.Exec("DROP TABLE IF EXISTS " + res + ", " + log)
+	})
+	ttl := time.Second
+	// A seed whose hold outlasts the first renewal (at about TTL/6) well.
+	seed := uint64(0)
+	for ; ; seed++ {
+		r := rand.New(rand.NewPCG(seed, 0))
+		r.Float64()
+		if time.Duration(r.Int64N(int64(2*ttl))) > ttl/2 {
+			break
+		}
+	}
+	events := filepath.Join(t.TempDir(), "w.jsonl")
+	rec, err := newRecorder(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.close()
+	w := &worker{
+		cfg: workerConfig{ID: "w0.1", Keys: []string{"k"}, TTL: ttl, LongFrac: 1, ClientFaults: []string{ClientDoPanic}},
+		rec: rec,
+		res: newResource(db, tag, false),
+		out: bufio.NewWriter(io.Discard),
+	}
+	w.locker = dlock.New(newTimedBackend(lostOnRenewal{memlock.New()}, rec, ttl, &w.grants),
+		&dlock.Options{TTL: ttl, Logger: slog.New(slog.DiscardHandler)})
+	defer w.locker.Close(ctx)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.restart = cancel
+	l := &lane{w: w, rng: rand.New(rand.NewPCG(seed, 0))}
+	l.doPanic(wctx, "k")
+
+	evs, _, err := readEvents(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acq, done, rel *Event
+	for i, e := range evs {
+		switch {
+		case e.Ev == "acq" && e.Cf == ClientDoPanic && acq == nil:
+			acq = &evs[i]
+		case acq != nil && e.Ev == "done" && e.F == acq.F && done == nil:
+			done = &evs[i]
+		case acq != nil && e.Ev == "rel" && e.F == acq.F && rel == nil:
+			rel = &evs[i]
+		}
+	}
+	if acq == nil || rel == nil {
+		t.Fatalf("no Do hold with its panic in the record: %+v", evs)
+	}
+	if done == nil || !done.OK {
+		t.Fatalf("rule: a Do hold's loss is recorded when fn's context ends; got %+v (events %+v)", done, evs)
+	}
+	if done.T > rel.T0 {
+		t.Errorf("loss recorded at %d, after the panic at %d", done.T, rel.T0)
+	}
+}
