@@ -119,14 +119,9 @@ func TestShortRun(t *testing.T) {
 		RestartOnly: []string{"redis-lease", "etcd-lease", "zk-lease"},
 		MySQLDSN:    dsn, Out: out, Tag: tag, Log: &log,
 	}
-	// The client faults (caller deadlines, small pools, panics in Do, two
-	// lanes per worker) have open findings in runs this short as well as
-	// in the long run (docs/faults.md): CI runs the holder and server
-	// faults, which every strategy here is known to pass, and the client
-	// faults run in the long run and with DLOCK_TORTURE_CLIENT_FAULTS=all.
 	cf := os.Getenv("DLOCK_TORTURE_CLIENT_FAULTS")
 	if cf == "" {
-		cf = "none"
+		cf = "all"
 	}
 	var err error
 	if cfg.ClientFaults, err = ParseClientFaults(cf); err != nil {
