@@ -72,3 +72,18 @@ func KnowsDoorbell(b *Backend, key string) bool {
 	}
 	return false
 }
+
+// IdleSessionsTwice reports whether a session is parked twice among g's
+// sessions kept for reuse (two acquisitions would then share it).
+func IdleSessionsTwice(g *GetLock) bool {
+	g.s.mu.Lock()
+	defer g.s.mu.Unlock()
+	seen := map[*session]bool{}
+	for _, ss := range g.s.idle {
+		if seen[ss] {
+			return true
+		}
+		seen[ss] = true
+	}
+	return false
+}

@@ -226,14 +226,32 @@ func (g *GetLock) owns(ss *session, key string, tok dlock.Token) bool {
 
 // unmark drops key (held or being taken by tok) from ss's records and
 // reports whether ss now holds nothing and should go: a session of its own,
-// or the shared one in a caller's pool with a limit.
+// or the shared one in a caller's pool with a limit. Only the call that
+// dropped the key may give ss back: a second call for the same key (a
+// release after a failed acquisition's clean-up) must not, or ss, already
+// parked or handed to another acquisition, would be parked twice and
+// shared by two.
 func (g *GetLock) unmark(ss *session, key string, tok dlock.Token) (done bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if h, ok := ss.keys[key]; ok && h.token == tok {
-		delete(g.byToken, tok)
-		ss.remove(key)
+	h, ok := ss.keys[key]
+	if !ok || h.token != tok {
+		return false
 	}
+	delete(g.byToken, tok)
+	ss.remove(key)
+	return g.idleLocked(ss)
+}
+
+// idle reports whether ss holds nothing and should go (see unmark).
+func (g *GetLock) idle(ss *session) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.idleLocked(ss)
+}
+
+// idleLocked is idle with g.mu held.
+func (g *GetLock) idleLocked(ss *session) bool {
 	if len(ss.keys) > 0 || ss.broken.Load() {
 		return false
 	}
@@ -618,13 +636,14 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 		return dlock.ErrNotHeld
 	}
 	var got sql.NullInt64
+	var removed bool
 	err := ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
-		return g.releaseLocked(sctx, ss, key, token, &got)
-	}, func(err error) { g.released(ss, key, token, err) })
+		return g.releaseLocked(sctx, ss, key, token, &got, &removed)
+	}, func(err error) { g.released(ss, key, token, err, removed) })
 	if callerLeft(err) {
 		return fmt.Errorf("mysqllock: getlock release: %w", err)
 	}
-	g.released(ss, key, token, err)
+	g.released(ss, key, token, err, removed)
 	switch {
 	case errors.Is(err, dlock.ErrNotHeld):
 		return dlock.ErrNotHeld
@@ -638,11 +657,12 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 	return nil
 }
 
-// releaseLocked runs RELEASE_LOCK for key on ss if tok holds it there, then
-// lowers the session's wait_timeout to what its other locks need. The
+// releaseLocked runs RELEASE_LOCK for key on ss if tok holds it there,
+// drops key from ss's records (setting *removed), then lowers the session's
+// wait_timeout to what its other locks need. The
 // caller holds ss.mu: the check and the release cannot be overtaken by
 // another statement on the session.
-func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, tok dlock.Token, got *sql.NullInt64) error {
+func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, tok dlock.Token, got *sql.NullInt64, removed *bool) error {
 	if !g.owns(ss, key, tok) {
 		return dlock.ErrNotHeld
 	}
@@ -653,6 +673,7 @@ func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, to
 	if h, ok := ss.keys[key]; ok && h.token == tok {
 		delete(g.byToken, tok)
 		ss.remove(key)
+		*removed = true
 	}
 	g.mu.Unlock()
 	if err := g.cover(ctx, ss); sessionLost(err) {
@@ -661,16 +682,21 @@ func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, to
 	return nil
 }
 
-// released settles ss after a release of key by tok that ended with err.
-// A release that failed but left the session up is not known to have
-// happened: the session is ended, so that no lock outlives the holder's
-// wish to release it.
-func (g *GetLock) released(ss *session, key string, tok dlock.Token, err error) {
+// released settles ss after a release of key by tok that ended with err;
+// removed says whether that release dropped key from ss's records (only
+// then may it give ss back). A release that failed but left the session up
+// is not known to have happened: the session is ended, so that no lock
+// outlives the holder's wish to release it.
+func (g *GetLock) released(ss *session, key string, tok dlock.Token, err error, removed bool) {
 	switch {
-	case err == nil || errors.Is(err, dlock.ErrNotHeld):
-		g.forget(ss, key, tok)
-	default:
+	case err != nil && !errors.Is(err, dlock.ErrNotHeld):
 		g.lost(ss, err)
+	case removed:
+		if g.idle(ss) {
+			g.s.close(ss)
+		}
+	default:
+		g.forget(ss, key, tok)
 	}
 }
 
@@ -678,10 +704,11 @@ func (g *GetLock) released(ss *session, key string, tok dlock.Token, err error) 
 // left).
 func (g *GetLock) release(ss *session, key string, tok dlock.Token) {
 	var got sql.NullInt64
+	var removed bool
 	err := ss.run(context.Background(), statementTimeout, false, func(sctx context.Context) error {
-		return g.releaseLocked(sctx, ss, key, tok, &got)
+		return g.releaseLocked(sctx, ss, key, tok, &got, &removed)
 	}, nil)
-	g.released(ss, key, tok, err)
+	g.released(ss, key, tok, err, removed)
 }
 
 // ForceRelease implements dlock.ForceReleaser. MySQL cannot release another
