@@ -301,3 +301,27 @@ func (s *suite) releaseEndedCtx(t *testing.T) {
 	}
 	olk.Release(context.Background())
 }
+
+// closeEndedCtx: a program that closes its Locker with the context its
+// shutdown signal cancelled (signal.NotifyContext) still frees what it
+// held, as Release with an ended context does, well before the TTL.
+func (s *suite) closeEndedCtx(t *testing.T) {
+	if os.Getenv("DLOCK_FINDINGS") != "1" {
+		t.Skip("finding: Close with an ended context leaves every key held for its TTL on backends whose Release honours the context (redislock, pglock, ...) (DLOCK_FINDINGS=1 runs it)")
+	}
+	l := dlock.New(s.newBackend(t), nil)
+	other, _ := s.locker(t)
+	k := key(t, "k")
+	if _, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(longTTL)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	t.Logf("Close with an ended context: %v", l.Close(ctx))
+	// Well within the 30 s lease: a key left to its TTL fails.
+	olk, err := other.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: Close with an ended context still frees what the Locker held; %v", err)
+	}
+	olk.Release(context.Background())
+}

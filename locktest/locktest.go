@@ -110,6 +110,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"ErrReportsLossAfterPause", s.pausedHolder},
 		{"StoreThatStopsAnsweringIsAnError", s.stalledStore},
 		{"ReleaseWithEndedContextStillFrees", s.releaseEndedCtx},
+		{"CloseWithEndedContextStillFrees", s.closeEndedCtx},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)

@@ -1,0 +1,126 @@
+package mysqllock_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+)
+
+// TestTimeoutInsideDoIsKept: a timeout that fn sets on Do's context for
+// its own work (an HTTP call, a query) ends that work when it passes, even
+// when it is longer than the lease's safe deadline at the moment it is set.
+func TestTimeoutInsideDoIsKept(t *testing.T) {
+	skipFinding(t, "a timeout set inside Do longer than the lease's safe deadline is dropped: Lock.Context's Deadline moves with renewal")
+	b := newBackend(t, "")
+	l := locktest.NewLocker(t, b)
+	k := locktest.UniqueKey(t.Name())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const ttl, own = 3 * time.Second, 4 * time.Second
+	err := l.Do(ctx, k, func(ctx context.Context) error {
+		wctx, wcancel := context.WithTimeout(ctx, own)
+		defer wcancel()
+		select {
+		case <-wctx.Done():
+			return nil
+		case <-time.After(4 * own):
+			d, _ := wctx.Deadline()
+			return fmt.Errorf("a %s timeout set inside Do did not end its context after %s; its Deadline now says %s from now",
+				own, 4*own, time.Until(d).Round(time.Millisecond))
+		}
+	}, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLockContextDeadlineIsStable: context.Context's contract says that
+// successive calls to Deadline return the same results; Lock.Context's
+// moved with every renewal.
+func TestLockContextDeadlineIsStable(t *testing.T) {
+	skipFinding(t, "Lock.Context's Deadline changes at every renewal, against context.Context's contract")
+	b := newBackend(t, "")
+	l := locktest.NewLocker(t, b)
+	k := locktest.UniqueKey(t.Name())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lk, err := l.TryAcquire(ctx, k, dlock.WithTTL(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	lctx, lcancel := lk.Context(context.Background())
+	defer lcancel()
+	d1, _ := lctx.Deadline()
+	time.Sleep(2 * time.Second) // past one renewal (TTL/3)
+	if lk.Err() != nil {
+		t.Fatal(lk.Err())
+	}
+	d2, _ := lctx.Deadline()
+	if !d1.Equal(d2) {
+		t.Errorf("Lock.Context's Deadline changed from %s to %s: successive calls must return the same result", d1.Format(time.StampMilli), d2.Format(time.StampMilli))
+	}
+}
+
+// jumpClock is the system clock plus an offset that a test moves forward:
+// a process pause as the Locker sees it, before its timers have run.
+type jumpClock struct {
+	mu  sync.Mutex
+	off time.Duration
+}
+
+func (c *jumpClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.off)
+}
+
+func (c *jumpClock) jump(d time.Duration) {
+	c.mu.Lock()
+	c.off += d
+	c.mu.Unlock()
+}
+
+func (c *jumpClock) AfterFunc(d time.Duration, f func()) dlock.Timer {
+	return time.AfterFunc(d, f)
+}
+
+// TestReentrantAcquireAfterPauseIsNotAcquired: after a pause past the
+// lease's safe deadline, the first call reports the loss. A reentrant
+// Acquire is such a call: it must not hand out the lost lease as held.
+func TestReentrantAcquireAfterPauseIsNotAcquired(t *testing.T) {
+	skipFinding(t, "a reentrant Acquire after a pause past the safe deadline returns the lost lease as acquired")
+	clk := &jumpClock{}
+	l := dlock.New(newBackend(t, ""), &dlock.Options{Clock: clk})
+	t.Cleanup(func() { l.Close(context.Background()) })
+	k := locktest.UniqueKey(t.Name())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := l.TryAcquire(ctx, k, dlock.WithTTL(2*time.Second), dlock.WithOwner("job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.jump(5 * time.Second) // paused past the 2 s lease
+	second, err := l.TryAcquire(ctx, k, dlock.WithTTL(2*time.Second), dlock.WithOwner("job"))
+	if err == nil {
+		ferr, serr := first.Err(), second.Err()
+		t.Errorf("reentrant TryAcquire after a pause past the lease returned a Lock (its Err now: %v; the first handle's: %v)", serr, ferr)
+		second.Release(context.Background())
+	}
+	first.Release(context.Background())
+}
+
+// skipFinding skips a test that reproduces an open finding, unless
+// DLOCK_FINDINGS=1 asks to run it.
+func skipFinding(t *testing.T, finding string) {
+	t.Helper()
+	if os.Getenv("DLOCK_FINDINGS") != "1" {
+		t.Skip("finding: " + finding + " (DLOCK_FINDINGS=1 runs it)")
+	}
+}
