@@ -325,3 +325,36 @@ func (s *suite) closeEndedCtx(t *testing.T) {
 	}
 	olk.Release(context.Background())
 }
+
+// sharedBackend: two Lockers over one Backend (two libraries of a program
+// handed the same backend), with the same owner id or none, exclude each
+// other, and a waiter on one gets the key when the other releases it.
+func (s *suite) sharedBackend(t *testing.T) {
+	b := s.newBackend(t)
+	l1, l2 := s.lockerOver(t, b), s.lockerOver(t, b)
+	for _, owner := range []string{"", "worker"} {
+		k := key(t, owner)
+		lk := mustAcquire(t, l1, k, dlock.WithOwner(owner))
+		if lk2, err := l2.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl), dlock.WithOwner(owner)); err == nil {
+			lk2.Release(context.Background())
+			t.Fatalf("rule: Lockers sharing a Backend exclude each other; owner %q: both hold %q (fences %d, %d)", owner, k, lk.Fence(), lk2.Fence())
+		} else if !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("owner %q: TryAcquire of a key held through the same Backend: %v", owner, err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			lk2, err := l2.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl), dlock.WithOwner(owner))
+			if err == nil {
+				err = lk2.Release(context.Background())
+			}
+			got <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		if err := lk.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Errorf("owner %q: a waiter on the other Locker of the Backend, after the release: %v", owner, err)
+		}
+	}
+}

@@ -111,6 +111,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"StoreThatStopsAnsweringIsAnError", s.stalledStore},
 		{"ReleaseWithEndedContextStillFrees", s.releaseEndedCtx},
 		{"CloseWithEndedContextStillFrees", s.closeEndedCtx},
+		{"LockersSharingABackendExclude", s.sharedBackend},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
