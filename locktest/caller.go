@@ -358,3 +358,34 @@ func (s *suite) sharedBackend(t *testing.T) {
 		}
 	}
 }
+
+// releaseEndedCtxThenClose: a program that releases with an ended context
+// (a request's, at shutdown) and then closes its Locker still frees the
+// key, well before its TTL: the background release of the first is not
+// dropped by the second.
+func (s *suite) releaseEndedCtxThenClose(t *testing.T) {
+	if os.Getenv("DLOCK_FINDINGS") != "1" {
+		t.Skip("finding: Close right after a Release with an ended context drops that release, leaving the key held for its TTL (DLOCK_FINDINGS=1 runs it)")
+	}
+	other, _ := s.locker(t)
+	for i := range 10 {
+		l := dlock.New(s.newBackend(t), nil)
+		k := key(t, fmt.Sprint(i))
+		lk, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(longTTL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = lk.Release(ctx)
+		if err := l.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		// Well within the 30 s lease: a key left to its TTL fails.
+		olk, err := other.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+		if err != nil {
+			t.Fatalf("rule: a Release with an ended context, then Close, frees the key; round %d: %v", i, err)
+		}
+		olk.Release(context.Background())
+	}
+}

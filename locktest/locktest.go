@@ -112,6 +112,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"ReleaseWithEndedContextStillFrees", s.releaseEndedCtx},
 		{"CloseWithEndedContextStillFrees", s.closeEndedCtx},
 		{"LockersSharingABackendExclude", s.sharedBackend},
+		{"ReleaseWithEndedContextThenCloseStillFrees", s.releaseEndedCtxThenClose},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
