@@ -389,3 +389,35 @@ func (s *suite) releaseEndedCtxThenClose(t *testing.T) {
 		olk.Release(context.Background())
 	}
 }
+
+// longTTLs: a long lease (a day, a year, a century)
+// either holds the key like any other or is refused
+// with ErrInvalidOption and changes nothing.
+func (s *suite) longTTLs(t *testing.T) {
+	l, _ := s.locker(t)
+	other, _ := s.locker(t)
+	for _, d := range []time.Duration{24 * time.Hour, 366 * 24 * time.Hour, 100 * 366 * 24 * time.Hour} {
+		k := key(t, d.String())
+		lk, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(d))
+		if err != nil {
+			if !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("rule: a TTL the store cannot keep is ErrInvalidOption; ttl %s: %v", d, err)
+			}
+			mustBeFree(t, other, k)
+			continue
+		}
+		if err := lk.Err(); err != nil {
+			t.Errorf("ttl %s: lost at once: %v", d, err)
+		}
+		if olk, err := other.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl)); err == nil {
+			olk.Release(context.Background())
+			t.Errorf("rule: a held key excludes others; ttl %s: another client took it", d)
+		} else if !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("ttl %s: another client's TryAcquire: %v", d, err)
+		}
+		if err := lk.Release(ctxT(t, 10*time.Second)); err != nil {
+			t.Errorf("ttl %s: Release: %v", d, err)
+		}
+		mustBeFree(t, other, k)
+	}
+}

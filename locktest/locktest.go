@@ -113,6 +113,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"CloseWithEndedContextStillFrees", s.closeEndedCtx},
 		{"LockersSharingABackendExclude", s.sharedBackend},
 		{"ReleaseWithEndedContextThenCloseStillFrees", s.releaseEndedCtxThenClose},
+		{"LongTTLsHoldOrAreRefused", s.longTTLs},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
