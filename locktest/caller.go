@@ -421,3 +421,56 @@ func (s *suite) longTTLs(t *testing.T) {
 		mustBeFree(t, other, k)
 	}
 }
+
+// nestedKeys: keys that are prefixes or path-like extensions of one another,
+// path elements a tree store reserves, and keys that fill MaxKeyLen with
+// multi-byte characters (differing in their last byte only) are distinct
+// locks: each is taken while the others are held, in both orders.
+func (s *suite) nestedKeys(t *testing.T) {
+	base := key(t, "")
+	fill := func(tail string) string { // MaxKeyLen bytes, mostly 4-byte runes
+		k := base
+		for len(k)+len("🔒")+len(tail) <= dlock.MaxKeyLen {
+			k += "🔒"
+		}
+		return k + strings.Repeat("-", dlock.MaxKeyLen-len(k)-len(tail)) + tail
+	}
+	keys := []string{
+		base + "x", base + "x/", base + "x/y", base + "x/y/", base + "x//y", base + "x%2Fy", base + "x\\y",
+		base + ".", base + "..", base + "zookeeper", base + "x*", base + "x?",
+		fill("é"), fill("è"), fill("a"),
+	}
+	for _, k := range keys {
+		if len(k) > dlock.MaxKeyLen {
+			t.Fatalf("test key of %d bytes", len(k))
+		}
+	}
+	for _, order := range [][]string{keys, reversed(keys)} {
+		l, _ := s.locker(t)
+		other, _ := s.locker(t)
+		var locks []*dlock.Lock
+		for _, k := range order {
+			lk, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+			if err != nil {
+				t.Fatalf("rule: distinct keys are distinct locks; %q (%d bytes) with %d others held: %v", k, len(k), len(locks), err)
+			}
+			locks = append(locks, lk)
+		}
+		for _, k := range order {
+			mustBeHeld(t, other, k)
+		}
+		for _, lk := range locks {
+			if err := lk.Release(context.Background()); err != nil {
+				t.Errorf("Release(%q): %v", lk.Key(), err)
+			}
+		}
+	}
+}
+
+func reversed(s []string) []string {
+	r := make([]string, len(s))
+	for i, v := range s {
+		r[len(s)-1-i] = v
+	}
+	return r
+}

@@ -114,6 +114,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"LockersSharingABackendExclude", s.sharedBackend},
 		{"ReleaseWithEndedContextThenCloseStillFrees", s.releaseEndedCtxThenClose},
 		{"LongTTLsHoldOrAreRefused", s.longTTLs},
+		{"KeysThatNestOrFillTheLimitAreDistinct", s.nestedKeys},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
