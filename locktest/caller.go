@@ -474,3 +474,45 @@ func reversed(s []string) []string {
 	}
 	return r
 }
+
+// concurrentReentrancy: goroutines of one job that take the job's key at
+// the same moment with the job's owner id (a parent task and the subtasks
+// it waits for) all get the lock, sharing its fence, while any of them
+// holds it: none of them waits for the lock its own owner holds.
+func (s *suite) concurrentReentrancy(t *testing.T) {
+	if os.Getenv("DLOCK_FINDINGS") != "1" {
+		t.Skip("finding: concurrent first acquisitions by one owner race in the store, and the loser waits for its own owner's lock (DLOCK_FINDINGS=1 runs it)")
+	}
+	l, _ := s.locker(t)
+	const n = 4
+	for round := range 5 {
+		k := key(t, fmt.Sprint(round))
+		start := make(chan struct{})
+		locks := make(chan *dlock.Lock, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				// Far longer than any round trip; shorter than the store-side
+				// waits (a lease's TTL/4 and more).
+				lk, err := l.Acquire(ctxT(t, 3*time.Second), k, dlock.WithTTL(longTTL), dlock.WithOwner("job"))
+				if err != nil {
+					t.Errorf("round %d, goroutine %d: rule: the same Locker and owner get a held lock at once; %v", round, i, err)
+					return
+				}
+				locks <- lk
+			})
+		}
+		close(start)
+		wg.Wait() // every handle is held until all are in
+		close(locks)
+		var fence uint64
+		for lk := range locks {
+			if fence != 0 && lk.Fence() != fence {
+				t.Errorf("round %d: one owner's concurrent acquisitions got fences %d and %d", round, fence, lk.Fence())
+			}
+			fence = lk.Fence()
+			lk.Release(context.Background())
+		}
+	}
+}

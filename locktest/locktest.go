@@ -115,6 +115,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"ReleaseWithEndedContextThenCloseStillFrees", s.releaseEndedCtxThenClose},
 		{"LongTTLsHoldOrAreRefused", s.longTTLs},
 		{"KeysThatNestOrFillTheLimitAreDistinct", s.nestedKeys},
+		{"ConcurrentAcquisitionsOfOneOwnerShareTheLock", s.concurrentReentrancy},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
