@@ -1,7 +1,9 @@
 package redislock_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -80,4 +82,42 @@ func TestSlowStoreIsNotNotAcquired(t *testing.T) {
 		t.Fatalf("the key was not free: %v", err)
 	}
 	olk.Release(ctxT(t, 5*time.Second))
+}
+
+// TestCloseWithDeadlineOnSlowStoreFreesAll: Close with a deadline that
+// covers a few round trips (a shutdown budget) frees every key the Locker
+// holds, not only those whose turn came before the deadline: releases go
+// one after the other, and what is left when the deadline ends stays held
+// for its TTL.
+func TestCloseWithDeadlineOnSlowStoreFreesAll(t *testing.T) {
+	skipFinding(t, "Close releases one key after the other within its context and gives up on the rest when it ends: they stay held for their TTL")
+	srv := startServer(t)
+	proxy := delayProxy(t, srv.addr(), 20*time.Millisecond)
+	c := redis.NewClient(&redis.Options{Addr: proxy})
+	t.Cleanup(func() { c.Close() })
+	l := dlock.New(newBackend(t, c, nil), nil)
+	base := locktest.UniqueKey(t.Name())
+	const n = 20
+	for i := range n {
+		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), fmt.Sprintf("%s/%d", base, i), dlock.WithTTL(30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond) // 10 round trips
+	defer cancel()
+	t.Logf("Close: %v", l.Close(ctx))
+	time.Sleep(time.Second) // anything still under way lands
+	other := locktest.NewLocker(t, newBackend(t, srv.client(t), nil))
+	held := 0
+	for i := range n {
+		lk, err := other.TryAcquire(ctxT(t, 10*time.Second), fmt.Sprintf("%s/%d", base, i), dlock.WithTTL(time.Second))
+		if err != nil {
+			held++
+			continue
+		}
+		lk.Release(ctxT(t, 5*time.Second))
+	}
+	if held > 0 {
+		t.Errorf("%d of %d keys still held (for their 30 s TTL) after Close with a 200 ms deadline on a store 20 ms away", held, n)
+	}
 }
