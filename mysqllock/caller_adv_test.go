@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
 )
 
 // TestTimeoutInsideDoIsKept: a timeout that fn sets on Do's context for
@@ -123,4 +124,57 @@ func skipFinding(t *testing.T, finding string) {
 	if os.Getenv("DLOCK_FINDINGS") != "1" {
 		t.Skip("finding: " + finding + " (DLOCK_FINDINGS=1 runs it)")
 	}
+}
+
+// TestAutocommitOffPoolIsRefusedOrSafe: the pool is the application's, and
+// some applications turn autocommit off in their DSN (autocommit=0) or in
+// the server's init_connect. The lease strategy must then either refuse
+// the pool with a clear error or still commit its grants: an uncommitted
+// grant is a false "acquired" that a rollback (the pool closing the
+// connection at its ConnMaxLifetime) undoes, so that another client takes
+// the key while the holder's Err is nil, and fences repeat.
+func TestAutocommitOffPoolIsRefusedOrSafe(t *testing.T) {
+	skipFinding(t, "a pool with autocommit off (DSN autocommit=0) is accepted: grants stay uncommitted, a rollback hands the key to another client while the holder's Err is nil, and fences repeat")
+	newBackend(t, "") // migrated
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other := locktest.NewLocker(t, newBackend(t, ""))
+	k := locktest.UniqueKey(t.Name())
+	lk0, err := other.TryAcquire(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lk0.Release(ctx)
+
+	db := open(t, "autocommit=0")
+	db.SetConnMaxLifetime(time.Second) // an ordinary pool setting
+	b, err := mysqllock.New(db, &mysqllock.Options{Table: testTable, NoDoorbell: true})
+	if err != nil {
+		t.Logf("refused: %v", err)
+		return
+	}
+	l := locktest.NewLocker(t, b)
+	lk, err := l.TryAcquire(ctx, k, dlock.WithTTL(9*time.Second))
+	if err != nil {
+		t.Logf("refused: %v", err)
+		return
+	}
+	for ctx.Err() == nil {
+		tctx, tcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		olk, err := other.TryAcquire(tctx, k, dlock.WithTTL(time.Second))
+		tcancel()
+		if err == nil {
+			if herr := lk.Err(); herr == nil {
+				t.Errorf("rule: one holder per key; another client took %q (fence %d) while the autocommit=0 holder's Err is nil (fence %d, earlier fence %d)",
+					k, olk.Fence(), lk.Fence(), lk0.Fence())
+			}
+			if olk.Fence() <= lk.Fence() {
+				t.Errorf("rule: fences increase; %d after %d", olk.Fence(), lk.Fence())
+			}
+			olk.Release(ctx)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("the key was never free")
 }
