@@ -306,9 +306,6 @@ func (s *suite) releaseEndedCtx(t *testing.T) {
 // shutdown signal cancelled (signal.NotifyContext) still frees what it
 // held, as Release with an ended context does, well before the TTL.
 func (s *suite) closeEndedCtx(t *testing.T) {
-	if os.Getenv("DLOCK_FINDINGS") != "1" {
-		t.Skip("finding: Close with an ended context leaves every key held for its TTL on backends whose Release honours the context (redislock, pglock, ...) (DLOCK_FINDINGS=1 runs it)")
-	}
 	l := dlock.New(s.newBackend(t), nil)
 	other, _ := s.locker(t)
 	k := key(t, "k")

@@ -90,7 +90,6 @@ func TestSlowStoreIsNotNotAcquired(t *testing.T) {
 // one after the other, and what is left when the deadline ends stays held
 // for its TTL.
 func TestCloseWithDeadlineOnSlowStoreFreesAll(t *testing.T) {
-	skipFinding(t, "Close releases one key after the other within its context and gives up on the rest when it ends: they stay held for their TTL")
 	srv := startServer(t)
 	proxy := delayProxy(t, srv.addr(), 20*time.Millisecond)
 	c := redis.NewClient(&redis.Options{Addr: proxy})
