@@ -301,3 +301,215 @@ func (s *suite) releaseEndedCtx(t *testing.T) {
 	}
 	olk.Release(context.Background())
 }
+
+// closeEndedCtx: a program that closes its Locker with the context its
+// shutdown signal cancelled (signal.NotifyContext) still frees what it
+// held, as Release with an ended context does, well before the TTL.
+func (s *suite) closeEndedCtx(t *testing.T) {
+	l := dlock.New(s.newBackend(t), nil)
+	other, _ := s.locker(t)
+	k := key(t, "k")
+	if _, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(longTTL)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	t.Logf("Close with an ended context: %v", l.Close(ctx))
+	// Well within the 30 s lease: a key left to its TTL fails.
+	olk, err := other.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: Close with an ended context still frees what the Locker held; %v", err)
+	}
+	olk.Release(context.Background())
+}
+
+// sharedBackend: two Lockers over one Backend (two libraries of a program
+// handed the same backend), with the same owner id or none, exclude each
+// other, and a waiter on one gets the key when the other releases it.
+func (s *suite) sharedBackend(t *testing.T) {
+	b := s.newBackend(t)
+	l1, l2 := s.lockerOver(t, b), s.lockerOver(t, b)
+	for _, owner := range []string{"", "worker"} {
+		k := key(t, owner)
+		lk := mustAcquire(t, l1, k, dlock.WithOwner(owner))
+		if lk2, err := l2.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl), dlock.WithOwner(owner)); err == nil {
+			lk2.Release(context.Background())
+			t.Fatalf("rule: Lockers sharing a Backend exclude each other; owner %q: both hold %q (fences %d, %d)", owner, k, lk.Fence(), lk2.Fence())
+		} else if !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("owner %q: TryAcquire of a key held through the same Backend: %v", owner, err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			lk2, err := l2.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl), dlock.WithOwner(owner))
+			if err == nil {
+				err = lk2.Release(context.Background())
+			}
+			got <- err
+		}()
+		time.Sleep(100 * time.Millisecond)
+		if err := lk.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Errorf("owner %q: a waiter on the other Locker of the Backend, after the release: %v", owner, err)
+		}
+	}
+}
+
+// releaseEndedCtxThenClose: a program that releases with an ended context
+// (a request's, at shutdown) and then closes its Locker still frees the
+// key, well before its TTL: the background release of the first is not
+// dropped by the second.
+func (s *suite) releaseEndedCtxThenClose(t *testing.T) {
+	if os.Getenv("DLOCK_FINDINGS") != "1" {
+		t.Skip("finding: Close right after a Release with an ended context drops that release, leaving the key held for its TTL (DLOCK_FINDINGS=1 runs it)")
+	}
+	other, _ := s.locker(t)
+	for i := range 10 {
+		l := dlock.New(s.newBackend(t), nil)
+		k := key(t, fmt.Sprint(i))
+		lk, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(longTTL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_ = lk.Release(ctx)
+		if err := l.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		// Well within the 30 s lease: a key left to its TTL fails.
+		olk, err := other.Acquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+		if err != nil {
+			t.Fatalf("rule: a Release with an ended context, then Close, frees the key; round %d: %v", i, err)
+		}
+		olk.Release(context.Background())
+	}
+}
+
+// longTTLs: a long lease (a day, a year, a century)
+// either holds the key like any other or is refused
+// with ErrInvalidOption and changes nothing.
+func (s *suite) longTTLs(t *testing.T) {
+	l, _ := s.locker(t)
+	other, _ := s.locker(t)
+	for _, d := range []time.Duration{24 * time.Hour, 366 * 24 * time.Hour, 100 * 366 * 24 * time.Hour} {
+		k := key(t, d.String())
+		lk, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(d))
+		if err != nil {
+			if !errors.Is(err, dlock.ErrInvalidOption) {
+				t.Errorf("rule: a TTL the store cannot keep is ErrInvalidOption; ttl %s: %v", d, err)
+			}
+			mustBeFree(t, other, k)
+			continue
+		}
+		if err := lk.Err(); err != nil {
+			t.Errorf("ttl %s: lost at once: %v", d, err)
+		}
+		if olk, err := other.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl)); err == nil {
+			olk.Release(context.Background())
+			t.Errorf("rule: a held key excludes others; ttl %s: another client took it", d)
+		} else if !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("ttl %s: another client's TryAcquire: %v", d, err)
+		}
+		if err := lk.Release(ctxT(t, 10*time.Second)); err != nil {
+			t.Errorf("ttl %s: Release: %v", d, err)
+		}
+		mustBeFree(t, other, k)
+	}
+}
+
+// nestedKeys: keys that are prefixes or path-like extensions of one another,
+// path elements a tree store reserves, and keys that fill MaxKeyLen with
+// multi-byte characters (differing in their last byte only) are distinct
+// locks: each is taken while the others are held, in both orders.
+func (s *suite) nestedKeys(t *testing.T) {
+	base := key(t, "")
+	fill := func(tail string) string { // MaxKeyLen bytes, mostly 4-byte runes
+		k := base
+		for len(k)+len("🔒")+len(tail) <= dlock.MaxKeyLen {
+			k += "🔒"
+		}
+		return k + strings.Repeat("-", dlock.MaxKeyLen-len(k)-len(tail)) + tail
+	}
+	keys := []string{
+		base + "x", base + "x/", base + "x/y", base + "x/y/", base + "x//y", base + "x%2Fy", base + "x\\y",
+		base + ".", base + "..", base + "zookeeper", base + "x*", base + "x?",
+		fill("é"), fill("è"), fill("a"),
+	}
+	for _, k := range keys {
+		if len(k) > dlock.MaxKeyLen {
+			t.Fatalf("test key of %d bytes", len(k))
+		}
+	}
+	for _, order := range [][]string{keys, reversed(keys)} {
+		l, _ := s.locker(t)
+		other, _ := s.locker(t)
+		var locks []*dlock.Lock
+		for _, k := range order {
+			lk, err := l.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+			if err != nil {
+				t.Fatalf("rule: distinct keys are distinct locks; %q (%d bytes) with %d others held: %v", k, len(k), len(locks), err)
+			}
+			locks = append(locks, lk)
+		}
+		for _, k := range order {
+			mustBeHeld(t, other, k)
+		}
+		for _, lk := range locks {
+			if err := lk.Release(context.Background()); err != nil {
+				t.Errorf("Release(%q): %v", lk.Key(), err)
+			}
+		}
+	}
+}
+
+func reversed(s []string) []string {
+	r := make([]string, len(s))
+	for i, v := range s {
+		r[len(s)-1-i] = v
+	}
+	return r
+}
+
+// concurrentReentrancy: goroutines of one job that take the job's key at
+// the same moment with the job's owner id (a parent task and the subtasks
+// it waits for) all get the lock, sharing its fence, while any of them
+// holds it: none of them waits for the lock its own owner holds.
+func (s *suite) concurrentReentrancy(t *testing.T) {
+	if os.Getenv("DLOCK_FINDINGS") != "1" {
+		t.Skip("finding: concurrent first acquisitions by one owner race in the store, and the loser waits for its own owner's lock (DLOCK_FINDINGS=1 runs it)")
+	}
+	l, _ := s.locker(t)
+	const n = 4
+	for round := range 5 {
+		k := key(t, fmt.Sprint(round))
+		start := make(chan struct{})
+		locks := make(chan *dlock.Lock, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				// Far longer than any round trip; shorter than the store-side
+				// waits (a lease's TTL/4 and more).
+				lk, err := l.Acquire(ctxT(t, 3*time.Second), k, dlock.WithTTL(longTTL), dlock.WithOwner("job"))
+				if err != nil {
+					t.Errorf("round %d, goroutine %d: rule: the same Locker and owner get a held lock at once; %v", round, i, err)
+					return
+				}
+				locks <- lk
+			})
+		}
+		close(start)
+		wg.Wait() // every handle is held until all are in
+		close(locks)
+		var fence uint64
+		for lk := range locks {
+			if fence != 0 && lk.Fence() != fence {
+				t.Errorf("round %d: one owner's concurrent acquisitions got fences %d and %d", round, fence, lk.Fence())
+			}
+			fence = lk.Fence()
+			lk.Release(context.Background())
+		}
+	}
+}

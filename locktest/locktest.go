@@ -110,6 +110,12 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"ErrReportsLossAfterPause", s.pausedHolder},
 		{"StoreThatStopsAnsweringIsAnError", s.stalledStore},
 		{"ReleaseWithEndedContextStillFrees", s.releaseEndedCtx},
+		{"CloseWithEndedContextStillFrees", s.closeEndedCtx},
+		{"LockersSharingABackendExclude", s.sharedBackend},
+		{"ReleaseWithEndedContextThenCloseStillFrees", s.releaseEndedCtxThenClose},
+		{"LongTTLsHoldOrAreRefused", s.longTTLs},
+		{"KeysThatNestOrFillTheLimitAreDistinct", s.nestedKeys},
+		{"ConcurrentAcquisitionsOfOneOwnerShareTheLock", s.concurrentReentrancy},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
