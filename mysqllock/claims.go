@@ -4,8 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
 )
 
@@ -51,4 +54,37 @@ ON DUPLICATE KEY UPDATE strategy = IF(LAST_INSERT_ID(strategy <> ?) = 0, strateg
 		}
 		return got, nil
 	}, query)
+}
+
+// autocommitCheck refuses, once the server has answered, a pool whose
+// connections have autocommit off (autocommit=0 in the DSN, or the
+// server's init_connect): the strategies' writes would never be committed,
+// and a rollback would hand a held key to another client and repeat a
+// fence. The answer of the first connection asked stands for the pool.
+type autocommitCheck struct {
+	mu sync.Mutex
+	ok bool
+}
+
+// errAutocommitOff is the error for a connection with autocommit off.
+var errAutocommitOff = fmt.Errorf("%w: mysqllock: the pool's connections have autocommit off (autocommit=0 in the DSN, or init_connect): grants would never commit; turn autocommit on for this pool", dlock.ErrInvalidOption)
+
+func (a *autocommitCheck) check(ctx context.Context, db *sql.DB) error {
+	a.mu.Lock()
+	ok := a.ok
+	a.mu.Unlock()
+	if ok {
+		return nil
+	}
+	var on bool
+	if err := db.QueryRowContext(ctx, "SELECT @@autocommit").Scan(&on); err != nil {
+		return err
+	}
+	if !on {
+		return errAutocommitOff
+	}
+	a.mu.Lock()
+	a.ok = true
+	a.mu.Unlock()
+	return nil
 }

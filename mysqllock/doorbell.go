@@ -70,6 +70,9 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := b.checkPool(); err != nil {
 		return dlock.Result{}, err
 	}
+	if err := b.ac.check(ctx, b.db); err != nil {
+		return dlock.Result{}, b.wrap("acquire", err)
+	}
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, b.wrap("acquire", err)
 	}

@@ -106,6 +106,7 @@ func connector(opts *Options) driver.Connector {
 // use.
 type Backend struct {
 	claims *claims.Set
+	ac     autocommitCheck
 	db     *sql.DB
 	table  string // quoted
 	q      queries

@@ -51,6 +51,7 @@ import (
 // ErrGalera; use the lease strategy (New).
 type RowLock struct {
 	claims *claims.Set
+	ac     autocommitCheck
 	db     *sql.DB
 	s      *sessions
 	rows   string // quoted rows table
@@ -160,6 +161,9 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		return dlock.Result{}, fmt.Errorf("%w: mysqllock: rowlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, req.TTL, MaxSessionTTL)
 	}
 	r.warn.warnOnce(ctx, r.Check)
+	if err := r.ac.check(ctx, r.db); err != nil {
+		return dlock.Result{}, wrapErr(r.table, "rowlock acquire", err)
+	}
 	if err := r.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, wrapErr(r.table, "rowlock acquire", err)
 	}

@@ -266,9 +266,14 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		c.Close()
 		return nil, err
 	}
-	if err := c.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&ss.id); err != nil {
+	var autocommit bool
+	if err := c.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@autocommit").Scan(&ss.id, &autocommit); err != nil {
 		c.Close()
 		return nil, err
+	}
+	if !autocommit {
+		c.Close()
+		return nil, errAutocommitOff
 	}
 	if err := s.cover(ctx, ss, waitSecs(ttl)); err != nil {
 		c.Close()
