@@ -15,7 +15,6 @@ import (
 // dies of the SIGTERM at once while a process it started handles SIGTERM
 // slowly: nothing of the job may run on without the lock.
 func TestLockLossStopsWholeJob(t *testing.T) {
-	skipFinding(t, "after a lock loss, dlock exits when COMMAND's leader dies and never SIGKILLs the rest of its process group")
 	e := mysqlStore(t)
 	if e == nil {
 		t.Skip("no MySQL store")
@@ -50,14 +49,5 @@ func TestLockLossStopsWholeJob(t *testing.T) {
 		r := run(t, e, "run", "-n", key, "--", "true")
 		t.Errorf("worker %d of the job still runs %s after dlock exited on losing the lock (--grace 500ms), while another dlock run got the lock: exit %d",
 			pid, 2*time.Second, r.code)
-	}
-}
-
-// skipFinding skips a test that reproduces an open finding, unless
-// DLOCK_FINDINGS=1 asks to run it.
-func skipFinding(t *testing.T, finding string) {
-	t.Helper()
-	if os.Getenv("DLOCK_FINDINGS") != "1" {
-		t.Skip("finding: " + finding + " (DLOCK_FINDINGS=1 runs it)")
 	}
 }

@@ -86,8 +86,10 @@ SIGHUP are forwarded to its process group. At a terminal, COMMAND stays in
 dlock's process group so that it can read the terminal: Ctrl-C reaches it
 directly, and dlock signals COMMAND alone, not its children. If the lock is
 lost while COMMAND runs, COMMAND gets SIGTERM, then SIGKILL after --grace, and
-dlock exits with 76. If dlock itself dies, COMMAND is killed (Linux
-parent-death signal).
+dlock exits with 76. Outside a terminal the lock covers COMMAND's whole
+process group: once COMMAND exits, what it left running gets SIGTERM, then
+SIGKILL after --grace, before the lock is released. If dlock itself dies,
+COMMAND is killed (Linux parent-death signal).
 
 Exit status: COMMAND's (128+N if signal N killed it); 75 (or -E,
 --conflict-exit-code) when the store said KEY was held until --wait ran out;
@@ -379,7 +381,8 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 		_ = syscall.Kill(-child.Process.Pid, sig)
 	}
 
-	var lost bool
+	var lost, termed bool
+	var termAt time.Time
 	var kill <-chan time.Time
 	var waitErr error
 	done := lk.Done()
@@ -395,14 +398,26 @@ loop:
 				continue
 			}
 			signalJob(sig.(syscall.Signal))
+			if !termed {
+				termed, termAt = true, time.Now()
+			}
 		case <-done:
 			lost, done = true, nil
 			fmt.Fprintf(r.a.stderr, "dlock: lock %q lost (%v): stopping the command\n", lk.Key(), lk.Err())
 			signalJob(syscall.SIGTERM)
+			termed, termAt = true, time.Now()
 			kill = time.After(r.grace)
 		case <-kill:
 			signalJob(syscall.SIGKILL)
 		}
+	}
+	if !interactive {
+		// COMMAND has exited; what it started may not have. The lock must
+		// cover the whole job: nothing of its process group outlives it.
+		if !termed {
+			termAt = time.Now()
+		}
+		endGroup(child.Process.Pid, !termed, termAt.Add(r.grace))
 	}
 	// Signals end dlock again; the release is bounded by --timeout.
 	r.a.stopWatch = r.a.watchSignals()
@@ -582,4 +597,27 @@ func shellWord(w string) string {
 		return w
 	}
 	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+}
+
+// endGroup ends what is left of process group pgid: SIGTERM if term, then
+// SIGKILL at killAt if some of it still runs, and waits (a few seconds at
+// most after the SIGKILL) until none of it is left.
+func endGroup(pgid int, term bool, killAt time.Time) {
+	alive := func() bool { return syscall.Kill(-pgid, 0) == nil }
+	if !alive() {
+		return
+	}
+	if term {
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	}
+	for alive() && time.Now().Before(killAt) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !alive() {
+		return
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	for end := time.Now().Add(5 * time.Second); alive() && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
 }
