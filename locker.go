@@ -510,15 +510,24 @@ func (l *Locker) resolve(req Request) {
 
 // releaseLater releases a lease whose release was cut short by its
 // caller's context, in the background, bounded by cleanupTimeout. Close
-// waits for it; a Locker that is closing starts none.
+// waits for it, unless it started while the Locker was closing.
 func (l *Locker) releaseLater(key string, token Token) {
 	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	closed := l.closed
+	if !closed {
+		l.wg.Add(1)
+	}
+	l.mu.Unlock()
+	if closed {
+		// Close may be waiting for l.wg already: this release runs
+		// untracked, bounded by cleanupTimeout like the others.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			defer cancel()
+			_ = l.b.Release(ctx, key, token)
+		}()
 		return
 	}
-	l.wg.Add(1)
-	l.mu.Unlock()
 	go l.releaseBounded(key, token)
 }
 
