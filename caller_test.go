@@ -307,8 +307,36 @@ func TestLossReportedBeforeTheGrantArrives(t *testing.T) {
 	if err == nil {
 		t.Fatalf("rule: a grant whose session was reported lost is not handed out; got a Lock (Err %v)", lk.Err())
 	}
-	if !errors.Is(err, ErrNotAcquired) {
-		t.Errorf("got %v, want ErrNotAcquired", err)
+	var he *HeldError
+	if errors.As(err, &he) || errors.Is(err, ErrNotAcquired) {
+		t.Errorf("got %v, want an error that does not say someone holds the key", err)
+	}
+}
+
+// slowGrantBackend grants after the Locker's clock passed the lease's safe
+// deadline: a store that answers more slowly than the TTL allows.
+type slowGrantBackend struct {
+	recordingBackend
+	clock *manualClock
+}
+
+func (b *slowGrantBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	b.clock.advance(req.TTL)
+	return Result{Acquired: true, Fence: 1}, nil
+}
+
+// TestGrantTooLateIsAnError: a grant confirmed after its safe deadline is
+// released and reported as an error, never as "held by someone" (which a
+// cron job reads as another copy running).
+func TestGrantTooLateIsAnError(t *testing.T) {
+	clock := &manualClock{now: time.Unix(1000, 0)}
+	b := &slowGrantBackend{clock: clock}
+	l := New(b, &Options{TTL: 10 * time.Second, Clock: clock})
+	defer l.Close(context.Background())
+	_, err := l.TryAcquire(context.Background(), "k")
+	var he *HeldError
+	if err == nil || errors.As(err, &he) || errors.Is(err, ErrNotAcquired) {
+		t.Errorf("rule: a store too slow for the TTL is an error, not \"not acquired\"; got %v", err)
 	}
 }
 

@@ -48,7 +48,14 @@ type lease struct {
 	timer    Timer              // fires at deadline
 }
 
-var errTooLate = errors.New("dlock: acquisition confirmed after its safe deadline")
+// errTooLate is the error of a grant that the store confirmed after the
+// lease's safe deadline: the store answered too slowly for the TTL, and the
+// grant, released, is not a sign that anyone holds the key.
+var errTooLate = errors.New("the store confirmed the grant after its lease's safe deadline (a round trip longer than the TTL minus the margin): nothing is held; use a longer TTL")
+
+// errLostEarly is the error of a grant whose session the backend reported
+// lost before the grant arrived.
+var errLostEarly = errors.New("the store ended the grant's session before the grant arrived: nothing is held")
 
 // Key returns the lock's key.
 func (k *Lock) Key() string { return k.ls.key }

@@ -258,6 +258,8 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		}
 		k, out, err := l.attempt(ctx, key, cfg, wait && inStore)
 		switch {
+		case wait && errors.Is(err, errLostEarly): // look again
+			continue
 		case errors.Is(err, ErrUnsupported) && inStore: // the Waiter took nothing: back off instead
 			canWait, inStore = false, false
 			continue
@@ -374,10 +376,11 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, inS
 		return nil, out, nil
 	case res.Acquired:
 		k, err := l.register(ctx, req, res.Fence, sent)
-		if err == nil || !errors.Is(err, errTooLate) {
-			return k, out, err
+		if errors.Is(err, errTooLate) || errors.Is(err, errLostEarly) {
+			// Not "held by someone": nobody may hold the key.
+			err = fmt.Errorf("dlock: acquire %q: %w", key, err)
 		}
-		res.Holder = LockInfo{}
+		return k, out, err
 	}
 	res.Holder.Key = key
 	out.held, out.remaining = &HeldError{Holder: res.Holder}, res.Remaining

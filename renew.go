@@ -44,7 +44,7 @@ func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent t
 		delete(l.early, req.Token)
 		l.mu.Unlock()
 		l.resolveLater(ctx, req)
-		return nil, errTooLate
+		return nil, errLostEarly
 	}
 	k := l.newHandleLocked(ls)
 	ls.timer = l.clock.AfterFunc(ls.deadline.Sub(l.clock.Now()), func() { l.expire(ls) })
