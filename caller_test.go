@@ -3,6 +3,7 @@ package dlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -540,5 +541,60 @@ func TestCloseWithEndedContextStillReleases(t *testing.T) {
 			t.Fatal("rule: Close with an ended context still releases what it held; the key was never released")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// heldBackend reports every key held by someone else, and cannot wait in
+// the store.
+type heldBackend struct{}
+
+func (heldBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	return Result{Holder: LockInfo{Key: req.Key}, Remaining: time.Second}, nil
+}
+
+func (heldBackend) Extend(ctx context.Context, leases []Lease) ([]error, error) {
+	return make([]error, len(leases)), nil
+}
+
+func (heldBackend) Release(ctx context.Context, key string, token Token) error { return ErrNotHeld }
+
+// TestLookingAtKeysKeepsNothing: a poller that tries many keys held
+// elsewhere (job ids), and one that derives a context from a held lock for
+// every job, keep nothing per key or per job.
+func TestLookingAtKeysKeepsNothing(t *testing.T) {
+	l := New(heldBackend{}, nil)
+	defer l.Close(context.Background())
+	for i := range 100 {
+		if _, err := l.TryAcquire(context.Background(), fmt.Sprint("job-", i)); !errors.Is(err, ErrNotAcquired) {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := l.Acquire(ctx, "waited"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	n := len(l.wakers)
+	l.mu.Unlock()
+	if n != 0 {
+		t.Errorf("rule: a key looked at keeps nothing; %d wake-up entries left after TryAcquire and Acquire of keys held elsewhere", n)
+	}
+
+	h := New(okBackend{}, nil)
+	defer h.Close(context.Background())
+	lk, err := h.TryAcquire(context.Background(), "leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		_, jcancel := lk.Context(context.Background())
+		jcancel()
+	}
+	h.mu.Lock()
+	n = len(lk.cancels)
+	h.mu.Unlock()
+	if n != 0 {
+		t.Errorf("rule: a cancelled Lock.Context is dropped; %d kept", n)
 	}
 }

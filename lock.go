@@ -27,7 +27,7 @@ type Lock struct {
 	done chan struct{}
 	// Guarded by l.mu.
 	err     error
-	cancels []context.CancelCauseFunc
+	cancels map[*lockContext]context.CancelCauseFunc // of the live Lock.Context contexts
 }
 
 // lease is what a Locker holds for one key; reentrant Locks share it.
@@ -103,14 +103,23 @@ func (k *Lock) Deadline() time.Time {
 // gives the lease's current safe deadline. Call cancel when done with it.
 func (k *Lock) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
+	c := &lockContext{Context: ctx, k: k}
 	k.l.mu.Lock()
 	if k.err != nil {
 		cancel(k.err)
 	} else {
-		k.cancels = append(k.cancels, cancel)
+		if k.cancels == nil {
+			k.cancels = make(map[*lockContext]context.CancelCauseFunc)
+		}
+		k.cancels[c] = cancel
 	}
 	k.l.mu.Unlock()
-	return &lockContext{Context: ctx, k: k}, func() { cancel(context.Canceled) }
+	return c, func() {
+		k.l.mu.Lock()
+		delete(k.cancels, c)
+		k.l.mu.Unlock()
+		cancel(context.Canceled)
+	}
 }
 
 // lockContext is the context of a Lock: a cancelCtx whose Err also

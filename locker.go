@@ -31,11 +31,11 @@ type Locker struct {
 
 	mu       sync.Mutex
 	closed   bool
-	closing  chan struct{}            // closed by Close
-	held     map[string]*lease        // leases this Locker holds, by key
-	wakers   map[string]chan struct{} // closed when the key is released locally
-	renewing bool                     // the renewal goroutine is running
-	kick     chan struct{}            // wakes the renewal goroutine
+	closing  chan struct{}     // closed by Close
+	held     map[string]*lease // leases this Locker holds, by key
+	wakers   map[string]*waker // local waiters of each key
+	renewing bool              // the renewal goroutine is running
+	kick     chan struct{}     // wakes the renewal goroutine
 
 	stopLoss func() // unregisters from a LossReporter backend
 	// early holds losses reported for tokens not (yet) registered: a
@@ -58,7 +58,7 @@ func New(b Backend, opts *Options) *Locker {
 		clock:   opts.Clock,
 		closing: make(chan struct{}),
 		held:    make(map[string]*lease),
-		wakers:  make(map[string]chan struct{}),
+		wakers:  make(map[string]*waker),
 		kick:    make(chan struct{}, 1),
 	}
 	if l.ttl == 0 {
@@ -256,36 +256,47 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrNotAcquired, err)
 		}
-		k, out, err := l.attempt(ctx, key, cfg, wait && inStore)
-		switch {
-		case wait && errors.Is(err, errLostEarly): // look again
-			continue
-		case errors.Is(err, ErrUnsupported) && inStore: // the Waiter took nothing: back off instead
-			canWait, inStore = false, false
-			continue
-		case err != nil || k != nil:
+		k, out, err := l.attempt(ctx, key, cfg, wait, wait && inStore)
+		k, err, done := l.afterAttempt(ctx, k, out, err, cfg, wait, &canWait, &inStore, &bo)
+		l.unwait(key, out.woken)
+		if done {
 			return k, err
-		case out.held == nil: // a wait in the store ended by its own bound
-			continue
-		case !wait:
-			return nil, out.held
-		}
-		if cfg.onWait != nil && out.held.Holder.Key != "" {
-			cfg.onWait(out.held.Holder)
-		}
-		d := time.Duration(-1) // held by this Locker: wait for its release
-		switch {
-		case out.local:
-		case canWait && !inStore:
-			inStore = true // from now on wait in the store
-			continue
-		default:
-			d = bo.Next(out.remaining)
-		}
-		if err := l.sleep(ctx, d, out.woken); err != nil {
-			return nil, fmt.Errorf("%w: %w", out.held, err)
 		}
 	}
+}
+
+// afterAttempt is the waiting policy after one attempt: it returns the
+// acquisition's result and done, or sleeps and returns !done to try again.
+func (l *Locker) afterAttempt(ctx context.Context, k *Lock, out outcome, err error, cfg acquireConfig, wait bool, canWait, inStore *bool, bo *Backoff) (*Lock, error, bool) {
+	switch {
+	case wait && errors.Is(err, errLostEarly): // look again
+		return nil, nil, false
+	case errors.Is(err, ErrUnsupported) && *inStore: // the Waiter took nothing: back off instead
+		*canWait, *inStore = false, false
+		return nil, nil, false
+	case err != nil || k != nil:
+		return k, err, true
+	case out.held == nil: // a wait in the store ended by its own bound
+		return nil, nil, false
+	case !wait:
+		return nil, out.held, true
+	}
+	if cfg.onWait != nil && out.held.Holder.Key != "" {
+		cfg.onWait(out.held.Holder)
+	}
+	d := time.Duration(-1) // held by this Locker: wait for its release
+	switch {
+	case out.local:
+	case *canWait && !*inStore:
+		*inStore = true // from now on wait in the store
+		return nil, nil, false
+	default:
+		d = bo.Next(out.remaining)
+	}
+	if err := l.sleep(ctx, d, out.woken); err != nil {
+		return nil, fmt.Errorf("%w: %w", out.held, err), true
+	}
+	return nil, nil, false
 }
 
 // outcome is what an attempt that took nothing learnt.
@@ -301,7 +312,7 @@ type outcome struct {
 // with one store call (a wait in the store when inStore). It returns the
 // Lock, or what it learnt, or an error: the backend's, wrapped, once the
 // outcome of the call has been resolved.
-func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, inStore bool) (*Lock, outcome, error) {
+func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wait, inStore bool) (*Lock, outcome, error) {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -310,7 +321,10 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, inS
 	if ls := l.held[key]; ls != nil {
 		l.checkDeadlineLocked(ls) // a lease lost to a pause is no longer held
 	}
-	out := outcome{woken: l.wakerLocked(key)}
+	var out outcome
+	if wait {
+		out.woken = l.wakerLocked(key)
+	}
 	if ls := l.held[key]; ls != nil {
 		if cfg.owner != "" && ls.owner == cfg.owner {
 			k := l.newHandleLocked(ls)
@@ -432,20 +446,44 @@ func (l *Locker) sleep(ctx context.Context, d time.Duration, woken <-chan struct
 	return nil
 }
 
-// wakerLocked returns the channel closed at the next local release of key.
+// waker is the channel closed at the next local release of a key, with
+// the number of waiters that hold it (the entry goes with the last one, so
+// that keys looked at once leave nothing behind).
+type waker struct {
+	ch chan struct{}
+	n  int
+}
+
+// wakerLocked returns the channel closed at the next local release of key,
+// counting the caller as its waiter until unwait.
 func (l *Locker) wakerLocked(key string) chan struct{} {
-	ch := l.wakers[key]
-	if ch == nil {
-		ch = make(chan struct{})
-		l.wakers[key] = ch
+	w := l.wakers[key]
+	if w == nil {
+		w = &waker{ch: make(chan struct{})}
+		l.wakers[key] = w
 	}
-	return ch
+	w.n++
+	return w.ch
+}
+
+// unwait ends the caller's wait on ch, key's waker (nil: none).
+func (l *Locker) unwait(key string, ch chan struct{}) {
+	if ch == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.wakers[key]; w != nil && w.ch == ch {
+		if w.n--; w.n == 0 {
+			delete(l.wakers, key)
+		}
+	}
 }
 
 // wakeLocked wakes the local waiters of key.
 func (l *Locker) wakeLocked(key string) {
-	if ch := l.wakers[key]; ch != nil {
-		close(ch)
+	if w := l.wakers[key]; w != nil {
+		close(w.ch)
 		delete(l.wakers, key)
 	}
 }
