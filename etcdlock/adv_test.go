@@ -3,7 +3,6 @@ package etcdlock_test
 import (
 	"errors"
 	"math"
-	"os"
 	"testing"
 	"time"
 
@@ -15,9 +14,6 @@ import (
 // (9e9 s) is bad input: ErrInvalidOption at once, not a store failure
 // reported as "no answer within 1s" after seconds of retries.
 func TestTTLBeyondEtcdsLimitIsInvalid(t *testing.T) {
-	if os.Getenv("DLOCK_FINDINGS") != "1" {
-		t.Skip("finding: a TTL beyond etcd's lease limit is retried as a transient error for seconds and reported as an outage (DLOCK_FINDINGS=1 runs it)")
-	}
 	l := locktest.NewLocker(t, newBackend(t, endpoints(t)))
 	start := time.Now()
 	_, err := l.TryAcquire(ctxT(t, 20*time.Second), locktest.UniqueKey(t.Name()), dlock.WithTTL(math.MaxInt64))

@@ -274,6 +274,10 @@ func info(key string, kv *mvccpb.KeyValue) dlock.LockInfo {
 }
 
 // ttlSeconds is the lease TTL for d: whole seconds, rounded up.
+// maxLeaseTTL is etcd's largest lease TTL, in seconds (its lease package's
+// MaxLeaseTTL): the server refuses longer ones.
+const maxLeaseTTL = 9_000_000_000
+
 func ttlSeconds(d time.Duration) int64 {
 	return max(1, int64(math.Ceil(d.Seconds())))
 }
@@ -366,6 +370,9 @@ func (u *unanswered) Unwrap() error { return u.err }
 // grant creates a lease for ttl. A repeated Grant after a transient error may
 // leave an unused lease behind; it expires on its own.
 func (b *Backend) grant(ctx context.Context, ttl time.Duration) (clientv3.LeaseID, error) {
+	if ttlSeconds(ttl) > maxLeaseTTL {
+		return 0, fmt.Errorf("%w: etcdlock: ttl %s is above etcd's largest lease (%d s)", dlock.ErrInvalidOption, ttl, int64(maxLeaseTTL))
+	}
 	var id clientv3.LeaseID
 	err := b.retry(ctx, func(ctx context.Context) error {
 		resp, err := b.c.Grant(ctx, ttlSeconds(ttl))
