@@ -31,11 +31,12 @@ type Locker struct {
 
 	mu       sync.Mutex
 	closed   bool
-	closing  chan struct{}     // closed by Close
-	held     map[string]*lease // leases this Locker holds, by key
-	wakers   map[string]*waker // local waiters of each key
-	renewing bool              // the renewal goroutine is running
-	kick     chan struct{}     // wakes the renewal goroutine
+	closing  chan struct{}       // closed by Close
+	held     map[string]*lease   // leases this Locker holds, by key
+	wakers   map[string]*waker   // local waiters of each key
+	pending  map[string]*pending // store acquisitions under way with an owner, by key
+	renewing bool                // the renewal goroutine is running
+	kick     chan struct{}       // wakes the renewal goroutine
 
 	stopLoss func() // unregisters from a LossReporter backend
 	// early holds losses reported for tokens not (yet) registered: a
@@ -59,6 +60,7 @@ func New(b Backend, opts *Options) *Locker {
 		closing: make(chan struct{}),
 		held:    make(map[string]*lease),
 		wakers:  make(map[string]*waker),
+		pending: make(map[string]*pending),
 		kick:    make(chan struct{}, 1),
 	}
 	if l.ttl == 0 {
@@ -321,6 +323,17 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	if ls := l.held[key]; ls != nil {
 		l.checkDeadlineLocked(ls) // a lease lost to a pause is no longer held
 	}
+	if p := l.pending[key]; p != nil && cfg.owner != "" && p.owner == cfg.owner && l.held[key] == nil {
+		// The same owner is taking the key already: share its outcome
+		// rather than race it in the store and wait for its own lock.
+		l.mu.Unlock()
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return nil, outcome{}, fmt.Errorf("%w: %w", ErrNotAcquired, ctx.Err())
+		}
+		return l.attempt(ctx, key, cfg, wait, inStore)
+	}
 	var out outcome
 	if wait {
 		out.woken = l.wakerLocked(key)
@@ -334,6 +347,16 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		out.held, out.local = &HeldError{Holder: ls.info()}, true
 		l.mu.Unlock()
 		return nil, out, nil
+	}
+	if cfg.owner != "" && l.pending[key] == nil {
+		p := &pending{owner: cfg.owner, done: make(chan struct{})}
+		l.pending[key] = p
+		defer func() { // after the grant is registered, or not
+			l.mu.Lock()
+			delete(l.pending, key)
+			l.mu.Unlock()
+			close(p.done)
+		}()
 	}
 	// Close waits for this store call and what follows from it (a grant
 	// that lands during Close is released, not left to its TTL).
@@ -444,6 +467,13 @@ func (l *Locker) sleep(ctx context.Context, d time.Duration, woken <-chan struct
 		return ErrClosed
 	}
 	return nil
+}
+
+// pending is a store acquisition under way for an owner: others of the
+// same owner wait for it (done) and then find the lock held, reentrantly.
+type pending struct {
+	owner string
+	done  chan struct{}
 }
 
 // waker is the channel closed at the next local release of a key, with

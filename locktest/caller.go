@@ -474,9 +474,6 @@ func reversed(s []string) []string {
 // it waits for) all get the lock, sharing its fence, while any of them
 // holds it: none of them waits for the lock its own owner holds.
 func (s *suite) concurrentReentrancy(t *testing.T) {
-	if os.Getenv("DLOCK_FINDINGS") != "1" {
-		t.Skip("finding: concurrent first acquisitions by one owner race in the store, and the loser waits for its own owner's lock (DLOCK_FINDINGS=1 runs it)")
-	}
 	l, _ := s.locker(t)
 	const n = 4
 	for round := range 5 {
