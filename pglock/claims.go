@@ -27,6 +27,12 @@ ON CONFLICT (name) DO UPDATE SET strategy = c.strategy RETURNING strategy`
 	return claims.New(strategy, ErrOtherStrategy, func(ctx context.Context, key, strategy string) (string, error) {
 		var got string
 		err := pool.QueryRow(ctx, claim, []byte(key), strategy).Scan(&got)
+		if err != nil && ctx.Err() == nil && sessionLost(err) {
+			// A pooled connection the server ended meanwhile (a
+			// terminated backend, a restart): the statement is
+			// idempotent, so it is sent once more, on another.
+			err = pool.QueryRow(ctx, claim, []byte(key), strategy).Scan(&got)
+		}
 		return got, err
 	}, func(ctx context.Context, key string) (string, error) {
 		var got string

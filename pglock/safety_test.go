@@ -368,9 +368,9 @@ func TestLongestTableName(t *testing.T) {
 	}
 	a, _ := pglock.NewAdvisory(pool, opts)
 	defer a.Close()
-	for _, be := range []dlock.Backend{b, a} {
+	for i, be := range []dlock.Backend{b, a} {
 		l := dlock.New(be, nil)
-		lk, err := l.TryAcquire(ctx, "k")
+		lk, err := l.TryAcquire(ctx, fmt.Sprint("k", i)) // a key per strategy
 		if err != nil {
 			t.Fatal(err)
 		}
