@@ -425,6 +425,23 @@ type ctxBackend struct {
 	released bool
 }
 
+// waitReleased fails the test with msg unless a release succeeds within
+// 10 s.
+func (b *ctxBackend) waitReleased(t *testing.T, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b.mu.Lock()
+		ok := b.released
+		b.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+	}
+}
+
 func (b *ctxBackend) Release(ctx context.Context, key string, _ Token) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -451,19 +468,7 @@ func TestReleaseOutlivesItsCallersDeadline(t *testing.T) {
 	if err := lk.Release(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Release with an ended context: %v, want its error", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b.mu.Lock()
-		ok := b.released
-		b.mu.Unlock()
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("rule: a release cut short by its caller's context goes on in the background; the key was never released")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	b.waitReleased(t, "rule: a release cut short by its caller's context goes on in the background; the key was never released")
 }
 
 // TestTimeoutUnderLockContextFires: a timeout derived from the lock's
@@ -529,19 +534,7 @@ func TestCloseWithEndedContextStillReleases(t *testing.T) {
 	if err := l.Close(ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("Close with an ended context: %v, want its error", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b.mu.Lock()
-		ok := b.released
-		b.mu.Unlock()
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("rule: Close with an ended context still releases what it held; the key was never released")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	b.waitReleased(t, "rule: Close with an ended context still releases what it held; the key was never released")
 }
 
 // heldBackend reports every key held by someone else, and cannot wait in
