@@ -17,6 +17,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# What the run needs from Debian, installed when missing (a fresh machine).
+need=()
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+[ -e /usr/share/java/zookeeper.jar ] || need+=(zookeeper)
+if ((${#need[@]})); then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
 work=$(mktemp -d /tmp/dlock-long-run.XXXXXX)
 pids=()
 cleanup() {

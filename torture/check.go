@@ -190,15 +190,20 @@ func (l *lease) endUs() int64 {
 }
 
 type checker struct {
-	in      checkInput
-	rep     *RunReport
-	holds   []*hold
-	byKF    map[string]*hold    // key/fence → hold
-	leases  map[string][]*lease // key → leases in grant order
-	byLF    map[string]*lease   // key/fence → lease
-	slow    map[string][]span   // worker → its slow backend calls
-	tokens  map[[16]byte]string // token of a slow acquisition's request → its worker
-	failed  map[string][]wait   // key → acquisitions that ended in an error
+	in     checkInput
+	rep    *RunReport
+	holds  []*hold
+	byKF   map[string]*hold    // key/fence → hold
+	leases map[string][]*lease // key → leases in grant order
+	byLF   map[string]*lease   // key/fence → lease
+	slow   map[string][]span   // worker → its slow backend calls
+	tokens map[[16]byte]string // token of a slow acquisition's request → its worker
+	failed map[string][]wait   // key → acquisitions that ended in an error
+	// cutAcq: key → acquisitions that their caller's deadline ended
+	// (the acqdeadline client fault), which may have been granted in the
+	// store without any record before their clean-up undid it.
+	cutAcq  map[string][]wait
+	pool    map[string]int // worker → its store pool's size, if smallpool set it
 	clockOK bool
 }
 
@@ -293,7 +298,7 @@ func (c *checker) fault(kind string) *FaultStats {
 
 // check analyses one run.
 func check(in checkInput) *RunReport {
-	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, tokens: map[[16]byte]string{}, failed: map[string][]wait{}}
+	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, tokens: map[[16]byte]string{}, failed: map[string][]wait{}, cutAcq: map[string][]wait{}, pool: map[string]int{}}
 	c.rep = &RunReport{
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
@@ -328,6 +333,7 @@ func (c *checker) buildHolds() {
 		pool := w.pool()
 		if pool > 0 {
 			c.client(ClientSmallPool).Injected++
+			c.pool[w.ID] = pool
 		}
 		for _, e := range w.Events {
 			switch e.Ev {
@@ -349,6 +355,9 @@ func (c *checker) buildHolds() {
 			case "acqerr":
 				if e.Cf != "" {
 					c.clientCall(e, true)
+					if e.Cf == ClientAcqDeadline && !strings.Contains(e.Err, " is held") {
+						c.cutAcq[e.K] = append(c.cutAcq[e.K], wait{w.ID, e.T0, e.T})
+					}
 					break
 				}
 				c.rep.AcquireErrors++
@@ -879,6 +888,10 @@ func (c *checker) faultFigures() {
 // that a fault touched (a queued waiter that could not take its turn), held
 // the key as that worker's lease would have: it holds the queue up until the
 // store ends it, as a faulted holder does, and the wait counts from its end.
+// An acquisition that its caller's deadline cut off while the key was free
+// may have been granted in the store and held the key, unrecorded, until its
+// clean-up: the wait counts from when its caller gave up, with the release
+// bound (a waiter that polls may have looked just before).
 // Also records how long acquisitions wait in all (a fairness figure: polling
 // waiters barge).
 func (c *checker) liveness() {
@@ -975,25 +988,41 @@ func (c *checker) liveness() {
 					end, released = uEnd, u.relUs > 0
 				}
 			}
-			bound := boundExp
-			if released {
-				bound = boundRel
-			}
 			// No later grant: the key stayed free until the run ended.
 			nextAt := c.in.Ended
 			if next != nil {
 				nextAt = c.mono(next.grantUs)
 			}
-			waiting := false
+			// An acquisition that its caller's deadline cut off while the
+			// key was free may have been granted in the store (a session
+			// lock taken before its fence was written, a lease whose grant
+			// never reached its caller) and held the key, unrecorded, until
+			// its clean-up undid it: the free period counts from when its
+			// caller gave up, as after a release.
+			cutBy := ""
+			for _, a := range c.cutAcq[k] {
+				if a.t > end && a.t < nextAt {
+					end, released, cutBy = a.t, true, a.worker
+				}
+			}
+			bound := boundExp
+			if released {
+				bound = boundRel
+			}
+			var waiters []string
 			for _, h := range byKey[k] {
 				// Not the lease's own holder: a release instant recorded as
 				// a lower bound (mysql-lease: up to 100 ms early) can come
 				// before the holder's own acquisition returned.
 				if next != nil && h != ls[i].hold && h.acqStart < end && h.acqOK > end && !faultedAt(h.worker, end, nextAt) {
-					waiting = true
-					break
+					w := h.worker
+					if n := c.pool[w]; n > 0 {
+						w += fmt.Sprintf(" (pool of %d)", n)
+					}
+					waiters = append(waiters, w)
 				}
 			}
+			waiting := len(waiters) > 0
 			// A waiter that gave up (its Acquire ended in an error) while
 			// the key was free: the key was free for longer than the bound
 			// while it waited.
@@ -1015,13 +1044,16 @@ func (c *checker) liveness() {
 				}
 			}
 			how := map[bool]string{true: "released", false: "expired"}[released]
+			if cutBy != "" {
+				how = "released, then " + cutBy + "'s acquisition cut off by its deadline"
+			}
 			switch {
 			case gaveUp != nil:
 				c.violate(vLiveness, "%s: free from %s (fence %d %s) while %s waited until it gave up at %s (next grant %s)", k, c.rel(end), ls[i].fence,
 					how, gaveUp.worker, c.rel(gaveUp.t), map[bool]string{true: c.rel(nextAt), false: "never"}[next != nil])
 			case wait > bound:
-				c.violate(vLiveness, "%s: free from %s (fence %d %s) to %s (fence %d) with a waiter", k, c.rel(end), ls[i].fence,
-					how, c.rel(nextAt), next.fence)
+				c.violate(vLiveness, "%s: free from %s (fence %d %s) to %s (fence %d) while %s waited", k, c.rel(end), ls[i].fence,
+					how, c.rel(nextAt), next.fence, strings.Join(waiters, ", "))
 			}
 		}
 	}

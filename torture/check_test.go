@@ -236,13 +236,10 @@ func TestCheckLivenessFaultedWaitersGrant(t *testing.T) {
 	wantViolation(t, in, vLiveness)
 }
 
-// A waiter inside a slow backend call that began while a fault touched it
-// is not waiting in the store: w1 releases at 2 s; w2's call from 300 ms
-// began under its own partition (200–400 ms) and ran on until 4 s, long
-// past the partition plus a TTL (1.4 s). Its wait from 2 s to its grant at
-// 4.05 s is excused; the same slow call begun without a fault of its own
-// is not.
-func TestCheckLivenessWaiterInItsOwnSlowCall(t *testing.T) {
+// lateGrant is base() with w1's release at 2 s and w2, waiting since
+// 200 ms, granted the key only at 4.04 s: 2.04 s of a free key with a
+// waiter, past the release bound (TTL + 1 s).
+func lateGrant() checkInput {
 	in := base()
 	in.History[0].ExpUs = 2500_000
 	in.History[1].AtUs, in.History[1].ExpUs = 2000_000, 2000_000
@@ -256,6 +253,17 @@ func TestCheckLivenessWaiterInItsOwnSlowCall(t *testing.T) {
 		in.Workers[1].Events[i].T += 3400 * ms
 	}
 	in.ResLog[2].AtUs, in.ResLog[3].AtUs = 4065_000, 4085_000
+	return in
+}
+
+// A waiter inside a slow backend call that began while a fault touched it
+// is not waiting in the store: w1 releases at 2 s; w2's call from 300 ms
+// began under its own partition (200–400 ms) and ran on until 4 s, long
+// past the partition plus a TTL (1.4 s). Its wait from 2 s to its grant at
+// 4.05 s is excused; the same slow call begun without a fault of its own
+// is not.
+func TestCheckLivenessWaiterInItsOwnSlowCall(t *testing.T) {
+	in := lateGrant()
 	in.Workers[1].Events = append(in.Workers[1].Events, Event{T0: 300 * ms, T: 4000 * ms, Ev: "slow", Op: "acquire", K: "k"})
 	wantViolation(t, in, vLiveness) // a slow call alone excuses nothing
 	in.Faults = []FaultRecord{{Kind: FaultPartition, Worker: "w2", Start: 200 * ms, End: 400 * ms}}
@@ -263,6 +271,25 @@ func TestCheckLivenessWaiterInItsOwnSlowCall(t *testing.T) {
 		t.Errorf("a waiter stuck in a call begun under its own fault: %v", r.ViolationList)
 	}
 	in.Faults[0].Worker = "w3" // someone else's fault: not an excuse
+	wantViolation(t, in, vLiveness)
+}
+
+// An acquisition that its caller's deadline cut off may have been granted
+// in the store without a record and held the key until its clean-up: w1
+// releases at 2 s and w2, waiting since 300 ms, is granted the key at
+// 4.04 s; w3's acquisition of the key, cut off by its deadline at 2.6 s,
+// may have held it until then, so the wait counts from 2.6 s. A try that
+// found the key held took nothing and excuses nothing.
+func TestCheckLivenessCutOffAcquisition(t *testing.T) {
+	in := lateGrant()
+	wantViolation(t, in, vLiveness)
+	cut := Event{T0: 2500 * ms, T: 2600 * ms, Ev: "acqerr", K: "k", Cf: ClientAcqDeadline,
+		Err: "dlock: not acquired: context deadline exceeded"}
+	in.Workers = append(in.Workers, &workerLog{ID: "w3", Events: []Event{cut}})
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a wait after an acquisition cut off by its deadline: %v", r.ViolationList)
+	}
+	in.Workers[2].Events[0].Err = `dlock: not acquired: "k" is held`
 	wantViolation(t, in, vLiveness)
 }
 
