@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -52,7 +53,7 @@ import (
 // LossReporter. Use Join for errors that combine several.
 //
 // Optional capabilities are separate interfaces found by type assertion:
-// Lister, ForceReleaser, Waiter, LossReporter.
+// Lister, ForceReleaser, Waiter, LossReporter, Sharer.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -148,6 +149,67 @@ type Request struct {
 	Owner    string        // the explicit owner identity, or ""
 	TTL      time.Duration // at least MinTTL
 	Metadata string        // at most MaxMetadataLen bytes
+	// Mode is how the acquisition shares the key. The Locker sends a mode
+	// other than ModeExclusive only to a backend whose Sharer says it grants it.
+	Mode Mode
+	// Limit is the key's holder limit for ModeLimited (1..MaxLimit), and 0
+	// otherwise.
+	Limit int
+}
+
+// Mode is how an acquisition shares its key with other holders.
+type Mode uint8
+
+const (
+	// ModeExclusive is one holder at a time: the default of every acquisition.
+	ModeExclusive Mode = iota
+	// ModeShared is any number of shared holders at once, never together with
+	// an Exclusive holder: the read side of a reader-writer lock, whose
+	// write side is the plain Exclusive acquisition of the same key.
+	ModeShared
+	// ModeLimited is at most Request.Limit holders at once: a counting
+	// semaphore. Every holder of the key uses the same limit.
+	ModeLimited
+)
+
+// String returns "exclusive", "shared" or "limited".
+func (m Mode) String() string {
+	switch m {
+	case ModeExclusive:
+		return "exclusive"
+	case ModeShared:
+		return "shared"
+	case ModeLimited:
+		return "limited"
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// Sharer is implemented by backends that grant acquisitions in modes other
+// than Exclusive. The Locker asks before any I/O and refuses a mode the
+// backend does not grant with ErrUnsupported.
+//
+// Contract, in addition to Backend's:
+//
+//   - Every holder of a key, in any mode, has its own token, lease and
+//     fence; fences are strictly increasing per key across all modes.
+//   - An exclusive request is granted only when the key has no unexpired
+//     holder of any mode. A shared request is granted when the key has no
+//     unexpired exclusive holder and no exclusive acquisition waits for it:
+//     an exclusive attempt that finds shared holders leaves a writer mark
+//     lasting WriterMark (each attempt renews it, and a backend's
+//     AcquireWait renews it while it waits; an exclusive grant clears it)
+//     that refuses new shared requests, so that a stream of readers cannot
+//     starve a writer, and a writer that gives up holds readers back for at
+//     most WriterMark.
+//   - A limited request is granted when the key has fewer than Limit
+//     unexpired holders. A limited request for a key held with another
+//     limit or in another mode (and an exclusive or shared request for a
+//     key held limited) changes nothing and returns an error wrapping
+//     ErrModeMismatch.
+//   - Extend and Release name one holder by its token, as for Exclusive.
+type Sharer interface {
+	SupportsMode(m Mode) bool
 }
 
 // Result is the outcome of Backend.Acquire.
@@ -194,6 +256,8 @@ type LockInfo struct {
 	AcquiredAt time.Time
 	ExpiresAt  time.Time // expiry of the current lease, converted to the local clock
 	Metadata   string
+	Mode       Mode // how the holder shares the key
+	Limit      int  // the key's holder limit, for ModeLimited
 }
 
 // Token is the random 128-bit owner token of one acquisition. Only the holder
@@ -223,6 +287,13 @@ const (
 	MinTTL = time.Second
 	// DefaultTTL is the lease used when neither Options.TTL nor WithTTL is set.
 	DefaultTTL = 30 * time.Second
+	// WriterMark is how long an exclusive attempt that found shared holders
+	// keeps new shared requests out (see Sharer).
+	WriterMark = 3 * time.Second
+	// MaxLimit is the largest holder limit of a Limited key (WithLimit).
+	MaxLimit = 1 << 16
+	// MaxGroupKeys is the most keys one AcquireAll takes.
+	MaxGroupKeys = 1000
 )
 
 // Backoff bounds for waiting on a key held by another process. A waiter sleeps

@@ -40,6 +40,13 @@ var (
 	// (such as listing holders).
 	ErrUnsupported = errors.New("dlock: not supported by this backend")
 
+	// ErrModeMismatch means an acquisition disagrees with the key's current
+	// holders on how the key is shared: a Limited acquisition with another
+	// limit than theirs, or a Limited one for a key held Exclusive or
+	// Shared (or the reverse), or a reentrant acquisition (WithOwner) in
+	// another mode than the owner's hold. Nothing was changed.
+	ErrModeMismatch = errors.New("dlock: key held in another mode or with another limit")
+
 	// ErrNoSchema means the backend's table does not exist: run the backend's
 	// Migrate (or `dlock migrate`) once.
 	ErrNoSchema = errors.New("dlock: schema missing (run migrate)")

@@ -36,6 +36,8 @@ type lease struct {
 	key, owner, meta string
 	token            Token
 	fence            uint64
+	mode             Mode
+	limit            int
 	ttl, margin      time.Duration
 	acquiredAt       time.Time
 
@@ -65,6 +67,10 @@ func (k *Lock) Key() string { return k.ls.key }
 // it. Pass it to the resources you guard, and have them refuse a fence
 // smaller than the largest they have seen.
 func (k *Lock) Fence() uint64 { return k.ls.fence }
+
+// Mode returns how the lock shares its key: ModeExclusive, or ModeShared
+// (Shared), or ModeLimited (WithLimit).
+func (k *Lock) Mode() Mode { return k.ls.mode }
 
 // Owner returns the owner identity given with WithOwner, or "".
 func (k *Lock) Owner() string { return k.ls.owner }
@@ -166,7 +172,7 @@ func (k *Lock) Release(ctx context.Context) error {
 	}
 	ls.ended = true
 	ls.timer.Stop()
-	delete(l.held, ls.key)
+	l.dropLocked(ls)
 	l.wg.Add(1) // under mu: before any Close can wait
 	l.mu.Unlock()
 
@@ -213,7 +219,17 @@ func (ls *lease) info() LockInfo {
 	return LockInfo{
 		Key: ls.key, Owner: ls.owner, Token: ls.token, Fence: ls.fence,
 		AcquiredAt: ls.acquiredAt, ExpiresAt: ls.deadline, Metadata: ls.meta,
+		Mode: ls.mode, Limit: ls.limit,
 	}
+}
+
+// describe names the lease's mode for errors: "exclusive", "shared" or
+// "limited to n".
+func (ls *lease) describe() string {
+	if ls.mode == ModeLimited {
+		return fmt.Sprintf("limited to %d", ls.limit)
+	}
+	return ls.mode.String()
 }
 
 func (l *Locker) newHandleLocked(ls *lease) *Lock {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 )
@@ -32,7 +33,8 @@ type Locker struct {
 	mu       sync.Mutex
 	closed   bool
 	closing  chan struct{}       // closed by Close
-	held     map[string]*lease   // leases this Locker holds, by key
+	held     map[string]*lease   // exclusive leases this Locker holds, by key
+	shares   map[string][]*lease // shared and limited leases this Locker holds, by key
 	wakers   map[string]*waker   // local waiters of each key
 	pending  map[string]*pending // store acquisitions under way with an owner, by key
 	renewing bool                // the renewal goroutine is running
@@ -59,6 +61,7 @@ func New(b Backend, opts *Options) *Locker {
 		clock:   opts.Clock,
 		closing: make(chan struct{}),
 		held:    make(map[string]*lease),
+		shares:  make(map[string][]*lease),
 		wakers:  make(map[string]*waker),
 		pending: make(map[string]*pending),
 		kick:    make(chan struct{}, 1),
@@ -92,8 +95,8 @@ func (l *Locker) reportedLoss(key string, token Token, cause error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	err := fmt.Errorf("%w: %q: %w", ErrLockLost, key, cause)
-	ls := l.held[key]
-	if ls == nil || ls.token != token {
+	ls := l.leaseLocked(key, token)
+	if ls == nil {
 		if l.early == nil || len(l.early) >= maxEarlyLosses {
 			l.early = make(map[Token]error)
 		}
@@ -201,9 +204,8 @@ func (l *Locker) Close(ctx context.Context) error {
 	if l.stopLoss != nil {
 		l.stopLoss()
 	}
-	var leases []*lease
-	for _, ls := range l.held {
-		leases = append(leases, ls)
+	leases := l.leasesLocked()
+	for _, ls := range leases {
 		l.endLocked(ls, ErrClosed)
 	}
 	l.mu.Unlock()
@@ -320,10 +322,10 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		l.mu.Unlock()
 		return nil, outcome{}, ErrClosed
 	}
-	if ls := l.held[key]; ls != nil {
-		l.checkDeadlineLocked(ls) // a lease lost to a pause is no longer held
-	}
-	if p := l.pending[key]; p != nil && cfg.owner != "" && p.owner == cfg.owner && l.held[key] == nil {
+	l.checkKeyLocked(key) // a lease lost to a pause is no longer held
+	mode := cfg.mode()
+	slot := pendingSlot(key, mode)
+	if p := l.pending[slot]; p != nil && cfg.owner != "" && p.owner == cfg.owner && l.ownLocked(key, cfg) == nil {
 		// The same owner is taking the key already: share its outcome
 		// rather than race it in the store and wait for its own lock.
 		l.mu.Unlock()
@@ -338,22 +340,26 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	if wait {
 		out.woken = l.wakerLocked(key)
 	}
-	if ls := l.held[key]; ls != nil {
-		if cfg.owner != "" && ls.owner == cfg.owner {
-			k := l.newHandleLocked(ls)
+	if ls := l.ownLocked(key, cfg); ls != nil {
+		if ls.mode != mode || ls.limit != cfg.limit {
 			l.mu.Unlock()
-			return k, out, nil
+			return nil, out, fmt.Errorf("dlock: acquire %q: %w: owner %q holds it %s", key, ErrModeMismatch, cfg.owner, ls.describe())
 		}
+		k := l.newHandleLocked(ls)
+		l.mu.Unlock()
+		return k, out, nil
+	}
+	if ls := l.blockerLocked(key, mode); ls != nil {
 		out.held, out.local = &HeldError{Holder: ls.info()}, true
 		l.mu.Unlock()
 		return nil, out, nil
 	}
-	if cfg.owner != "" && l.pending[key] == nil {
+	if cfg.owner != "" && l.pending[slot] == nil {
 		p := &pending{owner: cfg.owner, done: make(chan struct{})}
-		l.pending[key] = p
+		l.pending[slot] = p
 		defer func() { // after the grant is registered, or not
 			l.mu.Lock()
-			delete(l.pending, key)
+			delete(l.pending, slot)
 			l.mu.Unlock()
 			close(p.done)
 		}()
@@ -364,7 +370,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	defer l.wg.Done()
 	l.mu.Unlock()
 
-	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata}
+	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata, Mode: mode, Limit: cfg.limit}
 	sent, realSent := l.clock.Now(), time.Now()
 	cctx, stop := l.withClosing(ctx)
 	l.wg.Add(1)
@@ -394,6 +400,8 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		return nil, out, ErrClosed
 	case inStore && errors.Is(err, ErrUnsupported):
 		return nil, out, err
+	case errors.Is(err, ErrModeMismatch): // refused: nothing was taken
+		return nil, out, fmt.Errorf("dlock: acquire %q: %w", key, err)
 	case err != nil:
 		l.resolveLater(ctx, req)
 		if cerr := ctxErr(ctx); cerr != nil {
@@ -474,6 +482,103 @@ func (l *Locker) sleep(ctx context.Context, d time.Duration, woken <-chan struct
 type pending struct {
 	owner string
 	done  chan struct{}
+}
+
+// pendingSlot names an acquisition of key in mode in Locker.pending: the
+// key itself for ModeExclusive (NUL never occurs in a key).
+func pendingSlot(key string, mode Mode) string {
+	if mode == ModeExclusive {
+		return key
+	}
+	return fmt.Sprintf("%s\x00%d", key, mode)
+}
+
+// leaseLocked returns the lease of key held with token, or nil.
+func (l *Locker) leaseLocked(key string, token Token) *lease {
+	if ls := l.held[key]; ls != nil && ls.token == token {
+		return ls
+	}
+	for _, ls := range l.shares[key] {
+		if ls.token == token {
+			return ls
+		}
+	}
+	return nil
+}
+
+// leasesLocked returns every lease this Locker holds.
+func (l *Locker) leasesLocked() []*lease {
+	out := make([]*lease, 0, len(l.held))
+	for _, ls := range l.held {
+		out = append(out, ls)
+	}
+	for _, lss := range l.shares {
+		out = append(out, lss...)
+	}
+	return out
+}
+
+// holdsNothingLocked reports whether this Locker holds no lease.
+func (l *Locker) holdsNothingLocked() bool { return len(l.held) == 0 && len(l.shares) == 0 }
+
+// checkKeyLocked reports the loss of every lease of key whose safe deadline
+// has passed.
+func (l *Locker) checkKeyLocked(key string) {
+	if ls := l.held[key]; ls != nil {
+		l.checkDeadlineLocked(ls)
+	}
+	for _, ls := range slices.Clone(l.shares[key]) {
+		l.checkDeadlineLocked(ls)
+	}
+}
+
+// ownLocked returns the lease of key that cfg's owner holds, in any mode,
+// or nil (always nil without an owner).
+func (l *Locker) ownLocked(key string, cfg acquireConfig) *lease {
+	if cfg.owner == "" {
+		return nil
+	}
+	if ls := l.held[key]; ls != nil && ls.owner == cfg.owner {
+		return ls
+	}
+	for _, ls := range l.shares[key] {
+		if ls.owner == cfg.owner {
+			return ls
+		}
+	}
+	return nil
+}
+
+// blockerLocked returns a lease of this Locker that keeps an acquisition of
+// key in mode from being granted (it then waits for its local release
+// rather than asking the store), or nil: an exclusive lease blocks every
+// mode, and any lease blocks an exclusive acquisition. Shared and limited
+// acquisitions next to this Locker's own shared or limited leases ask the
+// store, which counts them all.
+func (l *Locker) blockerLocked(key string, mode Mode) *lease {
+	if ls := l.held[key]; ls != nil {
+		return ls
+	}
+	if lss := l.shares[key]; mode == ModeExclusive && len(lss) > 0 {
+		return lss[0]
+	}
+	return nil
+}
+
+// dropLocked forgets ls, if this Locker still holds it.
+func (l *Locker) dropLocked(ls *lease) {
+	if ls.mode == ModeExclusive {
+		if l.held[ls.key] == ls {
+			delete(l.held, ls.key)
+		}
+		return
+	}
+	lss := slices.DeleteFunc(l.shares[ls.key], func(o *lease) bool { return o == ls })
+	if len(lss) == 0 {
+		delete(l.shares, ls.key)
+	} else {
+		l.shares[ls.key] = lss
+	}
 }
 
 // waker is the channel closed at the next local release of a key, with

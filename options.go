@@ -45,6 +45,40 @@ type acquireConfig struct {
 	owner    string
 	metadata *string
 	onWait   func(LockInfo)
+	shared   bool
+	limit    int
+	limitSet bool
+}
+
+// mode returns the acquisition's Mode.
+func (c acquireConfig) mode() Mode {
+	switch {
+	case c.shared:
+		return ModeShared
+	case c.limitSet:
+		return ModeLimited
+	}
+	return ModeExclusive
+}
+
+// Shared makes the acquisition a shared hold (ModeShared): any number
+// of shared holders of the key at once, never together with an exclusive
+// holder, which is what every acquisition without this option is. Once an
+// exclusive acquisition waits for the key, new shared ones wait behind it.
+// On a backend that cannot share keys the acquisition fails with
+// ErrUnsupported before any I/O.
+func Shared() AcquireOption {
+	return func(c *acquireConfig) { c.shared = true }
+}
+
+// WithLimit makes the key a counting semaphore (ModeLimited): at most n
+// holders at once, each with its own lease and fence. Every holder of the
+// key must use the same n: an acquisition with another n, or in another
+// mode, while the key is held fails with ErrModeMismatch. n is 1 to
+// MaxLimit; it cannot be combined with Shared. On a backend that cannot
+// limit holders the acquisition fails with ErrUnsupported before any I/O.
+func WithLimit(n int) AcquireOption {
+	return func(c *acquireConfig) { c.limit, c.limitSet = n, true }
 }
 
 // WithWaitFunc makes Acquire call fn with what is known of the holder each
@@ -136,6 +170,17 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 	}
 	if err := validateText("owner", c.owner, MaxOwnerLen); err != nil {
 		return c, err
+	}
+	switch {
+	case c.shared && c.limitSet:
+		return c, fmt.Errorf("%w: Shared and WithLimit cannot be combined", ErrInvalidOption)
+	case c.limitSet && (c.limit < 1 || c.limit > MaxLimit):
+		return c, fmt.Errorf("%w: limit %d is outside 1..%d", ErrInvalidOption, c.limit, MaxLimit)
+	}
+	if m := c.mode(); m != ModeExclusive {
+		if sh, ok := l.b.(Sharer); !ok || !sh.SupportsMode(m) {
+			return c, fmt.Errorf("%w: %s acquisitions", ErrUnsupported, m)
+		}
 	}
 	if c.metadata == nil {
 		c.metadata = &l.meta

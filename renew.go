@@ -16,7 +16,7 @@ func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent t
 	margin := l.marginFor(req.TTL)
 	ls := &lease{
 		key: req.Key, owner: req.Owner, meta: req.Metadata, token: req.Token, fence: fence,
-		ttl: req.TTL, margin: margin, acquiredAt: sent,
+		mode: req.Mode, limit: req.Limit, ttl: req.TTL, margin: margin, acquiredAt: sent,
 		handles:  make(map[*Lock]struct{}),
 		renewAt:  sent.Add(req.TTL / 3),
 		deadline: sent.Add(req.TTL - margin),
@@ -31,7 +31,7 @@ func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent t
 		l.resolveLater(ctx, req)
 		return nil, err
 	}
-	if old := l.held[req.Key]; old != nil {
+	if old := l.held[req.Key]; old != nil && req.Mode == ModeExclusive {
 		// The store granted a key this Locker already holds: a broken
 		// backend. Refuse rather than hand out two Locks.
 		l.mu.Unlock()
@@ -48,7 +48,11 @@ func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent t
 	}
 	k := l.newHandleLocked(ls)
 	ls.timer = l.clock.AfterFunc(ls.deadline.Sub(l.clock.Now()), func() { l.expire(ls) })
-	l.held[req.Key] = ls
+	if req.Mode == ModeExclusive {
+		l.held[req.Key] = ls
+	} else {
+		l.shares[req.Key] = append(l.shares[req.Key], ls)
+	}
 	if !l.renewing {
 		l.renewing = true
 		l.wg.Add(1)
@@ -121,9 +125,7 @@ func (l *Locker) endLocked(ls *lease, err error) {
 		k.endLocked(err)
 	}
 	clear(ls.handles)
-	if l.held[ls.key] == ls {
-		delete(l.held, ls.key)
-	}
+	l.dropLocked(ls)
 	l.wakeLocked(ls.key)
 }
 
@@ -138,7 +140,7 @@ func (l *Locker) renewLoop() {
 	defer t.Stop()
 	for {
 		l.mu.Lock()
-		if l.closed || len(l.held) == 0 {
+		if l.closed || l.holdsNothingLocked() {
 			l.renewing = false
 			l.mu.Unlock()
 			return
@@ -146,7 +148,7 @@ func (l *Locker) renewLoop() {
 		now := l.clock.Now()
 		next := now.Add(time.Hour)
 		var batch []*lease
-		for _, ls := range l.held {
+		for _, ls := range l.leasesLocked() {
 			if ls.inflight {
 				continue
 			}

@@ -110,3 +110,9 @@ func (f *faulty) backend() dlock.Backend {
 	}
 	return f
 }
+
+// SupportsMode passes dlock.Sharer through.
+func (f *faulty) SupportsMode(m dlock.Mode) bool {
+	sh, ok := f.Backend.(dlock.Sharer)
+	return ok && sh.SupportsMode(m)
+}

@@ -104,14 +104,25 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 		return nil
 	case "pause":
 		return pauseHelper(l, k)
-	case "hold":
-		lk, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
+	case "hold", "hold-limited":
+		opts := []dlock.AcquireOption{dlock.WithTTL(ttl)}
+		if role == "hold-limited" {
+			opts = append(opts, dlock.WithLimit(1))
+		}
+		lk, err := l.Acquire(ctx, k, opts...)
 		if err != nil {
 			return err
 		}
 		fmt.Printf("HELD %d\n", lk.Fence())
 		<-ctx.Done() // killed long before
 		return nil
+	case "limited":
+		rounds, _ := strconv.Atoi(os.Getenv(envRounds))
+		return limitHelper(ctx, l, k, dir, rounds)
+	case "all":
+		// envRounds carries rounds*100 + the helper's index.
+		n, _ := strconv.Atoi(os.Getenv(envRounds))
+		return allHelper(ctx, l, k, dir, n/100, n%100)
 	}
 	return fmt.Errorf("unknown role %q", role)
 }
@@ -204,7 +215,31 @@ func (s *suite) killedHolder(t *testing.T) {
 		t.Skip("in-process backend: state is not shared between processes")
 	}
 	k := key(t, "k")
-	cmd := s.spawn(t, suiteName(t), "hold", k, t.TempDir(), 0)
+	held := s.spawnHolder(t, k, "hold")
+	l, _ := s.locker(t)
+	mustBeHeld(t, l, k)
+	held.kill(t)
+	lk, err := l.Acquire(ctxT(t, s.crashBound), k, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: a killed holder's lock is free again within %s; %v", s.crashBound, err)
+	}
+	defer lk.Release(context.Background())
+	if lk.Fence() <= held.fence {
+		t.Errorf("fencing: %d after the killed holder's %d", lk.Fence(), held.fence)
+	}
+}
+
+// holderProc is a helper process that holds a key until killed.
+type holderProc struct {
+	cmd   *exec.Cmd
+	fence uint64
+}
+
+// spawnHolder starts a helper process in role ("hold", "hold-limited") and
+// waits until it holds k. It is killed at the end of the test.
+func (s *suite) spawnHolder(t *testing.T, k, role string) *holderProc {
+	t.Helper()
+	cmd := s.spawn(t, suiteName(t), role, k, t.TempDir(), 0)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -212,25 +247,23 @@ func (s *suite) killedHolder(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Wait()
-	defer cmd.Process.Kill()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
 	line, err := bufio.NewReader(out).ReadString('\n')
-	var held uint64
-	if _, serr := fmt.Sscanf(line, "HELD %d", &held); err != nil || serr != nil {
+	h := &holderProc{cmd: cmd}
+	if _, serr := fmt.Sscanf(line, "HELD %d", &h.fence); err != nil || serr != nil {
 		t.Fatalf("helper did not report holding the lock: %q %v %v", line, err, serr)
 	}
-	l, _ := s.locker(t)
-	mustBeHeld(t, l, k)
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+	return h
+}
+
+// kill sends SIGKILL to the holder.
+func (h *holderProc) kill(t *testing.T) {
+	t.Helper()
+	if err := h.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
-	}
-	lk, err := l.Acquire(ctxT(t, s.crashBound), k, dlock.WithTTL(ttl))
-	if err != nil {
-		t.Fatalf("rule: a killed holder's lock is free again within %s; %v", s.crashBound, err)
-	}
-	defer lk.Release(context.Background())
-	if lk.Fence() <= held {
-		t.Errorf("fencing: %d after the killed holder's %d", lk.Fence(), held)
 	}
 }
 

@@ -72,10 +72,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 	if role := os.Getenv(envRole); role != "" && os.Getenv(envSuite) == t.Name() {
 		s.helper(t, role) // never returns
 	}
-	cases := []struct {
-		name string
-		fn   func(t *testing.T)
-	}{
+	cases := []namedCase{
 		{"InvalidInputIsRejectedWithoutIO", s.invalidInput},
 		{"TryAcquireExcludesOtherHolders", s.tryExcludes},
 		{"ExclusionAmongGoroutines", s.exclusionGoroutines},
@@ -117,6 +114,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"KeysThatNestOrFillTheLimitAreDistinct", s.nestedKeys},
 		{"ConcurrentAcquisitionsOfOneOwnerShareTheLock", s.concurrentReentrancy},
 	}
+	cases = append(cases, s.modeCases()...)
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
 	}

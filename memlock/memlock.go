@@ -1,10 +1,11 @@
 // Package memlock is an in-memory dlock.Backend for examples, tests and the
 // conformance suite's self-test. Locks exist only inside one process; it is
-// not a substitute for a real store.
+// not a substitute for a real store. It grants every mode (dlock.Sharer).
 package memlock
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"strings"
 	"sync"
@@ -23,18 +24,39 @@ var (
 	_ dlock.Backend       = (*Backend)(nil)
 	_ dlock.Lister        = (*Backend)(nil)
 	_ dlock.ForceReleaser = (*Backend)(nil)
+	_ dlock.Sharer        = (*Backend)(nil)
 )
 
-// entry is kept after release so that the fencing counter never resets.
+// entry is one key. It is kept after its holders leave so that the fencing
+// counter never resets.
 type entry struct {
+	fence   uint64
+	holders map[dlock.Token]*holder
+	// writerUntil: an exclusive acquisition waits behind shared holders,
+	// and new shared ones are refused, until then.
+	writerUntil time.Time
+}
+
+type holder struct {
 	info    dlock.LockInfo
-	expires time.Time // zero when free
+	expires time.Time
 }
 
 // New returns an empty Backend.
 func New() *Backend { return &Backend{keys: make(map[string]*entry)} }
 
-func (e *entry) heldAt(now time.Time) bool { return now.Before(e.expires) }
+// SupportsMode implements dlock.Sharer: every mode.
+func (b *Backend) SupportsMode(dlock.Mode) bool { return true }
+
+// live drops the expired holders of e and returns those left.
+func (e *entry) live(now time.Time) map[dlock.Token]*holder {
+	for t, h := range e.holders {
+		if !now.Before(h.expires) {
+			delete(e.holders, t)
+		}
+	}
+	return e.holders
+}
 
 // Acquire implements dlock.Backend.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
@@ -46,18 +68,65 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	now := time.Now()
 	e := b.keys[req.Key]
 	if e == nil {
-		e = &entry{}
+		e = &entry{holders: make(map[dlock.Token]*holder)}
 		b.keys[req.Key] = e
 	}
-	if e.heldAt(now) {
-		return dlock.Result{Holder: e.info, Remaining: e.expires.Sub(now)}, nil
+	hs := e.live(now)
+	// Any holder blocks an exclusive request; an exclusive holder or a
+	// queued writer blocks a shared one; the limit blocks a limited one.
+	var block *holder
+	for _, h := range hs {
+		if h.info.Mode == dlock.ModeLimited || req.Mode == dlock.ModeLimited {
+			if h.info.Mode != req.Mode || h.info.Limit != req.Limit {
+				return dlock.Result{}, fmt.Errorf("memlock: %q is held %s, asked %s: %w",
+					req.Key, describe(h.info.Mode, h.info.Limit), describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
+			}
+			continue
+		}
+		if req.Mode == dlock.ModeExclusive || h.info.Mode == dlock.ModeExclusive {
+			if block == nil || h.expires.Before(block.expires) {
+				block = h
+			}
+		}
 	}
-	e.info = dlock.LockInfo{
-		Key: req.Key, Owner: req.Owner, Token: req.Token, Fence: e.info.Fence + 1,
-		AcquiredAt: now, ExpiresAt: now.Add(req.TTL), Metadata: req.Metadata,
+	if req.Mode == dlock.ModeLimited && len(hs) >= req.Limit {
+		for _, h := range hs {
+			if block == nil || h.expires.Before(block.expires) {
+				block = h
+			}
+		}
 	}
-	e.expires = e.info.ExpiresAt
-	return dlock.Result{Acquired: true, Fence: e.info.Fence}, nil
+	if block == nil && req.Mode == dlock.ModeShared && now.Before(e.writerUntil) {
+		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}, Remaining: e.writerUntil.Sub(now)}, nil
+	}
+	if block != nil {
+		if req.Mode == dlock.ModeExclusive && block.info.Mode == dlock.ModeShared {
+			e.writerUntil = now.Add(dlock.WriterMark)
+		}
+		return dlock.Result{Holder: block.info, Remaining: block.expires.Sub(now)}, nil
+	}
+	if req.Mode == dlock.ModeExclusive {
+		e.writerUntil = time.Time{}
+	}
+	e.fence++
+	h := &holder{
+		info: dlock.LockInfo{
+			Key: req.Key, Owner: req.Owner, Token: req.Token, Fence: e.fence,
+			AcquiredAt: now, ExpiresAt: now.Add(req.TTL), Metadata: req.Metadata,
+			Mode: req.Mode, Limit: req.Limit,
+		},
+		expires: now.Add(req.TTL),
+	}
+	hs[req.Token] = h
+	return dlock.Result{Acquired: true, Fence: e.fence}, nil
+}
+
+// describe names a mode for errors.
+func describe(m dlock.Mode, limit int) string {
+	if m == dlock.ModeLimited {
+		return fmt.Sprintf("limited to %d", limit)
+	}
+	return m.String()
 }
 
 // Extend implements dlock.Backend.
@@ -70,15 +139,24 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	now := time.Now()
 	errs := make([]error, len(leases))
 	for i, l := range leases {
-		e := b.keys[l.Key]
-		if e == nil || !e.heldAt(now) || e.info.Token != l.Token {
+		h := b.holder(l.Key, l.Token, now)
+		if h == nil {
 			errs[i] = dlock.ErrNotHeld
 			continue
 		}
-		e.expires = now.Add(l.TTL)
-		e.info.ExpiresAt = e.expires
+		h.expires = now.Add(l.TTL)
+		h.info.ExpiresAt = h.expires
 	}
 	return errs, nil
+}
+
+// holder returns key's unexpired holder with token, or nil.
+func (b *Backend) holder(key string, token dlock.Token, now time.Time) *holder {
+	e := b.keys[key]
+	if e == nil {
+		return nil
+	}
+	return e.live(now)[token]
 }
 
 // Release implements dlock.Backend.
@@ -88,15 +166,14 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	e := b.keys[key]
-	if e == nil || !e.heldAt(time.Now()) || e.info.Token != token {
+	if b.holder(key, token, time.Now()) == nil {
 		return dlock.ErrNotHeld
 	}
-	e.expires = time.Time{}
+	delete(b.keys[key].holders, token)
 	return nil
 }
 
-// List implements dlock.Lister.
+// List implements dlock.Lister: every holder, ordered by key, then fence.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -106,15 +183,23 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	now := time.Now()
 	var out []dlock.LockInfo
 	for k, e := range b.keys {
-		if strings.HasPrefix(k, prefix) && e.heldAt(now) {
-			out = append(out, e.info)
+		if !strings.HasPrefix(k, prefix) {
+			continue
+		}
+		for _, h := range e.live(now) {
+			out = append(out, h.info)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].Fence < out[j].Fence
+	})
 	return out, nil
 }
 
-// ForceRelease implements dlock.ForceReleaser.
+// ForceRelease implements dlock.ForceReleaser: it frees every holder of key.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -122,9 +207,9 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.keys[key]
-	if e == nil || !e.heldAt(time.Now()) {
+	if e == nil || len(e.live(time.Now())) == 0 {
 		return dlock.ErrNotHeld
 	}
-	e.expires = time.Time{}
+	clear(e.holders)
 	return nil
 }
