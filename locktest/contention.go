@@ -3,6 +3,8 @@ package locktest
 import (
 	"context"
 	"errors"
+	"fmt"
+	mrand "math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -48,6 +50,49 @@ type Contention struct {
 	// Poll, when set, makes workers use the naive recipe instead of the
 	// Locker's waiting: TryAcquire, and sleep Poll after each failure.
 	Poll time.Duration
+	// Limit, when set, makes the key a semaphore: every acquisition uses
+	// dlock.WithLimit(Limit), and at most Limit workers may be inside.
+	Limit int
+	// Readers, when set, is the share (0..1) of acquisitions that are
+	// shared (dlock.Shared); the others are exclusive. Readers may be
+	// inside together, a writer only alone.
+	Readers float64
+}
+
+// occupancy is who is inside the critical section of Contend.
+type occupancy struct{ exclusive, shared, limited int }
+
+// enter records a worker entering in mode, or says which rule it breaks.
+func (o *occupancy) enter(m dlock.Mode, limit int) error {
+	switch m {
+	case dlock.ModeShared:
+		if o.exclusive > 0 {
+			return errors.New("locktest: a reader inside with a writer")
+		}
+		o.shared++
+	case dlock.ModeLimited:
+		if o.limited >= limit {
+			return fmt.Errorf("locktest: more than %d holders of a semaphore of %d inside", limit, limit)
+		}
+		o.limited++
+	default:
+		if o.exclusive+o.shared+o.limited > 0 {
+			return errors.New("locktest: two workers inside at once")
+		}
+		o.exclusive++
+	}
+	return nil
+}
+
+func (o *occupancy) leave(m dlock.Mode) {
+	switch m {
+	case dlock.ModeShared:
+		o.shared--
+	case dlock.ModeLimited:
+		o.limited--
+	default:
+		o.exclusive--
+	}
 }
 
 // Contend runs one worker per Locker, each acquiring key (waiting), holding
@@ -58,7 +103,8 @@ type Contention struct {
 func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Contention, opts ...dlock.AcquireOption) (ContentionStats, error) {
 	hold, d := c.Hold, c.Duration
 	var mu sync.Mutex
-	last, inside := -1, false
+	last := -1
+	var in occupancy
 	st := ContentionStats{Shares: make([]int, len(lockers))}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
@@ -69,9 +115,17 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Content
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(uint64(w), 1))
 			for ctx.Err() == nil {
+				mode, o := dlock.ModeExclusive, opts
+				switch {
+				case c.Limit > 0:
+					mode, o = dlock.ModeLimited, append(slices.Clip(opts), dlock.WithLimit(c.Limit))
+				case c.Readers > 0 && rng.Float64() < c.Readers:
+					mode, o = dlock.ModeShared, append(slices.Clip(opts), dlock.Shared())
+				}
 				began := time.Now()
-				lk, err := acquire(ctx, l, key, c.Poll, opts)
+				lk, err := acquire(ctx, l, key, c.Poll, o)
 				waited := time.Since(began)
 				if err != nil {
 					if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
@@ -80,12 +134,11 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Content
 					return
 				}
 				mu.Lock()
-				if inside {
+				if err := in.enter(mode, c.Limit); err != nil {
 					mu.Unlock()
-					errc <- errors.New("locktest: two workers inside at once")
+					errc <- err
 					return
 				}
-				inside = true
 				st.Acquisitions++
 				st.Shares[w]++
 				st.Waits = append(st.Waits, waited)
@@ -98,7 +151,7 @@ func Contend(ctx context.Context, lockers []*dlock.Locker, key string, c Content
 					time.Sleep(hold)
 				}
 				mu.Lock()
-				inside = false
+				in.leave(mode)
 				mu.Unlock()
 				if err := lk.Release(context.Background()); err != nil {
 					errc <- err
@@ -170,6 +223,18 @@ func benchmarkContention(b *testing.B, workers int, newBackend func(testing.TB) 
 	b.ReportMetric(st.HandoffsPerSec(), "handoffs/s")
 	b.ReportMetric(st.AcquisitionsPerSec(), "acq/s")
 	b.ReportMetric(st.MinShare, "min-share")
+}
+
+// BenchmarkSemaphore is BenchmarkContention on a semaphore of limit: every
+// acquisition uses dlock.WithLimit(limit).
+func BenchmarkSemaphore(b *testing.B, workers, limit int, newBackend func(testing.TB) dlock.Backend) {
+	benchmarkContention(b, workers, newBackend, Contention{Duration: 3 * time.Second, Limit: limit})
+}
+
+// BenchmarkReadWrite is BenchmarkContention on a reader-writer key: a share
+// readers (0..1) of the acquisitions are shared, the others exclusive.
+func BenchmarkReadWrite(b *testing.B, workers int, readers float64, newBackend func(testing.TB) dlock.Backend) {
+	benchmarkContention(b, workers, newBackend, Contention{Duration: 3 * time.Second, Readers: readers})
 }
 
 // BenchmarkAcquireRelease measures an uncontended TryAcquire and Release of

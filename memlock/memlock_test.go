@@ -16,3 +16,12 @@ func TestConformance(t *testing.T) {
 	store := memlock.New()
 	locktest.Run(t, func(*testing.T) dlock.Backend { return store }, locktest.InProcess())
 }
+
+func newStore() func(testing.TB) dlock.Backend {
+	store := memlock.New()
+	return func(testing.TB) dlock.Backend { return store }
+}
+
+func BenchmarkContention(b *testing.B) { locktest.BenchmarkContention(b, 8, newStore()) }
+func BenchmarkSemaphore(b *testing.B)  { locktest.BenchmarkSemaphore(b, 8, 3, newStore()) }
+func BenchmarkReadWrite(b *testing.B)  { locktest.BenchmarkReadWrite(b, 8, 0.9, newStore()) }
