@@ -148,6 +148,9 @@ func TestNodeOfAnotherClassAheadIsWaitedFor(t *testing.T) {
 			t.Errorf("rule: a %s request for a key held limited is a mismatch; %v", m, err)
 		}
 	}
+	if _, err := b.AcquireWait(ctx, req(3)); !errors.Is(err, dlock.ErrModeMismatch) {
+		t.Errorf("rule: a waiting request whose first live node ahead is of another class is a mismatch; %v", err)
+	}
 	if n := queueLen(t, admin, b, k); n != 1 {
 		t.Errorf("rule: a mismatch changes nothing; %d nodes", n)
 	}
@@ -354,5 +357,55 @@ func TestReadersAndWritersUnderContention(t *testing.T) {
 	t.Logf("%d read grants, %d write grants", readGrants, writeGrants)
 	if writeGrants < 4 {
 		t.Errorf("rule: readers do not starve writers; %d write grants in 3s", writeGrants)
+	}
+}
+
+// TestReleaseWakesWaitersOfEveryMode: a waiter of each mode is handed the
+// key when the holder that blocks it releases, not when its wait's own
+// bound (a third of the TTL) comes round.
+func TestReleaseWakesWaitersOfEveryMode(t *testing.T) {
+	addrs := sharedAddrs(t)
+	const ttl = 9 * time.Second // a wait returns by itself after 3s
+	for _, c := range []struct {
+		name         string
+		holder, wait []dlock.AcquireOption
+	}{
+		{"shared behind a writer", nil, []dlock.AcquireOption{dlock.Shared()}},
+		{"writer behind a reader", []dlock.AcquireOption{dlock.Shared()}, nil},
+		{"limited", []dlock.AcquireOption{dlock.WithLimit(1)}, []dlock.AcquireOption{dlock.WithLimit(1)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			admin := newConn(t, addrs...)
+			b := newBackend(t, newConn(t, addrs...))
+			k := locktest.UniqueKey("wake")
+			lk, err := locktest.NewLocker(t, b).TryAcquire(ctxT(t, 5*time.Second), k, append(c.holder, dlock.WithTTL(ttl))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := locktest.NewLocker(t, newBackend(t, newConn(t, addrs...)))
+			got := make(chan time.Time, 1)
+			go func() {
+				wl, err := w.Acquire(ctxT(t, 20*time.Second), k, append(c.wait, dlock.WithTTL(ttl))...)
+				if err != nil {
+					t.Error(err)
+					close(got)
+					return
+				}
+				got <- time.Now()
+				wl.Release(context.Background())
+			}()
+			waitQueueLen(t, admin, b, k, 2, 10*time.Second)
+			released := time.Now()
+			if err := lk.Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			at, ok := <-got
+			if !ok {
+				return
+			}
+			if d := at.Sub(released); d > time.Second {
+				t.Errorf("rule: a release wakes the waiter; it got the key %s later", d)
+			}
+		})
 	}
 }
