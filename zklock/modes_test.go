@@ -211,7 +211,8 @@ func TestListAndForceReleaseSeeEveryHolder(t *testing.T) {
 }
 
 // watchers returns, for each watched path under dir, the number of sessions
-// watching it (wchp).
+// watching it (wchp lists each watched path, then the sessions watching it,
+// indented).
 func watchers(addr, dir string) map[string]int {
 	out := map[string]int{}
 	var path string
