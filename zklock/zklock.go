@@ -113,14 +113,15 @@
 //
 // # Waiting
 //
-// A waiting acquisition (dlock.Waiter) keeps its node in the queue and
-// watches only its predecessor (no thundering herd), so the lock is handed
-// over in arrival order. The waiter also wakes when its predecessor's lease
-// would end (the holder's, or a waiting node's that its waiter no longer
-// renews: a paused, partitioned or dead process), and deletes the
-// predecessor's node if the lease has indeed expired by the leader's clock,
-// so that a stalled waiter holds the queue up for at most its TTL, not until
-// its session ends. Because the Locker measures a granted lease from the
+// A waiting acquisition (dlock.Waiter), in every mode, keeps its node in
+// the queue and watches only the node that blocks it, usually its
+// predecessor (no thundering herd; see "Modes"), so the lock is handed
+// over in arrival order. The waiter also wakes when that node's lease
+// would end (a holder's, or a waiting node's that its waiter no longer
+// renews: a paused, partitioned or dead process), and deletes the node if
+// the lease has indeed expired by the leader's clock, so that a stalled
+// waiter holds the queue up for at most its TTL, not until its session
+// ends. Because the Locker measures a granted lease from the
 // moment it called AcquireWait, each call waits at most a third of the TTL
 // and then returns without the lock, leaving the node queued for the
 // Locker's next call (which rewrites it with the new token, and so also
