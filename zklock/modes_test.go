@@ -410,3 +410,39 @@ func TestReleaseWakesWaitersOfEveryMode(t *testing.T) {
 		})
 	}
 }
+
+// TestWriterMarkIsRenewedNotRepeated: repeated exclusive attempts of one
+// Backend that find readers keep one writer mark (renewed by each), not
+// one per attempt; and once the readers leave, another writer passes the
+// mark at once.
+func TestWriterMarkIsRenewedNotRepeated(t *testing.T) {
+	addrs := sharedAddrs(t)
+	admin := newConn(t, addrs...)
+	ctx := ctxT(t, 20*time.Second)
+	k := locktest.UniqueKey("remark")
+	rb := newBackend(t, newConn(t, addrs...))
+	r, err := locktest.NewLocker(t, rb).TryAcquire(ctx, k, dlock.Shared(), dlock.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer := locktest.NewLocker(t, newBackend(t, newConn(t, addrs...)))
+	for range 5 {
+		if _, err := writer.TryAcquire(ctx, k); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("writer's TryAcquire with a reader holding: %v", err)
+		}
+	}
+	if n := queueLen(t, admin, rb, k); n != 2 {
+		t.Errorf("rule: one Backend's attempts keep one writer mark; the queue has %d nodes", n)
+	}
+	if err := r.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := locktest.NewLocker(t, newBackend(t, newConn(t, addrs...)))
+	w, err := other.TryAcquire(ctx, k)
+	if err != nil {
+		t.Fatalf("rule: a writer mark does not hold writers back; %v", err)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
