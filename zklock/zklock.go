@@ -18,7 +18,9 @@
 //
 // A node's name says its mode: "n-" exclusive, "r-" shared, "l<n>-"
 // limited to n holders; ZooKeeper appends one sequence per directory, so
-// nodes of every mode are ordered together.
+// nodes of every mode are ordered together. A writer mark (see "Modes")
+// is an "n-" node whose data also has "mark":true.
+//
 // The root (Options.Root, "/dlock" by default) is created as persistent
 // nodes on first use; each key's directory is a container node, which the
 // server removes some time after its last child is gone. Keys are escaped
@@ -87,7 +89,9 @@
 //     exclusive requests pass it (and delete it when they are granted),
 //     and the Backend's next AcquireWait of the key for an exclusive
 //     request takes it up as its queued node (the Locker calls it at once
-//     when it waits). A mark not taken up is deleted after WriterMark.
+//     when it waits). A mark not taken up is deleted after WriterMark;
+//     the same Backend's next exclusive attempt that finds readers renews
+//     it instead of leaving another.
 //
 // So the holders are always a prefix of the queue's live nodes of one
 // class: readers before the first writer, or that writer, or the first n
