@@ -57,15 +57,11 @@ func (b *Backend) tryAcquire(req dlock.Request) (attempt, error) {
 		return attempt{}, err
 	}
 	dir := b.dir(req.Key)
-	fail := func(err error) (attempt, error) {
-		b.deleteQuietly(n.path)
-		return attempt{}, err
-	}
 	for range maxRounds {
 		v, vd, err := b.judgeNode(dir, n, n.mtime, false) // the leader's time of our create
 		switch {
 		case err != nil:
-			return fail(err)
+			return b.fail(n, err)
 		case v == nil:
 			return attempt{}, errVanished
 		case vd.granted:
@@ -73,7 +69,7 @@ func (b *Backend) tryAcquire(req dlock.Request) (attempt, error) {
 			return attempt{res: dlock.Result{Acquired: true, Fence: uint64(fence)}, n: n}, nil
 		case len(vd.block) == 0: // only writer marks ahead: the grant deletes them
 			if err := v.deleteMarks(vd.marks); err != nil {
-				return fail(err)
+				return b.fail(n, err)
 			}
 			continue
 		}
@@ -93,6 +89,15 @@ func (b *Backend) tryAcquire(req dlock.Request) (attempt, error) {
 	}
 	b.deleteQuietly(n.path)
 	return attempt{res: dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}}, nil
+}
+
+// fail ends an acquisition whose node n is still queued with err, deleting
+// the node (a mismatch has withdrawn it already).
+func (b *Backend) fail(n *node, err error) (attempt, error) {
+	if !errors.Is(err, dlock.ErrModeMismatch) {
+		b.deleteQuietly(n.path)
+	}
+	return attempt{}, err
 }
 
 // judgeNode reads the queue of dir and judges n in it (see view.judge):
@@ -213,10 +218,6 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 	// The leader's clock, read at the local instant at.
 	srvNow, at := n.mtime, time.Now()
 	leaderNow := func() int64 { return srvNow + time.Since(at).Milliseconds() }
-	fail := func(err error) (attempt, error) {
-		b.deleteQuietly(n.path)
-		return attempt{}, err
-	}
 	dir := b.dir(req.Key)
 	holder := dlock.LockInfo{Key: req.Key}
 	lease := time.NewTimer(time.Hour)
@@ -235,7 +236,7 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 		v, vd, err := b.judgeNode(dir, n, srvNow, true)
 		switch {
 		case err != nil:
-			return fail(err)
+			return b.fail(n, err)
 		case v == nil: // deleted by an administrator, or the session expired
 			return attempt{res: dlock.Result{Holder: holder}}, nil
 		case vd.granted:
@@ -257,7 +258,7 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 			return attempt{res: res, n: n}, nil
 		case len(vd.block) == 0: // only writer marks ahead: the grant deletes them
 			if err := v.deleteMarks(vd.marks); err != nil {
-				return fail(err)
+				return b.fail(n, err)
 			}
 			continue
 		}
@@ -272,7 +273,7 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 				return attempt{res: dlock.Result{Holder: holder}}, nil
 			}
 			if err != nil {
-				return fail(err)
+				return b.fail(n, err)
 			}
 			n.version, n.mtime = st.Version, st.Mtime
 			srvNow, at = st.Mtime, time.Now()
