@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -35,11 +36,12 @@ func (b *Backend) undoAttempt(token dlock.Token) func(attempt, error) {
 }
 
 // Acquire implements dlock.Backend without queueing: it creates a queue node
-// and keeps it only if it is the lowest. A holder whose lease has run out
-// by the leader's clock is deleted first. It costs two round trips when the
-// key is free and four when it is held.
+// and keeps it only if the rules grant it (see "Modes"). Nodes whose lease
+// has run out by the leader's clock are deleted on the way. It costs two
+// round trips when the key is free (or held in a mode that admits the
+// request) and four when it is held.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := b.checkTTL(req.TTL); err != nil {
+	if err := b.checkRequest(req); err != nil {
 		return dlock.Result{}, err
 	}
 	a, err := run(ctx, func() (attempt, error) { return b.tryAcquire(req) }, b.undoAttempt(req.Token))
@@ -55,56 +57,141 @@ func (b *Backend) tryAcquire(req dlock.Request) (attempt, error) {
 		return attempt{}, err
 	}
 	dir := b.dir(req.Key)
-	now := n.mtime // the leader's time of our create
-	fail := func(err error) (attempt, error) {
-		b.deleteQuietly(n.path)
-		return attempt{}, err
-	}
 	for range maxRounds {
-		q, err := b.queue(dir)
-		if err != nil {
-			return fail(err)
-		}
-		switch i := slices.Index(q, name(n.path)); {
-		case i < 0:
+		v, vd, err := b.judgeNode(dir, n, n.mtime, false) // the leader's time of our create
+		switch {
+		case err != nil:
+			return b.fail(n, err)
+		case v == nil:
 			return attempt{}, errVanished
-		case i == 0:
+		case vd.granted:
 			b.hold(req.Token, n)
 			return attempt{res: dlock.Result{Acquired: true, Fence: uint64(fence)}, n: n}, nil
-		}
-		head := dir + "/" + q[0]
-		data, st, err := b.c.Get(head)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
-		if err != nil {
-			return fail(err)
-		}
-		r := decode(data)
-		end := expiry(r, st)
-		if end <= now { // abandoned: its lease ended before our create
-			if err := b.c.Delete(head, st.Version); err != nil && !notHeld(err) {
-				return fail(err)
+		case len(vd.block) == 0: // only writer marks ahead: the grant deletes them
+			if err := v.deleteMarks(vd.marks); err != nil {
+				return b.fail(n, err)
 			}
 			continue
+		}
+		h := v.soonest(vd.block)
+		s := v.seen[h]
+		remaining := min(time.Duration(s.end-n.mtime)*time.Millisecond, time.Duration(s.r.TTL)*time.Millisecond)
+		holder := v.holderInfo(req.Key, h)
+		holder.ExpiresAt = time.Now().Add(remaining)
+		res := dlock.Result{Holder: holder, Remaining: remaining}
+		if req.Mode == dlock.ModeExclusive && v.q[h].mode == dlock.ModeShared && !b.remark(req) {
+			return attempt{res: res}, b.mark(n, req, fence)
 		}
 		if err := b.c.Delete(n.path, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return attempt{}, err // the Locker's Release finds the node by its token
 		}
-		remaining := min(time.Duration(end-now)*time.Millisecond, time.Duration(r.TTL)*time.Millisecond)
-		h := info(req.Key, r, st)
-		h.ExpiresAt = time.Now().Add(remaining)
-		return attempt{res: dlock.Result{Holder: h, Remaining: remaining}}, nil
+		return attempt{res: res}, nil
 	}
 	b.deleteQuietly(n.path)
 	return attempt{res: dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}}, nil
+}
+
+// fail ends an acquisition whose node n is still queued with err, deleting
+// the node (a mismatch has withdrawn it already).
+func (b *Backend) fail(n *node, err error) (attempt, error) {
+	if !errors.Is(err, dlock.ErrModeMismatch) {
+		b.deleteQuietly(n.path)
+	}
+	return attempt{}, err
+}
+
+// judgeNode reads the queue of dir and judges n in it (see view.judge):
+// forward for an attempt, and with watches for a waiter. Nodes dead by now
+// (the leader's time) are deleted. A mismatch is an error, and n is then
+// deleted; the view is nil if n is gone.
+func (b *Backend) judgeNode(dir string, n *node, now int64, waiter bool) (*view, verdict, error) {
+	q, err := b.queue(dir)
+	if err != nil {
+		return nil, verdict{}, err
+	}
+	i := indexOf(q, name(n.path))
+	if i < 0 {
+		return nil, verdict{}, nil
+	}
+	v := b.newView(dir, q, now)
+	v.watch, v.prune = waiter, true
+	vd, err := v.judge(i, !waiter)
+	if err == nil && vd.mismatch >= 0 {
+		err = b.withdraw(n, mismatchError(q[i], q[vd.mismatch]))
+	}
+	return v, vd, err
+}
+
+// withdraw deletes n, which the rules refuse with err, and returns err; or
+// the delete's error, if the node may have stayed (the Locker's Release
+// finds it by its token).
+func (b *Backend) withdraw(n *node, err error) error {
+	if derr := b.c.Delete(n.path, -1); derr != nil && !errors.Is(derr, zk.ErrNoNode) {
+		return derr
+	}
+	return err
+}
+
+// mark leaves n, the node of an exclusive attempt that found shared
+// holders, as a writer mark: a node with a lease of dlock.WriterMark that
+// keeps new shared requests out, that exclusive requests pass (and delete
+// when granted), and that the next AcquireWait of the key for an exclusive
+// request takes up (it is parked here for that long).
+func (b *Backend) mark(n *node, req dlock.Request, fence int64) error {
+	data := encodeMark(req)
+	st, err := b.c.Set(n.path, data, n.version)
+	switch {
+	case notHeld(err): // deleted as abandoned meanwhile: nothing is left
+		return nil
+	case err != nil:
+		return err // the Locker's Release finds the node by its token
+	case late(st.Mtime, n.mtime, n.ttl):
+		_ = b.c.Delete(n.path, st.Version)
+		return nil
+	}
+	n.data, n.version, n.mtime, n.ttl = data, st.Version, st.Mtime, dlock.WriterMark
+	b.park(n, fence)
+	return nil
+}
+
+// remark renews for req a writer mark of req.Key that this Backend left
+// and parked (so that repeated attempts keep one mark each, not one per
+// attempt); false if there is none.
+func (b *Backend) remark(req dlock.Request) bool {
+	b.mu.Lock()
+	var p *parkedNode
+	for _, x := range b.parked[req.Key] {
+		if decode(x.n.data).Mark {
+			p = x
+		}
+	}
+	b.mu.Unlock()
+	if p == nil || !b.unpark(p) {
+		return false
+	}
+	p.timer.Stop()
+	data := encodeMark(req)
+	st, err := b.c.Set(p.n.path, data, p.n.version)
+	switch {
+	case err != nil:
+		if !notHeld(err) {
+			b.deleteQuietly(p.n.path)
+		}
+		return false
+	case late(st.Mtime, p.n.mtime, p.n.ttl):
+		_ = b.c.Delete(p.n.path, st.Version)
+		return false
+	}
+	p.n.data, p.n.version, p.n.mtime = data, st.Version, st.Mtime
+	b.park(p.n, p.fence)
+	return true
 }
 
 // AcquireWait implements dlock.Waiter: see "Waiting" in the package doc. It
 // returns Acquired=false and a nil error when ctx ends (the node is deleted)
 // and after a third of the TTL (the node stays queued for the next call).
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := b.checkTTL(req.TTL); err != nil {
+	if err := b.checkRequest(req); err != nil {
 		return dlock.Result{}, err
 	}
 	began := time.Now()
@@ -131,10 +218,6 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 	// The leader's clock, read at the local instant at.
 	srvNow, at := n.mtime, time.Now()
 	leaderNow := func() int64 { return srvNow + time.Since(at).Milliseconds() }
-	fail := func(err error) (attempt, error) {
-		b.deleteQuietly(n.path)
-		return attempt{}, err
-	}
 	dir := b.dir(req.Key)
 	holder := dlock.LockInfo{Key: req.Key}
 	lease := time.NewTimer(time.Hour)
@@ -144,15 +227,19 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 			b.deleteQuietly(n.path)
 			return attempt{res: dlock.Result{Holder: holder}}, nil
 		}
-		q, err := b.queue(dir)
-		if err != nil {
-			return fail(err)
-		}
-		i := slices.Index(q, name(n.path))
+		// Judge from the nearest node back, watching what blocks: the
+		// holder, or a node that waits ahead. Mind its lease as well as its
+		// deletion: a waiter's node that its process no longer renews
+		// (paused, partitioned, dead) would hold the queue up until its
+		// session ended. Nodes whose lease has run out by the leader's
+		// clock are deleted.
+		v, vd, err := b.judgeNode(dir, n, srvNow, true)
 		switch {
-		case i < 0: // deleted by an administrator, or the session expired
+		case err != nil:
+			return b.fail(n, err)
+		case v == nil: // deleted by an administrator, or the session expired
 			return attempt{res: dlock.Result{Holder: holder}}, nil
-		case i == 0:
+		case vd.granted:
 			b.hold(req.Token, n)
 			// Renew the lease at the grant, so that the Locker can time a
 			// whole lease from here instead of from the wait's start. If the
@@ -169,57 +256,45 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 				return attempt{res: dlock.Result{Holder: holder}}, nil
 			}
 			return attempt{res: res, n: n}, nil
-		}
-		// Mind the predecessor's lease as well as its deletion: the
-		// holder's, or a waiter's that its process no longer renews
-		// (paused, partitioned, dead) and that would hold the queue up
-		// until its session ended. Either node may go once its lease has
-		// run out by the leader's clock.
-		pred := dir + "/" + q[i-1]
-		data, st, watch, err := b.c.GetW(pred)
-		if errors.Is(err, zk.ErrNoNode) {
+		case len(vd.block) == 0: // only writer marks ahead: the grant deletes them
+			if err := v.deleteMarks(vd.marks); err != nil {
+				return b.fail(n, err)
+			}
 			continue
 		}
-		if err != nil {
-			return fail(err)
-		}
-		r := decode(data)
-		end := expiry(r, st)
-		if i == 1 { // the predecessor holds the lock
-			holder = info(req.Key, r, st)
-		}
+		h := v.soonest(vd.block)
+		end := v.seen[h].end
+		holder = v.holderInfo(req.Key, h)
 		if end <= leaderNow() {
 			// Read the leader's clock by rewriting our own node, which
-			// also shows that our session is alive.
-			st2, err := b.c.Set(n.path, n.data, n.version)
+			// also shows that our session is alive; then judge again.
+			st, err := b.c.Set(n.path, n.data, n.version)
 			if notHeld(err) {
 				return attempt{res: dlock.Result{Holder: holder}}, nil
 			}
 			if err != nil {
-				return fail(err)
+				return b.fail(n, err)
 			}
-			n.version, n.mtime = st2.Version, st2.Mtime
-			srvNow, at = st2.Mtime, time.Now()
+			n.version, n.mtime = st.Version, st.Mtime
+			srvNow, at = st.Mtime, time.Now()
 			if end <= srvNow {
-				if err := b.c.Delete(pred, st.Version); err != nil && !notHeld(err) {
-					return fail(err)
-				}
 				continue
 			}
 		}
 		remaining := time.Duration(end-leaderNow()) * time.Millisecond
-		if i == 1 {
-			holder.ExpiresAt = time.Now().Add(remaining)
-		}
+		holder.ExpiresAt = time.Now().Add(remaining)
 		lease.Reset(remaining + time.Millisecond)
+		woke, stop := v.wake(vd.block)
 		select {
-		case <-watch:
+		case <-woke:
 		case <-lease.C:
 		case <-chunk.C:
+			stop()
 			b.park(n, fence)
 			return attempt{res: dlock.Result{Holder: holder}}, nil
 		case <-ctx.Done():
 		}
+		stop()
 	}
 }
 
@@ -262,17 +337,18 @@ func (b *Backend) unpark(p *parkedNode) bool {
 	return true
 }
 
-// adopt takes the oldest parked node of req.Key for req, rewriting it with
-// req's token, TTL and metadata. It returns nil if there is none (or it is
-// gone).
+// adopt takes the oldest parked node of req.Key in req's mode (and limit)
+// for req, rewriting it with req's token, TTL and metadata. It returns nil
+// if there is none (or it is gone).
 func (b *Backend) adopt(req dlock.Request) (*node, int64) {
+	prefix := prefixOf(req.Mode, req.Limit)
 	b.mu.Lock()
-	list := b.parked[req.Key]
-	if len(list) == 0 {
+	i := slices.IndexFunc(b.parked[req.Key], func(p *parkedNode) bool { return strings.HasPrefix(name(p.n.path), prefix) })
+	if i < 0 {
 		b.mu.Unlock()
 		return nil, 0
 	}
-	p := list[0]
+	p := b.parked[req.Key][i]
 	b.mu.Unlock()
 	if !b.unpark(p) {
 		return nil, 0

@@ -45,7 +45,7 @@ func (b *Backend) extend(l dlock.Lease) error {
 	n := b.heldNode(l.Key, l.Token)
 	if n == nil {
 		var err error
-		if n, err = b.findHead(l.Key, l.Token, l.TTL); err != nil || n == nil {
+		if n, err = b.findHolder(l.Key, l.Token, l.TTL); err != nil || n == nil {
 			return errOr(err, dlock.ErrNotHeld)
 		}
 		b.hold(l.Token, n)
@@ -92,23 +92,28 @@ func errOr(err, alt error) error {
 	return alt
 }
 
-// findHead returns the head node of key if it carries token (a lease this
-// Backend did not record), or nil.
-func (b *Backend) findHead(key string, token dlock.Token, ttl time.Duration) (*node, error) {
+// findHolder returns the node of key that carries token if the rules grant
+// it even with every node ahead counted live (a lease this Backend did not
+// record), or nil.
+func (b *Backend) findHolder(key string, token dlock.Token, ttl time.Duration) (*node, error) {
 	dir := b.dir(key)
 	q, err := b.queue(dir)
-	if err != nil || len(q) == 0 {
-		return nil, err
-	}
-	path := dir + "/" + q[0]
-	data, st, err := b.c.Get(path)
-	if errors.Is(err, zk.ErrNoNode) || err == nil && decode(data).Token != token.String() {
-		return nil, nil
-	}
 	if err != nil {
 		return nil, err
 	}
-	return &node{key: key, path: path, data: data, version: st.Version, mtime: st.Mtime, ttl: ttl}, nil
+	v := b.newView(dir, q, frozen)
+	j, err := v.find(token)
+	if err != nil || j < 0 {
+		return nil, err
+	}
+	s := v.seen[j]
+	if s.r.Mark {
+		return nil, nil
+	}
+	if vd, err := v.judge(j, true); err != nil || !vd.granted {
+		return nil, err
+	}
+	return &node{key: key, path: dir + "/" + q[j].name, data: s.data, version: s.st.Version, mtime: s.st.Mtime, ttl: ttl}, nil
 }
 
 // Release implements dlock.Backend. A node this Backend holds is deleted in
@@ -117,7 +122,7 @@ func (b *Backend) findHead(key string, token dlock.Token, ttl time.Duration) (*n
 // free anyway). A token this Backend does not know (an acquisition whose
 // outcome was unknown, or another client's) is looked for in the key's
 // queue, one read per node; its node is deleted, and the result is nil only
-// if it was the head.
+// if the rules granted it.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
 	_, err := run(ctx, func() (struct{}, error) { return struct{}{}, b.release(key, token) }, nil)
 	if err != nil && !errors.Is(err, dlock.ErrNotHeld) {
@@ -153,35 +158,31 @@ func (b *Backend) release(key string, token dlock.Token) error {
 	if err != nil {
 		return err
 	}
-	tok := token.String()
-	for i, nm := range q {
-		data, st, err := b.c.Get(dir + "/" + nm)
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
+	v := b.newView(dir, q, frozen)
+	j, err := v.find(token)
+	if err != nil || j < 0 {
+		return errOr(err, dlock.ErrNotHeld)
+	}
+	held, err := v.holds(j)
+	if err != nil {
+		return err
+	}
+	if err := b.c.Delete(dir+"/"+q[j].name, v.seen[j].st.Version); err != nil {
+		if notHeld(err) {
+			return dlock.ErrNotHeld
 		}
-		if err != nil {
-			return err
-		}
-		if decode(data).Token != tok {
-			continue
-		}
-		if err := b.c.Delete(dir+"/"+nm, st.Version); err != nil {
-			if notHeld(err) {
-				return dlock.ErrNotHeld
-			}
-			return err
-		}
-		if i == 0 {
-			return nil
-		}
+		return err
+	}
+	if !held {
 		return dlock.ErrNotHeld
 	}
-	return dlock.ErrNotHeld
+	return nil
 }
 
-// ForceRelease implements dlock.ForceReleaser: it deletes the head of the
-// key's queue, which hands the key to the next waiter. The old holder
-// learns of the loss at its next renewal.
+// ForceRelease implements dlock.ForceReleaser: it deletes every node of the
+// key that holds it (for an exclusive hold, the head of the queue), which
+// hands the key to the next waiters. The old holders learn of the loss at
+// their next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	_, err := run(ctx, func() (struct{}, error) {
 		dir := b.dir(key)
@@ -193,11 +194,32 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 			if len(q) == 0 {
 				return struct{}{}, dlock.ErrNotHeld
 			}
-			err = b.c.Delete(dir+"/"+q[0], -1)
-			if errors.Is(err, zk.ErrNoNode) {
-				continue // released meanwhile: look again
+			v := b.newView(dir, q, frozen)
+			deleted, raced := 0, false
+			for j := range q {
+				held, err := v.holds(j)
+				if err != nil {
+					return struct{}{}, err
+				}
+				if !held {
+					continue
+				}
+				switch err := b.c.Delete(dir+"/"+q[j].name, -1); {
+				case err == nil:
+					deleted++
+				case errors.Is(err, zk.ErrNoNode):
+					raced = true
+				default:
+					return struct{}{}, err
+				}
 			}
-			return struct{}{}, err
+			switch {
+			case deleted > 0:
+				return struct{}{}, nil
+			case !raced:
+				return struct{}{}, dlock.ErrNotHeld
+			}
+			// Released meanwhile: look again.
 		}
 		return struct{}{}, dlock.ErrNotHeld
 	}, nil)
@@ -207,11 +229,13 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	return err
 }
 
-// List implements dlock.Lister. It reads the children of the root, then the
-// queue and head node of each matching key (concurrently), so it costs
-// O(keys) round trips: it is for operators, not hot paths. ExpiresAt is the
-// head's mtime plus its TTL, the leader's clock read as the local one; heads
-// whose lease has run out by that reading are left out.
+// List implements dlock.Lister: every holder of every matching key, in
+// every mode, ordered by key and then by queue order. It reads the children
+// of the root, then the queue of each matching key and its nodes
+// (concurrently across keys), so it costs O(nodes) round trips: it is for
+// operators, not hot paths. ExpiresAt is a node's mtime plus its TTL, the
+// leader's clock read as the local one; nodes whose lease has run out by
+// that reading are left out.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
 	out, err := run(ctx, func() ([]dlock.LockInfo, error) {
 		names, _, err := b.c.Children(b.root)
@@ -231,7 +255,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 				keys = append(keys, k)
 			}
 		}
-		infos := make([]*dlock.LockInfo, len(keys))
+		infos := make([][]dlock.LockInfo, len(keys))
 		errs := make([]error, len(keys))
 		sem := make(chan struct{}, 16)
 		var wg sync.WaitGroup
@@ -239,7 +263,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				infos[i], errs[i] = b.headInfo(k)
+				infos[i], errs[i] = b.holders(k)
 			})
 		}
 		wg.Wait()
@@ -247,12 +271,10 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 			return nil, err
 		}
 		var out []dlock.LockInfo
-		for _, h := range infos {
-			if h != nil {
-				out = append(out, *h)
-			}
+		for _, hs := range infos {
+			out = append(out, hs...)
 		}
-		slices.SortFunc(out, func(x, y dlock.LockInfo) int { return strings.Compare(x.Key, y.Key) })
+		slices.SortStableFunc(out, func(x, y dlock.LockInfo) int { return strings.Compare(x.Key, y.Key) })
 		return out, nil
 	}, nil)
 	if err != nil {
@@ -261,29 +283,25 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	return out, nil
 }
 
-// headInfo describes key's holder, or returns nil if it has none.
-func (b *Backend) headInfo(key string) (*dlock.LockInfo, error) {
+// holders describes key's holders, in queue order.
+func (b *Backend) holders(key string) ([]dlock.LockInfo, error) {
 	dir := b.dir(key)
-	for range maxRounds {
-		q, err := b.queue(dir)
-		if err != nil || len(q) == 0 {
-			return nil, err
-		}
-		data, st, err := b.c.Get(dir + "/" + q[0])
-		if errors.Is(err, zk.ErrNoNode) {
-			continue
-		}
+	q, err := b.queue(dir)
+	if err != nil {
+		return nil, err
+	}
+	v := b.newView(dir, q, time.Now().UnixMilli())
+	var out []dlock.LockInfo
+	for j := range q {
+		held, err := v.holds(j)
 		if err != nil {
 			return nil, err
 		}
-		r := decode(data)
-		end := expiry(r, st)
-		if end <= time.Now().UnixMilli() {
-			return nil, nil
+		if held {
+			h := v.holderInfo(key, j)
+			h.ExpiresAt = time.UnixMilli(v.seen[j].end)
+			out = append(out, h)
 		}
-		h := info(key, r, st)
-		h.ExpiresAt = time.UnixMilli(end)
-		return &h, nil
 	}
-	return nil, nil
+	return out, nil
 }

@@ -1,8 +1,10 @@
 // Package zklock is a dlock.Backend on Apache ZooKeeper
-// (github.com/go-zookeeper/zk), using the classic lock recipe: every
+// (github.com/go-zookeeper/zk), using the classic lock recipes: every
 // acquisition, and every waiting acquisition, is an ephemeral sequential
-// znode under the key's directory, and the node with the lowest sequence
-// number holds the lock.
+// znode under the key's directory, and the sequence order decides who
+// holds the key. It grants every mode (dlock.Sharer): exclusive, shared
+// (the reader-writer recipe of Curator's InterProcessReadWriteLock) and
+// limited (a counting semaphore on the same queue); see "Modes".
 //
 //	conn, _, err := zk.Connect([]string{"zk1:2181", "zk2:2181", "zk3:2181"}, 30*time.Second)
 //	b, err := zklock.New(conn, &zklock.Options{SessionTimeout: 30 * time.Second})
@@ -11,6 +13,13 @@
 // # Layout
 //
 //	<root>/k<escaped key>/n-0000000042  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…, "ttl_ms":…}
+//	<root>/k<escaped key>/r-0000000043  →  (the same)
+//	<root>/k<escaped key>/l3-0000000044 →  (the same)
+//
+// A node's name says its mode: "n-" exclusive, "r-" shared, "l<n>-"
+// limited to n holders; ZooKeeper appends one sequence per directory, so
+// nodes of every mode are ordered together. A writer mark (see "Modes")
+// is an "n-" node whose data also has "mark":true.
 //
 // The root (Options.Root, "/dlock" by default) is created as persistent
 // nodes on first use; each key's directory is a container node, which the
@@ -56,6 +65,43 @@
 // until its deadline and then reports the loss, before either the lease or
 // the session can end in the ensemble.
 //
+// # Modes
+//
+// A node is live until it is deleted or its lease runs out (then it counts
+// as gone, and whoever sees it deletes it). The rules, for a node N:
+//
+//   - Exclusive: N holds the key when no live node is ahead of it (the
+//     lowest node), writer marks apart.
+//   - Shared: N holds the key when no live exclusive node (a holder, a
+//     waiting writer or a writer mark) is ahead of it. So a writer that
+//     queues keeps every later reader out, and readers cannot starve it.
+//   - Limited to n: N holds the key when fewer than n live nodes are ahead
+//     of it.
+//   - Exclusive and shared nodes are one class; limited nodes of one limit
+//     another. A request whose first live node ahead is of another class is
+//     refused with dlock.ErrModeMismatch and its node deleted; a live node
+//     of another class further ahead is such a request, about to withdraw
+//     (or to hold the key if the nodes ahead of it leave first), and N
+//     waits for it rather than hold the key alongside it.
+//   - Writer marks: an exclusive TryAcquire (Backend.Acquire) that finds
+//     shared holders does not delete its node but rewrites it as a mark
+//     with a lease of dlock.WriterMark: it keeps new shared requests out,
+//     exclusive requests pass it (and delete it when they are granted),
+//     and the Backend's next AcquireWait of the key for an exclusive
+//     request takes it up as its queued node (the Locker calls it at once
+//     when it waits). A mark not taken up is deleted after WriterMark;
+//     the same Backend's next exclusive attempt that finds readers renews
+//     it instead of leaving another.
+//
+// So the holders are always a prefix of the queue's live nodes of one
+// class: readers before the first writer, or that writer, or the first n
+// limited nodes. Each waiter watches only what blocks it, nearest first: an
+// exclusive waiter its nearest live predecessor, a shared waiter the
+// nearest live exclusive node ahead, a limited waiter its predecessor, and
+// the first limited waiter (the n+1st live node) the n holders. A waiter
+// wakes when that node is deleted or rewritten (a grant or a renewal) or
+// its lease runs out, so every mode is woken by a release.
+//
 // # Fencing
 //
 // The fence is the holder node's czxid, the zxid of the transaction
@@ -63,18 +109,23 @@
 // over its whole life (across leader elections and restarts), so tokens are
 // strictly increasing per key even when the key's directory is removed and
 // created again. They are large numbers (the leader epoch is in the high 32
-// bits), not 1, 2, 3.
+// bits), not 1, 2, 3. Because the holders are always a prefix of the
+// queue, nodes are granted in sequence order, which is czxid order: every
+// grant's fence is larger than every earlier grant's, in every mode (nodes
+// that one release admits together, such as the readers behind a writer,
+// are granted at one instant in sequence order).
 //
 // # Waiting
 //
-// A waiting acquisition (dlock.Waiter) keeps its node in the queue and
-// watches only its predecessor (no thundering herd), so the lock is handed
-// over in arrival order. The waiter also wakes when its predecessor's lease
-// would end (the holder's, or a waiting node's that its waiter no longer
-// renews: a paused, partitioned or dead process), and deletes the
-// predecessor's node if the lease has indeed expired by the leader's clock,
-// so that a stalled waiter holds the queue up for at most its TTL, not until
-// its session ends. Because the Locker measures a granted lease from the
+// A waiting acquisition (dlock.Waiter), in every mode, keeps its node in
+// the queue and watches only the node that blocks it, usually its
+// predecessor (no thundering herd; see "Modes"), so the lock is handed
+// over in arrival order. The waiter also wakes when that node's lease
+// would end (a holder's, or a waiting node's that its waiter no longer
+// renews: a paused, partitioned or dead process), and deletes the node if
+// the lease has indeed expired by the leader's clock, so that a stalled
+// waiter holds the queue up for at most its TTL, not until its session
+// ends. Because the Locker measures a granted lease from the
 // moment it called AcquireWait, each call waits at most a third of the TTL
 // and then returns without the lock, leaving the node queued for the
 // Locker's next call (which rewrites it with the new token, and so also
@@ -87,7 +138,8 @@
 // context ends, the waiter's node is deleted at once.
 //
 // TryAcquire (Backend.Acquire) does not queue: it creates its node, and
-// deletes it again unless it is the lowest.
+// deletes it again unless the rules grant it (or leaves it as a writer
+// mark, see "Modes").
 //
 // # Limits
 //
@@ -106,6 +158,10 @@
 //   - Closing the Conn ends the session and frees every lock it holds at
 //     once, while Lockers may still consider them held until their next
 //     renewal: close Lockers before the Conn.
+//   - Every client of a key must know the modes: a client that only knows
+//     "n-" nodes ignores shared and limited ones.
+//   - A refused limited request reads up to n nodes ahead of it, and List
+//     reads every node of the keys it lists.
 //
 // The Backend uses the caller's connection and never closes it. One
 // session can hold any number of locks.
@@ -117,7 +173,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -183,6 +238,7 @@ var (
 	_ dlock.Lister        = (*Backend)(nil)
 	_ dlock.ForceReleaser = (*Backend)(nil)
 	_ dlock.Waiter        = (*Backend)(nil)
+	_ dlock.Sharer        = (*Backend)(nil)
 )
 
 // New returns a Backend over c. It does no I/O. The error matches
@@ -298,44 +354,6 @@ func keyUnescape(name string) (string, bool) {
 // dir is the znode of key's queue.
 func (b *Backend) dir(key string) string { return b.root + "/" + keyEscape(key) }
 
-// nodePrefix names queue nodes; ZooKeeper appends a 10-digit sequence.
-const nodePrefix = "n-"
-
-// seqOf returns the sequence number of a queue node's name, and false for
-// other names.
-func seqOf(name string) (int64, bool) {
-	digits, ok := strings.CutPrefix(name, nodePrefix)
-	if !ok || len(digits) != 10 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(digits, 10, 64)
-	return n, err == nil
-}
-
-// queue returns the queue nodes' names under dir in sequence order, and an
-// empty queue if dir does not exist.
-func (b *Backend) queue(dir string) ([]string, error) {
-	names, _, err := b.c.Children(dir)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var q []string
-	for _, n := range names {
-		if _, ok := seqOf(n); ok {
-			q = append(q, n)
-		}
-	}
-	slices.SortFunc(q, func(a, b string) int {
-		x, _ := seqOf(a)
-		y, _ := seqOf(b)
-		return int(x - y)
-	})
-	return q, nil
-}
-
 // record is the data of a queue node.
 type record struct {
 	Token    string `json:"token"`
@@ -347,13 +365,29 @@ type record struct {
 	Acquired int64 `json:"acquired_us"`
 	// TTL is the lease in milliseconds, counted from the node's mtime.
 	TTL int64 `json:"ttl_ms"`
+	// Mark is set on the node of an exclusive attempt that found shared
+	// holders and left it as a writer mark (see "Modes").
+	Mark bool `json:"mark,omitempty"`
 }
 
 func encode(req dlock.Request) []byte {
-	v, _ := json.Marshal(record{
+	v, _ := json.Marshal(newRecord(req))
+	return v
+}
+
+func newRecord(req dlock.Request) record {
+	return record{
 		Token: req.Token.String(), Owner: req.Owner, Metadata: req.Metadata,
 		Acquired: time.Now().UnixMicro(), TTL: req.TTL.Milliseconds(),
-	})
+	}
+}
+
+// encodeMark is the data of a writer mark left by req: a lease of
+// dlock.WriterMark.
+func encodeMark(req dlock.Request) []byte {
+	r := newRecord(req)
+	r.TTL, r.Mark = dlock.WriterMark.Milliseconds(), true
+	v, _ := json.Marshal(r)
 	return v
 }
 
@@ -379,9 +413,9 @@ func expiry(r record, st *zk.Stat) int64 {
 // and from then on a contender may delete the node.
 func late(mtime, prev int64, ttl time.Duration) bool { return mtime-prev >= ttl.Milliseconds() }
 
-// info describes the queue node of key with data r and stat st.
-func info(key string, r record, st *zk.Stat) dlock.LockInfo {
-	h := dlock.LockInfo{Key: key, Owner: r.Owner, Fence: uint64(st.Czxid), Metadata: r.Metadata}
+// info describes the queue node n of key with data r and stat st.
+func info(key string, n qnode, r record, st *zk.Stat) dlock.LockInfo {
+	h := dlock.LockInfo{Key: key, Owner: r.Owner, Fence: uint64(st.Czxid), Metadata: r.Metadata, Mode: n.mode, Limit: n.limit}
 	if tok, err := hex.DecodeString(r.Token); err == nil && len(tok) == len(h.Token) {
 		copy(h.Token[:], tok)
 	}
@@ -401,14 +435,26 @@ type node struct {
 	ttl     time.Duration
 }
 
-// checkTTL refuses leases the session cannot cover.
-func (b *Backend) checkTTL(ttl time.Duration) error {
-	if ttl > b.session {
+// checkRequest refuses leases the session cannot cover, and modes and
+// limits out of range.
+func (b *Backend) checkRequest(req dlock.Request) error {
+	if req.TTL > b.session {
 		return fmt.Errorf("%w: zklock: ttl %s exceeds the session timeout %s (see Options.SessionTimeout)",
-			dlock.ErrInvalidOption, ttl, b.session)
+			dlock.ErrInvalidOption, req.TTL, b.session)
+	}
+	switch {
+	case req.Mode > dlock.ModeLimited:
+		return fmt.Errorf("%w: zklock: unknown %s", dlock.ErrInvalidOption, req.Mode)
+	case req.Mode == dlock.ModeLimited && (req.Limit < 1 || req.Limit > dlock.MaxLimit):
+		return fmt.Errorf("%w: zklock: limit %d is outside 1..%d", dlock.ErrInvalidOption, req.Limit, dlock.MaxLimit)
+	case req.Mode != dlock.ModeLimited && req.Limit != 0:
+		return fmt.Errorf("%w: zklock: limit %d with a %s request", dlock.ErrInvalidOption, req.Limit, req.Mode)
 	}
 	return nil
 }
+
+// SupportsMode implements dlock.Sharer: every mode (see "Modes").
+func (b *Backend) SupportsMode(m dlock.Mode) bool { return m <= dlock.ModeLimited }
 
 // ensureDir creates key's directory (and the root, the first time).
 func (b *Backend) ensureDir(dir string) error {
@@ -448,7 +494,7 @@ func (b *Backend) enqueue(req dlock.Request) (*node, int64, error) {
 	for range 4 {
 		var res []zk.MultiResponse
 		res, err = b.c.Multi(
-			&zk.CreateRequest{Path: dir + "/" + nodePrefix, Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
+			&zk.CreateRequest{Path: dir + "/" + prefixOf(req.Mode, req.Limit), Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
 			&zk.SetDataRequest{Path: dir, Data: nil, Version: -1},
 		)
 		if errors.Is(err, zk.ErrNoNode) {

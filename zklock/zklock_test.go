@@ -187,20 +187,11 @@ func TestQueueIsFIFOWithoutHerd(t *testing.T) {
 		waitQueueLen(t, admin, b, k, i+2, 10*time.Second)
 	}
 	time.Sleep(200 * time.Millisecond) // let the last waiter set its watch
-	// wchp: each watched path, then the sessions watching it, indented.
-	watchers := map[string]int{}
-	var path string
-	for _, line := range strings.Split(fourLetter(addrs[0], "wchp"), "\n") {
-		if strings.HasPrefix(line, "/") {
-			path = line
-		} else if strings.TrimSpace(line) != "" && strings.HasPrefix(path, b.Dir(k)) {
-			watchers[path]++
-		}
-	}
-	if len(watchers) == 0 {
+	ws := watchers(addrs[0], b.Dir(k))
+	if len(ws) == 0 {
 		t.Error("no watches on the queue (wchp shows none)")
 	}
-	for p, n := range watchers {
+	for p, n := range ws {
 		if n > 1 || p == b.Dir(k) {
 			t.Errorf("rule: each waiter watches only its predecessor; %s has %d watching sessions", p, n)
 		}
