@@ -567,7 +567,7 @@ func (b *Backend) first(key string) clientv3.Op {
 // exclusive grant clears it). A held key thus costs reads only (the
 // holder's entry and its remaining lease), not writes: waiters call Acquire
 // before they queue. A request that finds the key held shared also leaves
-// the writer mark; one that finds it limited is refused with
+// the writer mark (two writes); one that finds it limited is refused with
 // dlock.ErrModeMismatch. Shared and limited requests are described at
 // acquireShared.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {

@@ -100,6 +100,19 @@ func judge(preds []item, m dlock.Mode, n int) turn {
 	return turn{watch: []*item{&preds[len(preds)-1]}, need: 1}
 }
 
+// Holding reports which of a key's entries hold the lock, given the
+// entries' values in create-revision order (the queue): one exclusive
+// entry at the head, the shared entries ahead of the first other one, or
+// the first limit limited entries; an entry behind one of another mode or
+// limit never holds. Tools that read the store's layout use it.
+func Holding(values [][]byte) []bool {
+	q := make([]item, len(values))
+	for i, v := range values {
+		q[i].rec = decode(v)
+	}
+	return holders(q)
+}
+
 // holders reports which entries of q hold the lock: in one pass, the same
 // verdicts as judge's for each entry behind those ahead of it.
 func holders(q []item) []bool {

@@ -484,3 +484,33 @@ func TestMarkKey(t *testing.T) {
 		}
 	}
 }
+
+// TestHolding: which entries of a queue hold the lock, in each mode.
+func TestHolding(t *testing.T) {
+	const (
+		x  = `{"token":"01"}`
+		s  = `{"token":"02","mode":"shared"}`
+		l2 = `{"token":"03","mode":"limited","limit":2}`
+		l3 = `{"token":"04","mode":"limited","limit":3}`
+	)
+	for _, c := range []struct {
+		queue []string
+		want  []bool
+	}{
+		{[]string{x, x}, []bool{true, false}},
+		{[]string{s, s, x, s}, []bool{true, true, false, false}},
+		{[]string{x, s, s}, []bool{true, false, false}},
+		{[]string{l2, l2, l2}, []bool{true, true, false}},
+		{[]string{l2, l3, l2}, []bool{true, false, false}}, // behind another limit
+		{[]string{s, l2}, []bool{true, false}},
+		{[]string{`{"token":"05","mode":"later"}`, s}, []bool{true, false}}, // an unknown mode excludes
+	} {
+		var vs [][]byte
+		for _, v := range c.queue {
+			vs = append(vs, []byte(v))
+		}
+		if got := etcdlock.Holding(vs); !slices.Equal(got, c.want) {
+			t.Errorf("Holding(%v) = %v, want %v", c.queue, got, c.want)
+		}
+	}
+}
