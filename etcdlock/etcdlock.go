@@ -1,21 +1,55 @@
 // Package etcdlock is a dlock.Backend on etcd v3 (go.etcd.io/etcd/client/v3).
+// It grants every mode (dlock.Sharer): exclusive, shared and limited.
 //
 // Each acquisition (and each waiting acquisition) is an entry key under the
 // lock's directory, attached to an etcd lease of its own:
 //
-//	<prefix><escaped key>/<lease id in hex>  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…}
+//	<prefix><escaped key>/<lease id in hex>  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…, "mode":…, "limit":…}
 //
-// The entry with the smallest create revision holds the lock; the others
-// wait in create-revision order, which makes waiting FIFO. This is the
-// recipe of etcd's own concurrency package, with the lease renewed by the
-// dlock.Locker (one KeepAliveOnce per lease in Extend) instead of a session
-// goroutine, so that the Locker's monotonic-clock deadline and loss
-// notification work as on every other backend.
+// The entries form a queue in create-revision order, which makes waiting
+// FIFO across modes. An exclusive entry holds the lock when it is first; a
+// shared entry when only shared entries are ahead of it; a limited entry
+// when fewer than its limit entries are ahead of it. This is the recipe of
+// etcd's own concurrency package for the exclusive lock, and of Curator's
+// InterProcessReadWriteLock and InterProcessSemaphoreV2 for the others, with
+// the leases renewed by the dlock.Locker (one KeepAliveOnce per lease in
+// Extend) instead of a session goroutine, so that the Locker's
+// monotonic-clock deadline and loss notification work as on every other
+// backend.
 //
 //	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"localhost:2379"}})
 //	b, err := etcdlock.New(cli, nil)
 //	locker := dlock.New(b, nil)
 //	// at the end: locker.Close(ctx), b.Close(), cli.Close()
+//
+// # Modes
+//
+// A key is either a reader-writer lock (exclusive and shared entries) or a
+// semaphore (limited entries, all with one limit). An acquisition that
+// finds an entry of the other kind, or with another limit, ahead of its own
+// fails with dlock.ErrModeMismatch; an entry it wrote is deleted before it
+// returns (an entry created first never sees a later one: the later one
+// gives way).
+//
+// Writers are not starved: a queued exclusive entry keeps the shared ones
+// behind it waiting. An exclusive acquisition that finds the key held
+// shared also writes the key's writer mark (<prefix><escaped key>%writer,
+// with a lease of 2 s, which etcd revokes within 2.5 s: dlock.WriterMark at
+// most, unless the cluster's minimum lease is longer); while it exists no
+// shared entry is created, so readers that come between the writer's first
+// attempt and its queued entry do not overtake it. An exclusive grant
+// deletes the mark.
+//
+// Every decision is made on a consistent view: an acquisition that cannot
+// wait writes its entry in a transaction that compares what it read (the
+// queue was empty, for an exclusive one; no writer mark, for a shared one)
+// and reads the queue again at the entry's own revision; a waiting entry
+// decides from the entries ahead of it, which only ever leave (new ones
+// queue behind it), so an entry once granted stays granted while it exists.
+//
+// Reading the holders of a shared or limited key costs more than reading
+// one entry: Extend, Release and List of a holder that is not the head
+// entry read the key's whole queue.
 //
 // # Leases and time
 //
@@ -36,34 +70,47 @@
 //
 // # Fencing
 //
-// The fence is the holder entry's create revision: etcd's revision
-// counter, which strictly increases over the life of the cluster's data (it
-// survives restarts, leader changes and compaction). Tokens are therefore
-// not 1, 2, 3 for one key but jump by the writes made to other keys; they
-// strictly increase per key, which is what fencing needs. Not covered: a
-// cluster restored from a backup goes back to the backup's revision and
-// would hand out tokens again (etcdutl snapshot restore --bump-revision, in
-// etcd 3.5 and later, prevents it), and a cluster created anew without its
-// data starts again at 1.
+// The fence is the holder entry's create revision, in every mode: etcd's
+// revision counter, which strictly increases over the life of the cluster's
+// data (it survives restarts, leader changes and compaction). Tokens are
+// therefore not 1, 2, 3 for one key but jump by the writes made to other
+// keys; they strictly increase per key, which is what fencing needs. Since
+// an entry ahead of another always gets its turn no later than that other
+// one, holders get their fences in the order of their grants: a writer's
+// fence is larger than every reader's before it, and smaller than every
+// reader's after it. (A parked shared or limited entry whose turn came
+// while parked is therefore not taken over: entries behind it may have
+// been granted with larger fences in the meantime.) Not covered: a cluster
+// restored from a backup goes back to the backup's revision and would hand
+// out tokens again (etcdutl snapshot restore --bump-revision, in etcd 3.5
+// and later, prevents it), and a cluster created anew without its data
+// starts again at 1.
 //
 // # Waiting
 //
 // A waiting acquisition (dlock.Waiter) creates its entry and watches only
-// the entry created just before it, so a release wakes exactly one waiter
-// (no thundering herd) and the lock is handed over in arrival order; a
-// waiter whose context ends deletes its entry at once (against an
-// unreachable member it returns after one request's timeout and the
-// deletion goes on in the background; Backend.Close waits for it). One AcquireWait call
-// waits at most a third of the TTL (the Locker counts the lease from the
-// call's start); it then leaves its entry queued for the Locker's next call,
-// which renews it and keeps the place in the queue. An entry that reaches
-// the head of the queue before the next call takes it over is removed at
-// once (each parked entry keeps a watch for it), so that a waiter that gave
-// up between two calls never holds the key up: the next waiter gets it, and
-// a late call queues anew. A waiter that crashes holds up the queue, when
-// its turn comes, until its entry's lease expires, as a crashed holder does. An acquisition that cannot wait (TryAcquire)
-// creates its entry only if the directory is empty, in one transaction, so
-// it never queues and never barges: it fails while anyone holds or waits.
+// the entries ahead of it that keep it waiting: an exclusive entry the one
+// just before it, a shared entry the nearest exclusive entry ahead of it, so
+// a release wakes only waiters that may now hold the lock (no thundering
+// herd) and the lock is handed over in arrival order. A limited entry with k
+// entries ahead of it and a limit of n watches them and looks again only
+// once k−n+1 of them have left, so each release makes one limited waiter
+// read (their watches all receive the deletions). A waiter whose context
+// ends deletes its entry at once (against an unreachable member it returns
+// after one request's timeout and the deletion goes on in the background;
+// Backend.Close waits for it). One AcquireWait call waits at most a third of
+// the TTL (the Locker counts the lease from the call's start); it then
+// leaves its entry queued for the Locker's next call, which renews it and
+// keeps the place in the queue. An entry whose turn comes before the next
+// call takes it over is removed at once (each parked entry keeps a watch for
+// it), so that a waiter that gave up between two calls never holds the key
+// up: the next waiter gets it, and a late call queues anew. A waiter that
+// crashes holds up the queue, when its turn comes, until its entry's lease
+// expires, as a crashed holder does. An acquisition that cannot wait
+// (TryAcquire) never queues and never barges: an exclusive one creates its
+// entry only if the directory is empty, in one transaction, and a shared or
+// limited one keeps its entry only if it holds the lock at once; each fails
+// while entries that would keep it out hold or wait.
 //
 // # Failures
 //
@@ -175,6 +222,7 @@ var (
 	_ dlock.Lister        = (*Backend)(nil)
 	_ dlock.ForceReleaser = (*Backend)(nil)
 	_ dlock.Waiter        = (*Backend)(nil)
+	_ dlock.Sharer        = (*Backend)(nil)
 )
 
 // New returns a Backend over c. It does no I/O. The error matches
@@ -247,10 +295,30 @@ type record struct {
 	// waited it is when the last AcquireWait call took it over, at most a
 	// third of the TTL before it got the lock.
 	Acquired int64 `json:"acquired_us"`
+	// Mode is "shared" or "limited"; empty for an exclusive entry.
+	Mode string `json:"mode,omitempty"`
+	// Limit is the key's holder limit of a limited entry.
+	Limit int `json:"limit,omitempty"`
+}
+
+// mode returns the entry's mode. A mode this version does not know counts
+// as exclusive: it keeps every other entry out.
+func (r record) mode() dlock.Mode {
+	switch r.Mode {
+	case "shared":
+		return dlock.ModeShared
+	case "limited":
+		return dlock.ModeLimited
+	}
+	return dlock.ModeExclusive
 }
 
 func encode(req dlock.Request) string {
-	v, _ := json.Marshal(record{Token: req.Token.String(), Owner: req.Owner, Metadata: req.Metadata, Acquired: time.Now().UnixMicro()})
+	r := record{Token: req.Token.String(), Owner: req.Owner, Metadata: req.Metadata, Acquired: time.Now().UnixMicro()}
+	if req.Mode != dlock.ModeExclusive {
+		r.Mode, r.Limit = req.Mode.String(), req.Limit
+	}
+	v, _ := json.Marshal(r)
 	return string(v)
 }
 
@@ -263,7 +331,10 @@ func decode(v []byte) record {
 // info describes the holder entry kv of key.
 func info(key string, kv *mvccpb.KeyValue) dlock.LockInfo {
 	r := decode(kv.Value)
-	h := dlock.LockInfo{Key: key, Owner: r.Owner, Fence: uint64(kv.CreateRevision), Metadata: r.Metadata}
+	h := dlock.LockInfo{Key: key, Owner: r.Owner, Fence: uint64(kv.CreateRevision), Metadata: r.Metadata, Mode: r.mode()}
+	if h.Mode == dlock.ModeLimited {
+		h.Limit = r.Limit
+	}
 	if tok, err := hex.DecodeString(r.Token); err == nil && len(tok) == len(h.Token) {
 		copy(h.Token[:], tok)
 	}
@@ -489,18 +560,29 @@ func (b *Backend) first(key string) clientv3.Op {
 	return clientv3.OpGet(b.dir(key), clientv3.WithFirstCreate()...)
 }
 
-// Acquire implements dlock.Backend. It reads the key's directory and, if it
-// is empty (no holder, no waiter), grants a lease and writes the entry in a
-// transaction that checks again that the directory is empty. A held key
-// thus costs reads only (the holder's entry and its remaining lease), not
-// writes: waiters call Acquire before they queue.
+// Acquire implements dlock.Backend. For an exclusive request it reads the
+// head of the key's queue and, if the queue is empty (no holder, no
+// waiter), grants a lease and writes the entry in a transaction that checks
+// again that the directory is empty (and deletes the writer mark: an
+// exclusive grant clears it). A held key thus costs reads only (the
+// holder's entry and its remaining lease), not writes: waiters call Acquire
+// before they queue. A request that finds the key held shared also leaves
+// the writer mark (two writes); one that finds it limited is refused with
+// dlock.ErrModeMismatch. Shared and limited requests are described at
+// acquireShared.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := checkMode(req); err != nil {
+		return dlock.Result{}, err
+	}
+	if req.Mode != dlock.ModeExclusive {
+		return b.acquireShared(ctx, req)
+	}
 	head, err := b.head(ctx, req.Key)
 	if err != nil {
 		return dlock.Result{}, fmt.Errorf("etcdlock: acquire %q: %w", req.Key, err)
 	}
 	if head != nil {
-		return b.held(ctx, req.Key, head), nil
+		return b.heldExclusive(ctx, req, head)
 	}
 	id, err := b.grant(ctx, req.TTL)
 	if err != nil {
@@ -514,7 +596,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		var err error
 		resp, err = b.c.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(dir), "=", 0).WithPrefix()).
-			Then(clientv3.OpPut(name, encode(req), clientv3.WithLease(id))).
+			Then(clientv3.OpPut(name, encode(req), clientv3.WithLease(id)), clientv3.OpDelete(b.mark(req.Key))).
 			Else(b.first(req.Key)).
 			Commit()
 		return err
@@ -535,9 +617,9 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	// Taken since the first read.
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = b.revoke(ctx, id) }) // unused: it would expire anyway
-	res := b.held(ctx, req.Key, kvs[0])
+	res, err := b.heldExclusive(ctx, req, kvs[0])
 	wg.Wait()
-	return res, nil
+	return res, err
 }
 
 // held is the Result of an acquisition of key that found holder, with the
@@ -553,48 +635,51 @@ func (b *Backend) held(ctx context.Context, key string, holder *mvccpb.KeyValue)
 	return res
 }
 
-// Extend implements dlock.Backend. It reads the holder entry of every key in
-// one transaction per 64 leases, then renews the lease of each entry that
-// carries its token with KeepAliveOnce, concurrently. A lease that etcd no
-// longer has (expired, revoked, or released by another client) is
-// dlock.ErrNotHeld; etcd never revives an expired lease.
+// Extend implements dlock.Backend. It reads the head entry of every key in
+// one transaction per 64 leases and, for the leases not found there (the
+// shared and limited holders behind the first one), every entry of their
+// keys the same way; then it renews the lease of each entry that carries
+// its token and holds the lock with KeepAliveOnce, concurrently. A lease
+// that etcd no longer has (expired, revoked, or released by another client)
+// is dlock.ErrNotHeld; etcd never revives an expired lease.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
-	const perTxn = 64 // below etcd's default --max-txn-ops of 128
-	holders := make([]*mvccpb.KeyValue, len(leases))
-	for lo := 0; lo < len(leases); lo += perTxn {
-		hi := min(lo+perTxn, len(leases))
-		ops := make([]clientv3.Op, 0, hi-lo)
-		for _, l := range leases[lo:hi] {
-			ops = append(ops, b.first(l.Key))
+	ids := make([]clientv3.LeaseID, len(leases)) // 0: not held
+	var behind []int                             // leases whose key's head carries another token
+	err := b.readEach(ctx, leases, nil, b.first, func(i int, kvs []*mvccpb.KeyValue) {
+		switch {
+		case len(kvs) == 0:
+		case decode(kvs[0].Value).Token == leases[i].Token.String():
+			ids[i] = clientv3.LeaseID(kvs[0].Lease)
+		default:
+			behind = append(behind, i)
 		}
-		var resp *clientv3.TxnResponse
-		err := b.retry(ctx, func(ctx context.Context) error {
-			var err error
-			resp, err = b.c.Txn(ctx).Then(ops...).Commit()
-			return err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("etcdlock: extend: %w", err)
-		}
-		for i, r := range resp.Responses {
-			if kvs := r.GetResponseRange().GetKvs(); len(kvs) > 0 {
-				holders[lo+i] = kvs[0]
+	})
+	if err == nil && len(behind) > 0 {
+		err = b.readEach(ctx, leases, behind, b.all, func(i int, kvs []*mvccpb.KeyValue) {
+			q := items(kvs)
+			held := holders(q)
+			for j := range q {
+				if q[j].rec.Token == leases[i].Token.String() && held[j] {
+					ids[i] = clientv3.LeaseID(q[j].kv.Lease)
+				}
 			}
-		}
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("etcdlock: extend: %w", err)
 	}
 	errs := make([]error, len(leases))
 	sem := make(chan struct{}, 32)
 	var wg sync.WaitGroup
 	for i, l := range leases {
-		h := holders[i]
-		if h == nil || h.Lease == 0 || decode(h.Value).Token != l.Token.String() {
+		if ids[i] == 0 {
 			errs[i] = dlock.ErrNotHeld
 			continue
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			err := b.keepAlive(ctx, clientv3.LeaseID(h.Lease))
+			err := b.keepAlive(ctx, ids[i])
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
 				errs[i] = dlock.ErrNotHeld
@@ -607,12 +692,46 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	return errs, nil
 }
 
-// Release implements dlock.Backend: it revokes the holder entry's lease if
-// the entry carries token, which deletes the entry and wakes the next
-// waiter. If token is not the holder's but a waiting entry carries it (an
-// acquisition whose outcome was unknown), that entry is removed too, and the
-// result is still dlock.ErrNotHeld. A lease past its TTL that the leader has
-// not revoked yet (up to 500 ms) still counts as held.
+// readEach reads op(key) for the leases at the indexes in which (every
+// lease if which is nil), in one transaction per 64, and calls found with
+// each lease's index and the keys read.
+func (b *Backend) readEach(ctx context.Context, leases []dlock.Lease, which []int, op func(key string) clientv3.Op, found func(i int, kvs []*mvccpb.KeyValue)) error {
+	const perTxn = 64 // below etcd's default --max-txn-ops of 128
+	if which == nil {
+		which = make([]int, len(leases))
+		for i := range which {
+			which[i] = i
+		}
+	}
+	for lo := 0; lo < len(which); lo += perTxn {
+		chunk := which[lo:min(lo+perTxn, len(which))]
+		ops := make([]clientv3.Op, 0, len(chunk))
+		for _, i := range chunk {
+			ops = append(ops, op(leases[i].Key))
+		}
+		var resp *clientv3.TxnResponse
+		err := b.retry(ctx, func(ctx context.Context) error {
+			var err error
+			resp, err = b.c.Txn(ctx).Then(ops...).Commit()
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		for j, r := range resp.Responses {
+			found(chunk[j], r.GetResponseRange().GetKvs())
+		}
+	}
+	return nil
+}
+
+// Release implements dlock.Backend: it revokes the lease of the entry that
+// carries token if that entry holds the lock, which deletes the entry and
+// wakes the waiters it kept waiting. If the entry only waits (an
+// acquisition whose outcome was unknown), it is removed too, and the result
+// is still dlock.ErrNotHeld. The head entry is read first; the key's other
+// entries only if the head carries another token. A lease past its TTL
+// that the leader has not revoked yet (up to 500 ms) still counts as held.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
 	h, err := b.head(ctx, key)
 	if err != nil {
@@ -632,29 +751,24 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 		}
 		return nil
 	}
-	if err := b.removeWaiter(ctx, key, tok); err != nil {
+	q, err := b.queue(ctx, key)
+	if err != nil {
 		return fmt.Errorf("etcdlock: release %q: %w", key, err)
 	}
-	return dlock.ErrNotHeld
-}
-
-// removeWaiter removes the waiting entries of key that carry token.
-func (b *Backend) removeWaiter(ctx context.Context, key, token string) error {
-	var resp *clientv3.GetResponse
-	err := b.retry(ctx, func(ctx context.Context) error {
-		var err error
-		resp, err = b.c.Get(ctx, b.dir(key), clientv3.WithPrefix())
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	for _, kv := range resp.Kvs {
-		if decode(kv.Value).Token == token {
-			if _, err := b.remove(ctx, kv); err != nil {
-				return err
-			}
+	held := holders(q)
+	released := false
+	for i, it := range q {
+		if it.rec.Token != tok {
+			continue
 		}
+		ok, err := b.remove(ctx, it.kv)
+		if err != nil {
+			return fmt.Errorf("etcdlock: release %q: %w", key, err)
+		}
+		released = released || ok && held[i]
+	}
+	if !released {
+		return dlock.ErrNotHeld
 	}
 	return nil
 }
@@ -678,36 +792,57 @@ func (b *Backend) remove(ctx context.Context, kv *mvccpb.KeyValue) (bool, error)
 	return err == nil && resp.Succeeded, err
 }
 
-// ForceRelease implements dlock.ForceReleaser: it revokes the holder entry's
-// lease, which hands the key to the next waiter. The old holder learns of
-// the loss at its next renewal.
+// ForceRelease implements dlock.ForceReleaser: it revokes the leases of
+// every entry that holds the lock (one exclusive holder, or every shared or
+// limited one), which hands the key to the waiters next in line. The old
+// holders learn of the loss at their next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	h, err := b.head(ctx, key)
+	q, err := b.queue(ctx, key)
 	if err != nil {
 		return fmt.Errorf("etcdlock: force release %q: %w", key, err)
 	}
-	if h == nil {
-		return dlock.ErrNotHeld
+	var mu sync.Mutex
+	var errs []error
+	released := false
+	held := holders(q)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range q {
+		if !held[i] {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			ok, err := b.remove(ctx, q[i].kv)
+			mu.Lock()
+			defer mu.Unlock()
+			released = released || ok
+			if err != nil {
+				errs = append(errs, err)
+			}
+		})
 	}
-	ok, err := b.remove(ctx, h)
-	if err != nil {
-		return fmt.Errorf("etcdlock: force release %q: %w", key, err)
+	wg.Wait()
+	if len(errs) > 0 {
+		return fmt.Errorf("etcdlock: force release %q: %w", key, dlock.Join(errs...))
 	}
-	if !ok {
+	if !released {
 		return dlock.ErrNotHeld
 	}
 	return nil
 }
 
 // List implements dlock.Lister. It reads every entry under the prefix (in
-// pages of 1,000), keeps the oldest of each key, and asks for the remaining
-// time of their leases (to the second: ExpiresAt is zero in a lease's last
-// second). It costs one request per holder, for operators rather than hot
-// paths.
+// pages of 1,000), keeps those that hold their key (one exclusive holder,
+// or every shared or limited one), ordered by key and fence, and asks for
+// the remaining time of their leases (to the second: ExpiresAt is zero in a
+// lease's last second). It costs one request per holder, for operators
+// rather than hot paths.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
 	from := b.prefix + keyEscaper.Replace(prefix)
 	end := clientv3.GetPrefixRangeEnd(from)
-	holders := map[string]*mvccpb.KeyValue{}
+	entries := map[string][]*mvccpb.KeyValue{}
 	for range 1_000_000 { // bounded: each page moves past 1,000 keys
 		var resp *clientv3.GetResponse
 		err := b.retry(ctx, func(ctx context.Context) error {
@@ -719,12 +854,8 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 			return nil, fmt.Errorf("etcdlock: list: %w", err)
 		}
 		for _, kv := range resp.Kvs {
-			k, ok := b.keyOf(string(kv.Key))
-			if !ok || !strings.HasPrefix(k, prefix) {
-				continue
-			}
-			if h := holders[k]; h == nil || kv.CreateRevision < h.CreateRevision {
-				holders[k] = kv
+			if k, ok := b.keyOf(string(kv.Key)); ok && strings.HasPrefix(k, prefix) {
+				entries[k] = append(entries[k], kv)
 			}
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
@@ -732,22 +863,37 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	out := make([]dlock.LockInfo, 0, len(holders))
-	for k, kv := range holders {
-		out = append(out, info(k, kv))
+	type holder struct {
+		info dlock.LockInfo
+		id   clientv3.LeaseID
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	var hs []holder
+	for k, kvs := range entries {
+		q := items(kvs)
+		for i, held := range holders(q) {
+			if held {
+				hs = append(hs, holder{info(k, q[i].kv), clientv3.LeaseID(q[i].kv.Lease)})
+			}
+		}
+	}
+	sort.Slice(hs, func(i, j int) bool {
+		if hs[i].info.Key != hs[j].info.Key {
+			return hs[i].info.Key < hs[j].info.Key
+		}
+		return hs[i].info.Fence < hs[j].info.Fence
+	})
+	out := make([]dlock.LockInfo, len(hs))
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
-	for i := range out {
-		id := clientv3.LeaseID(holders[out[i].Key].Lease)
-		if id == 0 {
+	for i, h := range hs {
+		out[i] = h.info
+		if h.id == 0 {
 			continue
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if d := b.remaining(ctx, id); d > 0 {
+			if d := b.remaining(ctx, h.id); d > 0 {
 				out[i].ExpiresAt = time.Now().Add(d)
 			}
 		})
