@@ -197,11 +197,12 @@ func (m Mode) String() string {
 //     holder of any mode. A shared request is granted when the key has no
 //     unexpired exclusive holder and no exclusive acquisition waits for it:
 //     an exclusive attempt that finds shared holders leaves a writer mark
-//     lasting WriterMark (each attempt renews it, and a backend's
-//     AcquireWait renews it while it waits; an exclusive grant clears it)
-//     that refuses new shared requests, so that a stream of readers cannot
-//     starve a writer, and a writer that gives up holds readers back for at
-//     most WriterMark.
+//     lasting WriterMark (each attempt renews it; an exclusive grant clears
+//     it) that refuses new shared requests, so that a stream of readers
+//     cannot starve a writer, and a writer that gives up holds readers back
+//     for at most WriterMark. A backend's AcquireWait keeps new shared
+//     requests out while the writer waits in it (by renewing the mark, or
+//     by the writer's own place in a queue).
 //   - A limited request is granted when the key has fewer than Limit
 //     unexpired holders. A limited request for a key held with another
 //     limit or in another mode (and an exclusive or shared request for a
