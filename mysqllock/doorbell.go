@@ -65,8 +65,11 @@ func (b *Backend) checkPool() error {
 }
 
 // Acquire implements dlock.Backend: one attempt at the lease, then its
-// doorbell.
+// doorbell (exclusive acquisitions only).
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := checkMode(req); err != nil {
+		return dlock.Result{}, err
+	}
 	if err := b.checkPool(); err != nil {
 		return dlock.Result{}, err
 	}
@@ -88,7 +91,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		}
 	}
 	res, err := b.acquireLease(ctx, req, 0)
-	if err != nil || !res.Acquired || !b.bells() {
+	if err != nil || !res.Acquired || !b.bells() || req.Mode != dlock.ModeExclusive {
 		return res, err
 	}
 	return b.takeBell(ctx, req, res)
@@ -117,9 +120,12 @@ func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Res
 // than bellPoll at a time. Doorbell failures are never errors: they only
 // cost the wake-up. In a pool with a limit, when no connection can be spared
 // for a waiter's doorbell session, it returns dlock.ErrUnsupported and the
-// Locker polls instead.
+// Locker polls instead. Shared and limited holders ring no doorbell: for
+// such requests it returns dlock.ErrUnsupported before any I/O, and the
+// Locker polls, never longer than Result.Remaining, the time left to the
+// first lease (or writer mark) that stands in the way.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if !b.bells() {
+	if !b.bells() || req.Mode != dlock.ModeExclusive {
 		return dlock.Result{}, dlock.ErrUnsupported
 	}
 	began := time.Now()
@@ -157,6 +163,10 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	for {
 		sending := time.Now()
 		res, err := b.acquireLease(ctx, req, inLine)
+		if errors.Is(err, dlock.ErrModeMismatch) { // the key went limited: nothing was taken
+			_ = b.bell.Release(context.WithoutCancel(ctx), req.Key, req.Token)
+			return dlock.Result{}, err
+		}
 		if err != nil || res.Acquired {
 			if res.Acquired && inLine != 0 {
 				b.belled.Store(req.Token, struct{}{})

@@ -104,4 +104,31 @@ func TestGaleraRefusesSessionStrategies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// Shared and limited holds are transactions that write the key's row,
+	// which Galera certifies as it does the exclusive statement.
+	sk := locktest.UniqueKey("galera-shared")
+	r1, r2 := request(sk, dlock.ModeShared, 0, 5*time.Second), request(sk, dlock.ModeShared, 0, 5*time.Second)
+	f1, f2 := mustGrant(t, lease, r1), mustGrant(t, lease, r2)
+	if f2 <= f1 {
+		t.Errorf("shared fences on Galera: %d after %d", f2, f1)
+	}
+	mustRefuse(t, lease, request(sk, dlock.ModeExclusive, 0, 5*time.Second))
+	if _, err := lease.Acquire(ctx, request(sk, dlock.ModeLimited, 2, 5*time.Second)); !errors.Is(err, dlock.ErrModeMismatch) {
+		t.Errorf("a limited request for a shared key on Galera: %v; want ErrModeMismatch", err)
+	}
+	if errs, err := lease.Extend(ctx, []dlock.Lease{{Key: sk, Token: r1.Token, TTL: 5 * time.Second}}); err != nil || errs[0] != nil {
+		t.Errorf("Extend of a shared hold on Galera: %v, %v", errs, err)
+	}
+	for _, r := range []dlock.Request{r1, r2} {
+		if err := lease.Release(ctx, sk, r.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f := mustGrant(t, lease, request(sk, dlock.ModeExclusive, 0, 5*time.Second)); f <= f2 {
+		t.Errorf("the writer's fence on Galera: %d after the readers' %d", f, f2)
+	}
+	if err := lease.ForceRelease(ctx, sk); err != nil {
+		t.Errorf("ForceRelease on Galera: %v", err)
+	}
 }

@@ -82,7 +82,13 @@ var (
 	_ dlock.Lister        = (*GetLock)(nil)
 	_ dlock.ForceReleaser = (*GetLock)(nil)
 	_ dlock.LossReporter  = (*GetLock)(nil)
+	_ dlock.Sharer        = (*GetLock)(nil)
 )
+
+// SupportsMode implements dlock.Sharer: GET_LOCK has no shared mode, so
+// GetLock grants exclusive acquisitions only, and the Locker refuses the
+// others before any I/O.
+func (g *GetLock) SupportsMode(m dlock.Mode) bool { return m == dlock.ModeExclusive }
 
 // minSessionConns is the smallest limit of a caller's pool that GetLock and
 // the doorbells work with: the shared session, and one connection for every
@@ -142,6 +148,9 @@ func (g *GetLock) Close() error {
 
 // checkRequest refuses, before any I/O, a request that cannot be served.
 func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
+	if err := exclusiveOnly("getlock", req); err != nil {
+		return err
+	}
 	if err := g.s.checkPool(); err != nil {
 		return err
 	}

@@ -8,6 +8,16 @@
 // The strategy works through connection pools, proxies and Galera, and a
 // crashed holder's lock frees itself when its TTL runs out.
 //
+// The lease strategy grants every mode (dlock.Sharer): shared holds
+// (dlock.Shared) and limited ones (dlock.WithLimit) each have a lease, a
+// token and a fence of their own, taken from the same counter as exclusive
+// holds; see Backend.SupportsMode. GetLock and RowLock grant exclusive
+// acquisitions only: a named lock or a locked row has no shared mode.
+// Shared and limited holders live in a table of their own and in columns
+// that Migrate adds to a lock table created without them; exclusive
+// acquisitions by a client built without them do not see shared or limited
+// holders, so stop such clients before any key is taken in those modes.
+//
 // Every strategy's grants, and so its fences, are only as durable as
 // the server's commits: with innodb_flush_log_at_trx_commit other than 1,
 // or the binary log on and sync_binlog other than 1, a crash can lose a
@@ -56,7 +66,8 @@ type Options struct {
 	// Table is the lock table, optionally qualified by database
 	// ("locks.dlock_locks"). Each part is 1..64 of [A-Za-z0-9_$], not all
 	// digits, and the table itself at most 56, for the tables named after
-	// it ("_session", "_rows", "_claims"). The default is DefaultTable.
+	// it ("_session", "_rows", "_claims", "_holders"). The default is
+	// DefaultTable.
 	Table string
 
 	// Logger receives a warning for each server setting that breaks a
@@ -110,12 +121,17 @@ type Backend struct {
 	db     *sql.DB
 	table  string // quoted
 	q      queries
+	sq     sharedQueries
 	bell   *GetLock    // the doorbells; nil without them
 	noBell atomic.Bool // doorbells turned out to be unavailable (Galera)
 	// belled holds the tokens of the leases granted with their doorbell,
 	// until released (see Release).
 	belled sync.Map
-	warn   warner
+	// nonExcl holds the tokens of the shared and limited holds granted
+	// here, until released or found lost, so that Extend and Release go
+	// straight to the holders table.
+	nonExcl sync.Map
+	warn    warner
 }
 
 var (
@@ -123,6 +139,7 @@ var (
 	_ dlock.Waiter        = (*Backend)(nil)
 	_ dlock.Lister        = (*Backend)(nil)
 	_ dlock.ForceReleaser = (*Backend)(nil)
+	_ dlock.Sharer        = (*Backend)(nil)
 )
 
 //go:embed schema.sql
@@ -139,7 +156,7 @@ func New(db *sql.DB, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{db: db, table: table, q: newQueries(table), warn: warner{log: logger(opts)}, claims: newClaims(db, table, "lease")}
+	b := &Backend{db: db, table: table, q: newQueries(table), sq: newSharedQueries(table, holdersTable(table)), warn: warner{log: logger(opts)}, claims: newClaims(db, table, "lease")}
 	if opts == nil || !opts.NoDoorbell {
 		s := newSessions(db, "").forStrategy("the lease strategy with doorbells (Options.NoDoorbell unset)", minSessionConns, connector(opts))
 		if err := s.checkPool(); err != nil {
@@ -190,8 +207,12 @@ func leaseOnly(strategy string, opts *Options) error {
 }
 
 // longestSuffix is the longest suffix of the tables that Migrate names
-// after Options.Table (see schema.sql).
+// after Options.Table (see schema.sql); "_holders" is as long.
 const longestSuffix = "_session"
+
+// holdersTable names the lease strategy's table of shared and limited
+// holders after the lock table (quoted).
+func holdersTable(table string) string { return strings.TrimSuffix(table, "`") + "_holders`" }
 
 func quoteTable(name string) (string, error) {
 	if name == "" {
@@ -244,9 +265,11 @@ func execScript(ctx context.Context, db querier, script string) error {
 	return nil
 }
 
-// Migrate creates the lock tables of every strategy if they do not exist. It
-// is safe to run concurrently and repeatedly. With Options.Logger it then
-// logs a warning for each finding of Check (and one if Check fails).
+// Migrate creates the lock tables of every strategy if they do not exist,
+// and adds to a lock table created by an earlier version the columns that
+// shared and limited holders need (keeping its rows and fences). It is safe
+// to run concurrently and repeatedly. With Options.Logger it then logs a
+// warning for each finding of Check (and one if Check fails).
 func (b *Backend) Migrate(ctx context.Context) error {
 	return migrate(ctx, b.db, b.table, &b.warn, b.Check)
 }
@@ -257,6 +280,9 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 	if err := execScript(ctx, db, schemaFor(table)); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
 	}
+	if err := upgrade(ctx, db, table); err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: add the columns of shared and limited holders: %w", table, err)
+	}
 	if err := w.warn(ctx, check); err != nil {
 		w.log.WarnContext(ctx, "mysqllock: could not check the server's settings", "err", err)
 	}
@@ -264,7 +290,7 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 }
 
 type queries struct {
-	acquire, acquireBell, holder, release, releaseNoBell, forceRelease, list string
+	acquire, acquireBell, release, releaseNoBell, forceRelease, list string
 }
 
 // The acquisition statement decides once whether the row is free, in the
@@ -282,6 +308,11 @@ type queries struct {
 // ago: that session belongs to the waiter first in line, woken by the
 // release. A doorbell held longer than that past the lease's end is stale
 // (its holder paused or lost the lease without ringing) and is ignored.
+//
+// The key is free when both its exclusive lease and the latest lease of its
+// shared or limited holders (shared_until) have ended. An attempt that finds
+// only shared holders leaves the writer mark (writer_until), which a grant
+// clears; it is assigned before expires_at, which it reads.
 func newQueries(t string) queries {
 	acquire := func(free string) string {
 		return `INSERT INTO ` + t + ` (name, token, owner, fence, acquired_at, expires_at, metadata)
@@ -292,17 +323,16 @@ ON DUPLICATE KEY UPDATE
   metadata = IF(@dlock_free, ?, metadata),
   acquired_at = IF(@dlock_free, UTC_TIMESTAMP(6), acquired_at),
   fence = IF(@dlock_free, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
+  writer_until = IF(@dlock_free, '1970-01-01',
+    IF(expires_at <= UTC_TIMESTAMP(6) AND shared_until > UTC_TIMESTAMP(6) AND share_limit = 0, UTC_TIMESTAMP(6) + INTERVAL ` + writerMark + ` MICROSECOND, writer_until)),
   expires_at = IF(@dlock_free, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
 	}
-	const free = "expires_at <= UTC_TIMESTAMP(6)"
-	freeBell := fmt.Sprintf("(%s AND (IFNULL(IS_USED_LOCK(?), ?) = ? OR expires_at <= UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND))",
+	const free = "GREATEST(expires_at, shared_until) <= UTC_TIMESTAMP(6)"
+	freeBell := fmt.Sprintf("(%s AND (IFNULL(IS_USED_LOCK(?), ?) = ? OR GREATEST(expires_at, shared_until) <= UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND))",
 		free, staleBell.Microseconds())
 	return queries{
 		acquire:     acquire(free),
 		acquireBell: acquire(freeBell),
-		holder: `SELECT name, token, owner, fence, metadata,
-  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
-FROM ` + t + ` WHERE name = ?`,
 		release: `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6), token = ` + noToken + `
 WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
 		releaseNoBell: fmt.Sprintf(`UPDATE `+t+` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND, token = `+noToken+`
@@ -311,11 +341,14 @@ WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`, staleBell.Micro
 		// doorbell is freed by a KILL, which the server completes later.
 		forceRelease: fmt.Sprintf(`UPDATE `+t+` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND, token = `+noToken+`
 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)`, staleBell.Microseconds()),
-		list: `SELECT name, token, owner, fence, metadata,
-  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
-FROM ` + t + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6) ORDER BY name`,
+		list: `SELECT ` + holderCols + `, 0, 0 FROM ` + t + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6)
+UNION ALL
+SELECT ` + holderCols + `, 1, share_limit FROM ` + holdersTable(t) + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6)`,
 	}
 }
+
+// writerMark is dlock.WriterMark in microseconds, for the statements.
+var writerMark = fmt.Sprint(dlock.WriterMark.Microseconds())
 
 // noToken replaces the owner token of a released lease. UTC_TIMESTAMP is the
 // time a statement started, so an extension that started before a release
@@ -327,8 +360,9 @@ const noToken = "X'00000000000000000000000000000000'"
 
 // MySQL error numbers handled here.
 const (
-	errNoSuchTable = 1146
-	errDeadlock    = 1213
+	errNoSuchTable  = 1146
+	errNoSuchColumn = 1054
+	errDeadlock     = 1213
 )
 
 // wrap adds context and maps a missing table to dlock.ErrNoSchema.
@@ -338,6 +372,9 @@ func wrapErr(table, op string, err error) error {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) && me.Number == errNoSuchTable {
 		return fmt.Errorf("mysqllock: %s: table %s does not exist: %w (%w)", op, table, dlock.ErrNoSchema, err)
+	}
+	if errors.As(err, &me) && me.Number == errNoSuchColumn {
+		return fmt.Errorf("mysqllock: %s: table %s lacks columns of this version: %w (%w)", op, table, dlock.ErrNoSchema, err)
 	}
 	return fmt.Errorf("mysqllock: %s: %w", op, err)
 }
@@ -363,7 +400,11 @@ func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine in
 	}, func(res dlock.Result, _ error) {
 		if res.Acquired { // granted to a caller that has gone
 			rctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
-			_ = b.free(rctx, "release", b.q.release, req.Key, req.Token[:])
+			if req.Mode == dlock.ModeExclusive {
+				_ = b.free(rctx, "release", b.q.release, req.Key, req.Token[:])
+			} else {
+				_ = b.releaseShared(rctx, req.Key, req.Token)
+			}
 			cancel()
 		}
 	})
@@ -436,6 +477,9 @@ func outlive[T any](ctx context.Context, f func(context.Context) (T, error), lef
 // the session holding this request's doorbell (0 if none): the lease is not
 // taken while anyone else holds a fresh doorbell (see newQueries).
 func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
+	if req.Mode != dlock.ModeExclusive {
+		return b.tryShared(ctx, req)
+	}
 	ttl := req.TTL.Microseconds()
 	q := b.q.acquire
 	args := []any{req.Key, req.Token[:], req.Owner, ttl, req.Metadata,
@@ -470,40 +514,46 @@ func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64)
 	// did take the row (audit triggers, pt-online-schema-change). The row
 	// decides: our token (128 random bits) in an unexpired lease is proof of
 	// a grant.
-	hs, err := b.query(ctx, b.q.holder, req.Key)
+	st, ok, err := readState(ctx, b.db, b.sq.state, req.Key)
 	if err != nil {
 		// The outcome is unknown; the Locker releases our token.
 		return dlock.Result{}, b.wrap("acquire", err)
 	}
-	if len(hs) == 0 {
+	if !ok {
 		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}, nil
 	}
-	h := hs[0]
-	if h.Token == req.Token && h.remaining > 0 {
-		return dlock.Result{Acquired: true, Fence: h.Fence}, nil
-	}
-	return dlock.Result{Holder: h.LockInfo, Remaining: max(h.remaining, 0)}, nil
+	return b.exclusiveRefused(ctx, req, st)
 }
 
 // Extend implements dlock.Backend with one UPDATE and one SELECT per distinct
-// TTL in leases.
+// TTL among the exclusive leases, and one transaction per distinct TTL among
+// the shared and limited ones.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
 	if err := b.checkPool(); err != nil {
 		return nil, err
 	}
-	byTTL := map[time.Duration][]int{}
+	excl, shared := map[time.Duration][]int{}, map[time.Duration][]int{}
 	for i, l := range leases {
-		byTTL[l.TTL] = append(byTTL[l.TTL], i)
+		if _, ok := b.nonExcl.Load(l.Token); ok {
+			shared[l.TTL] = append(shared[l.TTL], i)
+		} else {
+			excl[l.TTL] = append(excl[l.TTL], i)
+		}
 	}
 	errs := make([]error, len(leases))
-	for ttl, idx := range byTTL {
+	for ttl, idx := range shared {
+		if err := b.extendShared(ctx, leases, idx, ttl, errs); err != nil {
+			return nil, err
+		}
+	}
+	for ttl, idx := range excl {
 		names := make([]any, len(idx))
 		tokens := make([]any, len(idx))
 		for j, i := range idx {
 			names[j] = leases[i].Key
 			tokens[j] = leases[i].Token[:]
 		}
-		in := "?" + strings.Repeat(", ?", len(idx)-1)
+		in := placeholders(len(idx))
 		args := append(append([]any{ttl.Microseconds()}, names...), tokens...)
 		if _, err := b.db.ExecContext(ctx, `UPDATE `+b.table+
 			` SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
@@ -512,9 +562,7 @@ WHERE name IN (`+in+`) AND token IN (`+in+`) AND expires_at > UTC_TIMESTAMP(6)`,
 		}
 		// Confirm by reading rather than by counting affected rows, which
 		// depend on clientFoundRows and on whether the value changed.
-		rows, err := b.query(ctx, `SELECT name, token, owner, fence, metadata,
-  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)
-FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
+		rows, err := b.query(ctx, `SELECT `+holderCols+`, 0, 0 FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 		if err != nil {
 			return nil, b.wrap("extend", err)
 		}
@@ -547,8 +595,22 @@ FROM `+b.table+` WHERE name IN (`+in+`)`, names...)
 // often (bellPoll) and for staleBell is the only one that may take it.
 // Released as long past, the lease would go to its releasing client, which
 // takes it straight back without the doorbell, and again at every release.
+//
+// A shared or limited hold is released in a transaction on the key's row
+// (see releaseShared). A token that this Backend does not know as such (an
+// acquisition whose outcome was unknown) is looked for there when it holds
+// no exclusive lease.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
 	if err := b.checkPool(); err != nil {
+		return err
+	}
+	if _, ok := b.nonExcl.Load(token); ok {
+		_, err := outlive(ctx, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, b.releaseShared(ctx, key, token)
+		}, nil)
+		if callerLeft(err) {
+			err = b.wrap("release", err)
+		}
 		return err
 	}
 	q := b.q.release
@@ -557,6 +619,9 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	}
 	_, err := outlive(ctx, func(ctx context.Context) (struct{}, error) {
 		err := b.free(ctx, "release", q, key, token[:])
+		if errors.Is(err, dlock.ErrNotHeld) {
+			err = b.releaseShared(ctx, key, token)
+		}
 		b.ring(ctx, key, token)
 		return struct{}{}, err
 	}, nil)
@@ -566,15 +631,16 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	return err
 }
 
-// ForceRelease implements dlock.ForceReleaser. The holder's doorbell, if
-// any, is freed by killing the session that holds it (which rings the
-// doorbells of that client's other keys: a spurious wake-up, no more).
+// ForceRelease implements dlock.ForceReleaser: it frees every holder of key,
+// in every mode. The exclusive holder's doorbell, if any, is freed by killing
+// the session that holds it (which rings the doorbells of that client's
+// other keys: a spurious wake-up, no more).
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if err := b.claims.CheckOnly(ctx, key); err != nil {
 		return b.wrap("force release", err)
 	}
-	err := b.free(ctx, "force release", b.q.forceRelease, key)
-	if err == nil && b.bell != nil {
+	excl, err := b.forceRelease(ctx, key)
+	if excl && b.bell != nil {
 		_ = b.bell.ForceRelease(ctx, key)
 	}
 	return err
@@ -597,9 +663,10 @@ func (b *Backend) free(ctx context.Context, op, q string, args ...any) error {
 	return nil
 }
 
-// List implements dlock.Lister.
+// List implements dlock.Lister: every holder in every mode, ordered by key,
+// then fence.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
-	rows, err := b.query(ctx, b.q.list, len(prefix), []byte(prefix))
+	rows, err := b.query(ctx, b.q.list, len(prefix), []byte(prefix), len(prefix), []byte(prefix))
 	if err != nil {
 		return nil, b.wrap("list", err)
 	}
@@ -607,7 +674,12 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	for i, r := range rows {
 		out[i] = r.LockInfo
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].Fence < out[j].Fence
+	})
 	return out, nil
 }
 
@@ -616,7 +688,8 @@ type holder struct {
 	remaining time.Duration
 }
 
-// query runs a SELECT of the holder columns.
+// query runs a SELECT of holderCols, then whether the row is a shared or
+// limited holder's, and its limit.
 func (b *Backend) query(ctx context.Context, q string, args ...any) ([]holder, error) {
 	rows, err := b.db.QueryContext(ctx, q, args...)
 	if err != nil {
@@ -629,8 +702,12 @@ func (b *Backend) query(ctx context.Context, q string, args ...any) ([]holder, e
 		var h holder
 		var name, token []byte
 		var acquiredUs, remainingUs int64
-		if err := rows.Scan(&name, &token, &h.Owner, &h.Fence, &h.Metadata, &acquiredUs, &remainingUs); err != nil {
+		var shared bool
+		if err := rows.Scan(&name, &token, &h.Owner, &h.Fence, &h.Metadata, &acquiredUs, &remainingUs, &shared, &h.Limit); err != nil {
 			return nil, err
+		}
+		if shared {
+			h.Mode = sharedMode(h.Limit)
 		}
 		h.Key = string(name)
 		copy(h.Token[:], token)

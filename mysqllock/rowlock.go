@@ -79,7 +79,13 @@ var (
 	_ dlock.Waiter        = (*RowLock)(nil)
 	_ dlock.Lister        = (*RowLock)(nil)
 	_ dlock.ForceReleaser = (*RowLock)(nil)
+	_ dlock.Sharer        = (*RowLock)(nil)
 )
+
+// SupportsMode implements dlock.Sharer: a row locked FOR UPDATE has no
+// shared mode that a lease could use, so RowLock grants exclusive
+// acquisitions only, and the Locker refuses the others before any I/O.
+func (r *RowLock) SupportsMode(m dlock.Mode) bool { return m == dlock.ModeExclusive }
 
 // MySQL error numbers of a lock that could not be had.
 const (
@@ -157,6 +163,9 @@ func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // the session's wait_timeout counts from its last statement's reply, which
 // came before that (by one network trip, which the Locker's margin covers).
 func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duration, began time.Time) (dlock.Result, error) {
+	if err := exclusiveOnly("rowlock", req); err != nil {
+		return dlock.Result{}, err
+	}
 	if req.TTL > MaxSessionTTL {
 		return dlock.Result{}, fmt.Errorf("%w: mysqllock: rowlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, req.TTL, MaxSessionTTL)
 	}

@@ -1,15 +1,33 @@
 -- dlock lease table for MySQL 5.7+ / MariaDB 10.3+.
 -- Apply with mysqllock.(*Backend).Migrate or `dlock migrate`; rows are kept
 -- after release so that each key's fencing counter never goes back.
+-- Migrate also adds the last three columns to a table created without them.
 CREATE TABLE IF NOT EXISTS `dlock_locks` (
-  name        VARBINARY(255)  NOT NULL,                 -- the key, byte for byte
-  token       BINARY(16)      NOT NULL,                 -- random owner token of the holder
-  owner       VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
-  fence       BIGINT UNSIGNED NOT NULL,                 -- fencing counter, +1 per acquisition
-  acquired_at DATETIME(6)     NOT NULL,                 -- UTC, server clock
-  expires_at  DATETIME(6)     NOT NULL,                 -- UTC, server clock; past = free
-  metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  name         VARBINARY(255)  NOT NULL,                -- the key, byte for byte
+  token        BINARY(16)      NOT NULL,                -- random owner token of the exclusive holder
+  owner        VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  fence        BIGINT UNSIGNED NOT NULL,                -- fencing counter, +1 per acquisition in any mode
+  acquired_at  DATETIME(6)     NOT NULL,                -- UTC, server clock
+  expires_at   DATETIME(6)     NOT NULL,                -- UTC, server clock; past = no exclusive holder
+  metadata     VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  shared_until DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00', -- latest expiry of the shared or limited holders; past = none
+  share_limit  INT UNSIGNED    NOT NULL DEFAULT 0,      -- while shared_until is ahead: 0 shared, n limited to n
+  writer_until DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00', -- new shared holders are refused until then
   PRIMARY KEY (name)
+) ENGINE=InnoDB;
+
+-- The lease strategy's shared and limited holders, each with its own lease;
+-- their key's row above is locked (and its fence taken) by every change.
+CREATE TABLE IF NOT EXISTS `dlock_locks_holders` (
+  name        VARBINARY(255)  NOT NULL,
+  token       BINARY(16)      NOT NULL,
+  owner       VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  fence       BIGINT UNSIGNED NOT NULL,
+  share_limit INT UNSIGNED    NOT NULL,                 -- 0 shared, n limited to n
+  acquired_at DATETIME(6)     NOT NULL,
+  expires_at  DATETIME(6)     NOT NULL,                 -- past = gone (deleted by the key's next grant)
+  metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  PRIMARY KEY (name, token)
 ) ENGINE=InnoDB;
 
 -- Session strategies (getlock, rowlock): the lock lives in the holder's

@@ -1,0 +1,42 @@
+-- dlock lease table for MySQL 5.7+ / MariaDB 10.3+.
+-- Apply with mysqllock.(*Backend).Migrate or `dlock migrate`; rows are kept
+-- after release so that each key's fencing counter never goes back.
+CREATE TABLE IF NOT EXISTS `dlock_locks` (
+  name        VARBINARY(255)  NOT NULL,                 -- the key, byte for byte
+  token       BINARY(16)      NOT NULL,                 -- random owner token of the holder
+  owner       VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  fence       BIGINT UNSIGNED NOT NULL,                 -- fencing counter, +1 per acquisition
+  acquired_at DATETIME(6)     NOT NULL,                 -- UTC, server clock
+  expires_at  DATETIME(6)     NOT NULL,                 -- UTC, server clock; past = free
+  metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  PRIMARY KEY (name)
+) ENGINE=InnoDB;
+
+-- Session strategies (getlock, rowlock): the lock lives in the holder's
+-- session; this row keeps each key's fencing counter and its last holder.
+CREATE TABLE IF NOT EXISTS `dlock_locks_session` (
+  name        VARBINARY(255)  NOT NULL,
+  token       BINARY(16)      NOT NULL,
+  owner       VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  fence       BIGINT UNSIGNED NOT NULL,
+  conn_id     BIGINT UNSIGNED NOT NULL,                 -- CONNECTION_ID() of the holder's session
+  lock_name   VARCHAR(64)     CHARACTER SET utf8mb4 NOT NULL DEFAULT '',  -- GET_LOCK name ('' for rowlock)
+  acquired_at DATETIME(6)     NOT NULL,
+  metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  PRIMARY KEY (name)
+) ENGINE=InnoDB;
+
+-- rowlock: the rows locked with SELECT … FOR UPDATE, created on demand.
+CREATE TABLE IF NOT EXISTS `dlock_locks_rows` (
+  name VARBINARY(255) NOT NULL,
+  PRIMARY KEY (name)
+) ENGINE=InnoDB;
+
+-- The strategy each key is used with (lease, getlock or rowlock), recorded
+-- by its first acquisition: the strategies do not exclude each other, so
+-- the others refuse the key (mysqllock.ErrOtherStrategy).
+CREATE TABLE IF NOT EXISTS `dlock_locks_claims` (
+  name     VARBINARY(255) NOT NULL,
+  strategy VARCHAR(16)    CHARACTER SET ascii NOT NULL,
+  PRIMARY KEY (name)
+) ENGINE=InnoDB;
