@@ -376,8 +376,9 @@ func (s *suite) modesRenew(t *testing.T) {
 			if err := lk.Err(); err != nil {
 				t.Fatalf("rule: a %s lease is renewed while held; %v", c.m, err)
 			}
-			// The other holder's slot (shared) or the last slot (limited)
-			// is still there; an exclusive request is refused.
+			// Another holder gets in beside it; with the limit of 2 reached,
+			// a third is refused; and a writer is refused by a renewed
+			// shared lease.
 			o := mustAcquire(t, other, k, c.opt)
 			if c.m == dlock.ModeLimited {
 				_, err := other.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl), c.opt)
@@ -386,6 +387,9 @@ func (s *suite) modesRenew(t *testing.T) {
 				}
 			}
 			o.Release(context.Background())
+			if c.m == dlock.ModeShared {
+				mustBeHeld(t, other, k)
+			}
 			if err := lk.Release(context.Background()); err != nil {
 				t.Fatal(err)
 			}
