@@ -2,10 +2,14 @@
 // modernc.org/sqlite): the lease strategy for processes of one host. It is
 // the dlock CLI's embedded default store.
 //
-// The file is opened in WAL mode with a busy timeout; each operation is one
-// statement, timed by SQLite's reading of the host clock. Rows are never
-// deleted, so fences never go back. Do not put the file on a network
-// file system: SQLite's locking is not reliable there.
+// The file is opened in WAL mode with a busy timeout; leases are timed by
+// SQLite's reading of the host clock. An exclusive acquisition is one
+// statement. It grants every mode (dlock.Sharer): shared and limited
+// holders have a row each in a second table, and each of their
+// acquisitions is one write transaction that checks every holder of the
+// key and takes its slot. A key's row is never deleted, and its fencing
+// counter serves every mode, so fences never go back. Do not put the file
+// on a network file system: SQLite's locking is not reliable there.
 //
 // Two limits of one file on one host (found with the fault harness):
 //   - Leases are timed by the host's wall clock, while holders time theirs
@@ -40,7 +44,7 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
-// Schema returns the DDL that Migrate runs.
+// Schema returns the DDL that Migrate runs on a file without the tables.
 func Schema() string { return schemaSQL }
 
 // now is the current time in Unix microseconds as SQLite reads it; it is the
@@ -48,20 +52,33 @@ func Schema() string { return schemaSQL }
 const now = "CAST(unixepoch('now', 'subsec') * 1000000 AS INTEGER)"
 
 const (
+	// acquireSQL takes the key exclusively if its exclusive lease has
+	// expired and it has no unexpired shared or limited holder; the grant
+	// clears the writer mark.
 	acquireSQL = `INSERT INTO dlock_locks (name, token, owner, fence, acquired_us, expires_us, metadata)
 VALUES (?1, ?2, ?3, 1, ` + now + `, ` + now + ` + ?4, ?5)
 ON CONFLICT (name) DO UPDATE SET
   token = excluded.token, owner = excluded.owner, fence = fence + 1,
-  acquired_us = excluded.acquired_us, expires_us = excluded.expires_us, metadata = excluded.metadata
+  acquired_us = excluded.acquired_us, expires_us = excluded.expires_us, metadata = excluded.metadata,
+  writer_us = 0
 WHERE expires_us <= excluded.acquired_us
+  AND NOT EXISTS (SELECT 1 FROM dlock_shares s WHERE s.name = ?1 AND s.expires_us > ` + now + `)
 RETURNING fence`
-	holderSQL = `SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `
+	holderSQL = `SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `, '', 0
 FROM dlock_locks WHERE name = ?`
-	listSQL = `SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `
-FROM dlock_locks WHERE expires_us > ` + now + ` AND substr(name, 1, length(?1)) = ?1 ORDER BY name`
-	extendSQL       = `UPDATE dlock_locks SET expires_us = ` + now + ` + ? WHERE name = ? AND token = ? AND expires_us > ` + now
-	releaseSQL      = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND token = ? AND expires_us > ` + now
-	forceReleaseSQL = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND expires_us > ` + now
+	listSQL = `SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `, '', 0
+FROM dlock_locks WHERE expires_us > ` + now + ` AND substr(name, 1, length(?1)) = ?1
+UNION ALL
+SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `, mode, lim
+FROM dlock_shares WHERE expires_us > ` + now + ` AND substr(name, 1, length(?1)) = ?1
+ORDER BY 1, 4`
+	extendSQL      = `UPDATE dlock_locks SET expires_us = ` + now + ` + ?1 WHERE name = ?2 AND token = ?3 AND expires_us > ` + now
+	extendShareSQL = `UPDATE dlock_shares SET expires_us = ` + now + ` + ?1 WHERE name = ?2 AND token = ?3 AND expires_us > ` + now
+	releaseSQL     = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND token = ? AND expires_us > ` + now
+	// releaseShareSQL deletes the row: the key's fence is in dlock_locks.
+	releaseShareSQL      = `DELETE FROM dlock_shares WHERE name = ? AND token = ? AND expires_us > ` + now
+	forceReleaseSQL      = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND expires_us > ` + now
+	forceReleaseShareSQL = `DELETE FROM dlock_shares WHERE name = ? AND expires_us > ` + now
 )
 
 // Backend is the lease strategy on SQLite. It is safe for concurrent use by
@@ -75,6 +92,7 @@ var (
 	_ dlock.Backend       = (*Backend)(nil)
 	_ dlock.Lister        = (*Backend)(nil)
 	_ dlock.ForceReleaser = (*Backend)(nil)
+	_ dlock.Sharer        = (*Backend)(nil)
 )
 
 // Open opens (creating if needed) the SQLite file at path in WAL mode with a
@@ -112,17 +130,21 @@ func (b *Backend) Close() error {
 	return b.db.Close()
 }
 
-// Migrate creates the lock table if it does not exist. Any number of
-// processes may call it at once on a new file: it waits for the others as
-// long as the busy timeout (10 s with Open), or until ctx ends.
+// Migrate creates the lock tables if they do not exist, and brings tables
+// made by an earlier version up to date: it adds the writer mark's column
+// to dlock_locks, whose rows and fences stay as they are, and the table of
+// shared and limited holders. Any number of processes may call it at once,
+// on a new file or an old one: it waits for the others as long as the busy
+// timeout (10 s with Open), or until ctx ends.
 //
 // A fresh file starts in rollback-journal mode, and there SQLite answers
 // SQLITE_BUSY at once, without waiting, when two connections that both read
 // the file try to write it (switching to WAL, creating the table): waiting
 // would deadlock them. Migrate therefore reads first (most calls find the
-// table and write nothing), creates the table in a transaction that takes
-// the write lock at its start (BEGIN IMMEDIATE, which waits), and tries
-// again after a short pause when SQLite still answers SQLITE_BUSY.
+// tables up to date and write nothing), changes the schema in a transaction
+// that takes the write lock at its start (BEGIN IMMEDIATE, which waits) and
+// looks again there, and tries again after a short pause when SQLite still
+// answers SQLITE_BUSY.
 func (b *Backend) Migrate(ctx context.Context) error {
 	deadline := time.Now().Add(migrateBusyTimeout)
 	pause := time.Millisecond
@@ -148,10 +170,31 @@ func (b *Backend) Migrate(ctx context.Context) error {
 // migrateBusyTimeout bounds Migrate's retries, as busy_timeout bounds a wait.
 const migrateBusyTimeout = 10 * time.Second
 
+// schemaStateSQL tells whether dlock_locks exists, whether it has the
+// writer mark's column, and whether dlock_shares exists.
+const schemaStateSQL = `SELECT
+  (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_locks'),
+  (SELECT count(*) FROM pragma_table_info('dlock_locks') WHERE name = 'writer_us'),
+  (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_shares')`
+
+// upgradeSQL brings a dlock_locks table made before the shared modes up to
+// date; schemaSQL then adds dlock_shares.
+const upgradeSQL = `ALTER TABLE "dlock_locks" ADD COLUMN writer_us INTEGER NOT NULL DEFAULT 0`
+
+// schemaState is what schemaStateSQL finds.
+type schemaState struct{ locks, writerCol, shares bool }
+
+func readSchemaState(ctx context.Context, q querier) (schemaState, error) {
+	var st schemaState
+	err := q.QueryRowContext(ctx, schemaStateSQL).Scan(&st.locks, &st.writerCol, &st.shares)
+	return st, err
+}
+
+func (st schemaState) current() bool { return st.locks && st.writerCol && st.shares }
+
 func (b *Backend) migrate(ctx context.Context) error {
-	var n int
-	err := b.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_locks'`).Scan(&n)
-	if err != nil || n > 0 {
+	st, err := readSchemaState(ctx, b.db)
+	if err != nil || st.current() {
 		return err
 	}
 	tx, err := b.db.BeginTx(ctx, nil) // BEGIN IMMEDIATE (Open's _txlock)
@@ -159,10 +202,26 @@ func (b *Backend) migrate(ctx context.Context) error {
 		return err
 	}
 	defer tx.Rollback()
+	// Another process may have done it since the first look.
+	if st, err = readSchemaState(ctx, tx); err != nil || st.current() {
+		return err
+	}
+	if st.locks && !st.writerCol {
+		if _, err := tx.ExecContext(ctx, upgradeSQL); err != nil {
+			return err
+		}
+	}
 	if _, err := tx.ExecContext(ctx, schemaSQL); err != nil {
 		return err
 	}
 	return tx.Commit()
+}
+
+// querier is what *sql.DB and *sql.Tx share that Backend uses.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // isBusy reports whether err is SQLite's SQLITE_BUSY or SQLITE_LOCKED (with
@@ -184,21 +243,24 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("sqlitelock: %s: %w", op, err)
 }
 
-// Acquire implements dlock.Backend.
+// Acquire implements dlock.Backend. An exclusive request is one statement
+// when the key is free; the others, and an exclusive request that finds the
+// key held, are one write transaction (see acquireTx).
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	var fence uint64
-	err := b.db.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence)
-	switch {
-	case err == nil:
-		return dlock.Result{Acquired: true, Fence: fence}, nil
-	case !errors.Is(err, sql.ErrNoRows):
-		return dlock.Result{}, wrap("acquire", err)
+	if err := checkMode(req); err != nil {
+		return dlock.Result{}, err
 	}
-	hs, err := b.query(ctx, holderSQL, req.Key)
-	if err != nil || len(hs) == 0 {
-		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}, nil
+	if req.Mode == dlock.ModeExclusive {
+		var fence uint64
+		err := b.db.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence)
+		switch {
+		case err == nil:
+			return dlock.Result{Acquired: true, Fence: fence}, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return dlock.Result{}, wrap("acquire", err)
+		}
 	}
-	return dlock.Result{Holder: hs[0].LockInfo, Remaining: max(hs[0].remaining, 0)}, nil
+	return b.acquireTx(ctx, req)
 }
 
 // Extend implements dlock.Backend in one transaction.
@@ -210,13 +272,15 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	defer tx.Rollback()
 	errs := make([]error, len(leases))
 	for i, l := range leases {
-		res, err := tx.ExecContext(ctx, extendSQL, l.TTL.Microseconds(), l.Key, l.Token[:])
+		// The exclusive table first: its holders' renewals cost one statement.
+		n, err := affected(tx.ExecContext(ctx, extendSQL, l.TTL.Microseconds(), l.Key, l.Token[:]))
+		if err == nil && n == 0 {
+			n, err = affected(tx.ExecContext(ctx, extendShareSQL, l.TTL.Microseconds(), l.Key, l.Token[:]))
+		}
 		if err != nil {
 			return nil, wrap("extend", err)
 		}
-		if n, err := res.RowsAffected(); err != nil {
-			return nil, wrap("extend", err)
-		} else if n == 0 {
+		if n == 0 {
 			errs[i] = dlock.ErrNotHeld
 		}
 	}
@@ -226,24 +290,23 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	return errs, nil
 }
 
-// Release implements dlock.Backend.
-func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	return b.free(ctx, "release", releaseSQL, key, token[:])
-}
-
-// ForceRelease implements dlock.ForceReleaser.
-func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	return b.free(ctx, "force release", forceReleaseSQL, key)
-}
-
-func (b *Backend) free(ctx context.Context, op, q string, args ...any) error {
-	res, err := b.db.ExecContext(ctx, q, args...)
+// affected returns the rows an ExecContext changed.
+func affected(res sql.Result, err error) (int64, error) {
 	if err != nil {
-		return wrap(op, err)
+		return 0, err
 	}
-	n, err := res.RowsAffected()
+	return res.RowsAffected()
+}
+
+// Release implements dlock.Backend. A token is in one of the two tables
+// only, so that each statement alone is the release.
+func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
+	n, err := affected(b.db.ExecContext(ctx, releaseSQL, key, token[:]))
+	if err == nil && n == 0 {
+		n, err = affected(b.db.ExecContext(ctx, releaseShareSQL, key, token[:]))
+	}
 	if err != nil {
-		return wrap(op, err)
+		return wrap("release", err)
 	}
 	if n == 0 {
 		return dlock.ErrNotHeld
@@ -251,9 +314,35 @@ func (b *Backend) free(ctx context.Context, op, q string, args ...any) error {
 	return nil
 }
 
-// List implements dlock.Lister.
+// ForceRelease implements dlock.ForceReleaser: it frees every holder of
+// key, in one transaction.
+func (b *Backend) ForceRelease(ctx context.Context, key string) error {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap("force release", err)
+	}
+	defer tx.Rollback()
+	n, err := affected(tx.ExecContext(ctx, forceReleaseSQL, key))
+	if err != nil {
+		return wrap("force release", err)
+	}
+	m, err := affected(tx.ExecContext(ctx, forceReleaseShareSQL, key))
+	if err != nil {
+		return wrap("force release", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap("force release", err)
+	}
+	if n+m == 0 {
+		return dlock.ErrNotHeld
+	}
+	return nil
+}
+
+// List implements dlock.Lister: every holder, in every mode, ordered by
+// key, then fence.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
-	hs, err := b.query(ctx, listSQL, prefix)
+	hs, err := query(ctx, b.db, listSQL, prefix)
 	if err != nil {
 		return nil, wrap("list", err)
 	}
@@ -269,8 +358,10 @@ type holder struct {
 	remaining time.Duration
 }
 
-func (b *Backend) query(ctx context.Context, q string, args ...any) ([]holder, error) {
-	rows, err := b.db.QueryContext(ctx, q, args...)
+// query reads holders: name, token, owner, fence, metadata, acquired_us,
+// the remaining lease in µs, the mode (empty for exclusive) and the limit.
+func query(ctx context.Context, q querier, stmt string, args ...any) ([]holder, error) {
+	rows, err := q.QueryContext(ctx, stmt, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -280,11 +371,13 @@ func (b *Backend) query(ctx context.Context, q string, args ...any) ([]holder, e
 	for rows.Next() {
 		var h holder
 		var token []byte
+		var mode string
 		var acquiredUs, remainingUs int64
-		if err := rows.Scan(&h.Key, &token, &h.Owner, &h.Fence, &h.Metadata, &acquiredUs, &remainingUs); err != nil {
+		if err := rows.Scan(&h.Key, &token, &h.Owner, &h.Fence, &h.Metadata, &acquiredUs, &remainingUs, &mode, &h.Limit); err != nil {
 			return nil, err
 		}
 		copy(h.Token[:], token)
+		h.Mode = modeOf(mode)
 		h.AcquiredAt = time.UnixMicro(acquiredUs)
 		h.remaining = time.Duration(remainingUs) * time.Microsecond
 		h.ExpiresAt = t.Add(h.remaining)

@@ -43,7 +43,7 @@ func (a *app) listCmd() *cobra.Command {
 				return a.printJSON(locks)
 			}
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "KEY\tOWNER\tTOKEN\tACQUIRED\tEXPIRES IN\tMETADATA")
+			fmt.Fprintln(tw, "KEY\tMODE\tOWNER\tTOKEN\tACQUIRED\tEXPIRES IN\tMETADATA")
 			for _, l := range locks {
 				owner := l.Owner
 				if owner == "" {
@@ -53,7 +53,7 @@ func (a *app) listCmd() *cobra.Command {
 				if !l.ExpiresAt.IsZero() {
 					expires = time.Until(l.ExpiresAt).Round(100 * time.Millisecond).String()
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", printable(l.Key), printable(owner), l.Fence,
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", printable(l.Key), listMode(l), printable(owner), l.Fence,
 					l.AcquiredAt.Local().Format(listTime), expires, printable(l.Metadata))
 			}
 			return tw.Flush()
@@ -61,6 +61,15 @@ func (a *app) listCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// listMode is a holder's mode in dlock list's table, one word:
+// "exclusive", "shared" or "limited:N".
+func listMode(l dlock.LockInfo) string {
+	if l.Mode == dlock.ModeLimited {
+		return fmt.Sprintf("limited:%d", l.Limit)
+	}
+	return l.Mode.String()
 }
 
 // listTime is the format of times in dlock list's table: local, with the
@@ -92,13 +101,20 @@ type jsonLock struct {
 	ExpiresAt *time.Time `json:"expires_at"`
 	ExpiresIn *float64   `json:"expires_in_seconds"`
 	Metadata  string     `json:"metadata"`
+	// Mode is "exclusive", "shared" or "limited"; Limit is the key's
+	// holder limit when Mode is "limited", absent otherwise.
+	Mode  string `json:"mode"`
+	Limit int    `json:"limit,omitempty"`
 }
 
 func (a *app) printJSON(locks []dlock.LockInfo) error {
 	out := make([]jsonLock, len(locks))
 	for i, l := range locks {
 		out[i] = jsonLock{Key: l.Key, Owner: l.Owner, OwnerToken: l.Token.String(), Token: l.Fence,
-			AcquiredAt: l.AcquiredAt.UTC(), Metadata: l.Metadata}
+			AcquiredAt: l.AcquiredAt.UTC(), Metadata: l.Metadata, Mode: l.Mode.String()}
+		if l.Mode == dlock.ModeLimited {
+			out[i].Limit = l.Limit
+		}
 		if !l.ExpiresAt.IsZero() {
 			at, in := l.ExpiresAt.UTC(), time.Until(l.ExpiresAt).Seconds()
 			out[i].ExpiresAt, out[i].ExpiresIn = &at, &in
@@ -114,9 +130,9 @@ func (a *app) releaseCmd() *cobra.Command {
 	return withFlags(&cobra.Command{
 		Use:   "release --force KEY",
 		Short: "Free a lock whoever holds it (administrative)",
-		Long: `release frees KEY whoever holds it. The next holder gets a larger fencing
-token, so a stale holder is fenced out; the holder's dlock notices at its next
-renewal and stops its command. It refuses without --force (exit 64), and
+		Long: `release frees KEY whoever holds it (every holder of a --shared or --limit
+key). The next holder gets a larger fencing token, so a stale holder is fenced
+out; the holder's dlock notices at its next renewal and stops its command. It refuses without --force (exit 64), and
 says KEY is free and exits 1 when nothing holds it (with or without
 --force).`,
 		Example: `  dlock release --force nightly-report`,

@@ -31,6 +31,17 @@ type guard struct {
 // guardWaiter is a guard over a Backend that is also a dlock.Waiter.
 type guardWaiter struct{ *guard }
 
+// The guard passes every optional interface of dlock through (answering
+// ErrUnsupported, or false, where the store's Backend lacks it).
+var (
+	_ dlock.Lister        = (*guard)(nil)
+	_ dlock.ForceReleaser = (*guard)(nil)
+	_ dlock.LossReporter  = (*guard)(nil)
+	_ dlock.Sharer        = (*guard)(nil)
+	_ dlock.Waiter        = guardWaiter{}
+	_ dlock.Sharer        = guardWaiter{}
+)
+
 // newGuard returns b wrapped, a dlock.Waiter if b is one.
 func newGuard(b dlock.Backend, timeout time.Duration) (dlock.Backend, *guard) {
 	g := &guard{b: b, timeout: timeout}
@@ -167,6 +178,13 @@ func (g *guard) ForceRelease(ctx context.Context, key string) error {
 		return dlock.ErrUnsupported
 	}
 	return g.call(ctx, "a release", func(ctx context.Context) error { return f.ForceRelease(ctx, key) })
+}
+
+// SupportsMode passes dlock.Sharer through: the Locker asks the guard, and
+// a mode the store grants must not be refused because of the wrapper.
+func (g *guard) SupportsMode(m dlock.Mode) bool {
+	sh, ok := g.b.(dlock.Sharer)
+	return ok && sh.SupportsMode(m)
 }
 
 func (g *guard) OnLoss(f func(key string, token dlock.Token, cause error)) (stop func()) {

@@ -33,6 +33,9 @@ type runCmd struct {
 	conflictCode int
 	quiet        bool
 	shell        string // -c: COMMAND is `sh -c shell`
+	shared       bool   // --shared
+	limit        int    // --limit N, when limitSet
+	limitSet     bool
 }
 
 // waitFlag is --wait/-w: a duration (1m30s) or, as with flock(1), a plain
@@ -96,8 +99,15 @@ Exit status: COMMAND's (128+N if signal N killed it); 75 (or -E,
 127 when COMMAND is not found, 126 when it cannot be executed;
 128+N when signal N ended dlock before COMMAND started; 76 when the lock was
 lost while COMMAND ran, also when that is found only at the release; 64 on
-bad usage (and for a key used with another strategy); 70 when the store
-failed, did not answer within --timeout, or never answered during --wait.`,
+bad usage (and for a key used with another strategy, held with another
+--limit, or a store that cannot take --shared or --limit locks); 70 when the
+store failed, did not answer within --timeout, or never answered during --wait.
+
+With --shared, any number of --shared runs of KEY hold it at once, and a run
+without --shared waits until none does; once such a run waits, new --shared
+runs wait behind it, so that readers cannot starve a writer. With --limit N,
+at most N runs hold KEY at once; every run of KEY gives the same N (another
+N, or a run without --limit while KEY is held with one, exits 64).`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
   # (-q: a run skipped because another machine has the lock sends no mail)
   */5 * * * * dlock run -q -n nightly-report -- /usr/local/bin/report
@@ -106,12 +116,20 @@ failed, did not answer within --timeout, or never answered during --wait.`,
   dlock run --wait 1m deploy -- ./deploy.sh
 
   # a shell command line; exit 1 if the lock is taken
-  dlock run -n -E 1 backup -c 'pg_dump ops | gzip > /backup/ops.gz'`,
+  dlock run -n -E 1 backup -c 'pg_dump ops | gzip > /backup/ops.gz'
+
+  # readers overlap; the migration waits for them, and holds new readers back
+  dlock run --shared schema -- ./report.sh
+  dlock run schema -- ./migrate.sh
+
+  # at most 3 encoders at once on this store
+  dlock run --limit 3 encoder -- ./encode.sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			_, _, err := r.splitArgs(cmd.ArgsLenAtDash(), args)
 			return err
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			r.limitSet = cmd.Flags().Changed("limit")
 			if r.noWait {
 				if cmd.Flags().Changed("wait") {
 					return usageError("-n (--nonblock) and --wait are exclusive")
@@ -139,6 +157,8 @@ failed, did not answer within --timeout, or never answered during --wait.`,
 	f.IntVarP(&r.conflictCode, "conflict-exit-code", "E", exitConflict, "exit status when the lock was not obtained")
 	f.StringVarP(&r.shell, "command", "c", "", "run `SHELL COMMAND` with sh -c instead of COMMAND [ARGS...]")
 	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no message when the lock is not obtained")
+	f.BoolVar(&r.shared, "shared", false, "hold KEY shared: any number of --shared runs at once, never with a run without it (which waits for them; new --shared runs wait behind it)")
+	f.IntVar(&r.limit, "limit", 0, "at most `N` runs hold KEY at once (a semaphore); every run of KEY must give the same N")
 	return cmd
 }
 
@@ -178,6 +198,12 @@ func (r *runCmd) run(key string, argv []string) error {
 	if r.conflictCode < 0 || r.conflictCode > 255 {
 		return usageError("--conflict-exit-code %d is not in 0..255", r.conflictCode)
 	}
+	switch {
+	case r.shared && r.limitSet:
+		return usageError("--shared and --limit are exclusive")
+	case r.limitSet && (r.limit < 1 || r.limit > dlock.MaxLimit):
+		return usageError("--limit %d is not in 1..%d", r.limit, dlock.MaxLimit)
+	}
 	if err := dlock.ValidateKey(key); err != nil {
 		return usageError("%w", err)
 	}
@@ -208,20 +234,49 @@ func (r *runCmd) run(key string, argv []string) error {
 		if errors.As(err, &ee) {
 			return err
 		}
+		if flag := r.modeFlag(); flag != "" && errors.Is(err, dlock.ErrUnsupported) {
+			return usageError("%s cannot take %s locks (%w)", s.name, flag, err)
+		}
 		return r.a.storeErr(s, err)
 	}
 	r.a.log.Info("acquired", "key", key, "fence", lk.Fence(), "waited", time.Since(start))
 	return r.supervise(lk, argv)
 }
 
+// modeOptions are the acquisition options of --shared and --limit.
+func (r *runCmd) modeOptions() []dlock.AcquireOption {
+	switch {
+	case r.shared:
+		return []dlock.AcquireOption{dlock.Shared()}
+	case r.limitSet:
+		return []dlock.AcquireOption{dlock.WithLimit(r.limit)}
+	}
+	return nil
+}
+
+// modeFlag is the flag that chose the acquisition's mode, or "".
+func (r *runCmd) modeFlag() string {
+	switch {
+	case r.shared:
+		return "--shared"
+	case r.limitSet:
+		return "--limit"
+	}
+	return ""
+}
+
 // storeErr is the exit error for a store call's err: usage for a key of
-// another strategy, 128+N after signal N, else a failure.
+// another strategy or held in another mode, 128+N after signal N, else a
+// failure.
 func (a *app) storeErr(s *store, err error) error {
 	if sig := a.interruptedBy(); sig != 0 {
 		return &exitError{code: 128 + int(sig), err: fmt.Errorf("interrupted by %s", unix.SignalName(sig))}
 	}
 	if errors.Is(err, mysqllock.ErrOtherStrategy) || errors.Is(err, pglock.ErrOtherStrategy) {
 		return usageError("%s: %w", s.name, err)
+	}
+	if errors.Is(err, dlock.ErrModeMismatch) {
+		return usageError("%s: %w (every holder of a key gives the same --limit, or none)", s.name, err)
 	}
 	return failure(s.explain(err))
 }
@@ -232,7 +287,7 @@ func (a *app) storeErr(s *store, err error) error {
 // runs out while the store fails, or before the store ever answered, is a
 // failure, not a conflict.
 func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, key string) (*dlock.Lock, error) {
-	opts := []dlock.AcquireOption{dlock.WithOwner(r.owner)}
+	opts := append([]dlock.AcquireOption{dlock.WithOwner(r.owner)}, r.modeOptions()...)
 	if r.wait == 0 {
 		lk, err := locker.TryAcquire(ctx, key, opts...)
 		var he *dlock.HeldError
@@ -488,11 +543,14 @@ func waitMessage(key string, h *dlock.LockInfo, waited time.Duration, width int)
 	return head + string(q) + tail
 }
 
-// holderDetails is "[ by OWNER][ since TIME]": what is known of the holder
-// h. The acquisition time stays put while the holder renews its lease, and
-// tells a stuck holder from a new one.
+// holderDetails is "[ shared| limited to N][ by OWNER][ since TIME]": what
+// is known of the holder h. The acquisition time stays put while the holder
+// renews its lease, and tells a stuck holder from a new one.
 func holderDetails(h dlock.LockInfo) string {
 	s := ""
+	if h.Mode != dlock.ModeExclusive {
+		s = " " + modeName(h)
+	}
 	if h.Owner != "" {
 		s += " by " + strconv.Quote(h.Owner)
 	} else if h.Metadata != "" {
@@ -507,6 +565,15 @@ func holderDetails(h dlock.LockInfo) string {
 		s += " since " + at.Format(layout)
 	}
 	return s
+}
+
+// modeName is how the CLI names a holder's mode: "exclusive", "shared" or
+// "limited to N".
+func modeName(h dlock.LockInfo) string {
+	if h.Mode == dlock.ModeLimited {
+		return fmt.Sprintf("limited to %d", h.Limit)
+	}
+	return h.Mode.String()
 }
 
 // statusLine is a one-line status on a terminal, rewritten in place. It is
