@@ -36,3 +36,15 @@ func BenchmarkRawPut(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSemaphore8 runs 8 workers on a semaphore of 3;
+// BenchmarkReadWrite8 on a key whose acquisitions are 90 % shared.
+func BenchmarkSemaphore8(b *testing.B) {
+	eps := endpoints(b)
+	locktest.BenchmarkSemaphore(b, 8, 3, func(tb testing.TB) dlock.Backend { return newBackend(tb, eps) })
+}
+
+func BenchmarkReadWrite8(b *testing.B) {
+	eps := endpoints(b)
+	locktest.BenchmarkReadWrite(b, 8, 0.9, func(tb testing.TB) dlock.Backend { return newBackend(tb, eps) })
+}

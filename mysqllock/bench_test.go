@@ -91,3 +91,13 @@ func BenchmarkNaivePoll8(b *testing.B) {
 		return newLease(tb, "interpolateParams=true", &mysqllock.Options{Table: testTable, NoDoorbell: true})
 	})
 }
+
+// BenchmarkSemaphore8 runs 8 workers on a semaphore of 3;
+// BenchmarkReadWrite8 on a key whose acquisitions are 90 % shared.
+func BenchmarkSemaphore8(b *testing.B) {
+	locktest.BenchmarkSemaphore(b, 8, 3, func(tb testing.TB) dlock.Backend { return newBackend(tb, "interpolateParams=true") })
+}
+
+func BenchmarkReadWrite8(b *testing.B) {
+	locktest.BenchmarkReadWrite(b, 8, 0.9, func(tb testing.TB) dlock.Backend { return newBackend(tb, "interpolateParams=true") })
+}

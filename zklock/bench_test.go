@@ -20,3 +20,15 @@ func BenchmarkContended8(b *testing.B) {
 	addrs := sharedAddrs(b)
 	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend { return newBackend(tb, newConn(tb, addrs...)) })
 }
+
+// BenchmarkSemaphore8 runs 8 workers on a semaphore of 3;
+// BenchmarkReadWrite8 on a key whose acquisitions are 90 % shared.
+func BenchmarkSemaphore8(b *testing.B) {
+	addrs := sharedAddrs(b)
+	locktest.BenchmarkSemaphore(b, 8, 3, func(tb testing.TB) dlock.Backend { return newBackend(tb, newConn(tb, addrs...)) })
+}
+
+func BenchmarkReadWrite8(b *testing.B) {
+	addrs := sharedAddrs(b)
+	locktest.BenchmarkReadWrite(b, 8, 0.9, func(tb testing.TB) dlock.Backend { return newBackend(tb, newConn(tb, addrs...)) })
+}
