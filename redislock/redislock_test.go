@@ -164,8 +164,8 @@ func TestClusterKeyNames(t *testing.T) {
 	}
 }
 
-// TestSentinel runs a holder, a waiter woken by pub/sub and List through
-// Sentinel-discovered clients.
+// TestSentinel runs a holder, a waiter woken by pub/sub, readers and List
+// through Sentinel-discovered clients.
 func TestSentinel(t *testing.T) {
 	_, sentinel := startSentinel(t)
 	failover := func() *redis.Client {
@@ -194,9 +194,22 @@ func TestSentinel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Release(ctx)
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("the waiter took %s to get a key released after 200ms of a 10s lease", d)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Readers through Sentinel share the key.
+	for _, l := range []*dlock.Locker{l1, l2} {
+		r, err := l.TryAcquire(ctx, k, dlock.Shared())
+		if err != nil {
+			t.Fatalf("a reader: %v", err)
+		}
+		defer r.Release(ctx)
+	}
+	if infos, err := l1.List(ctx, k); err != nil || len(infos) != 2 || infos[0].Mode != dlock.ModeShared {
+		t.Errorf("List of two readers = %+v, %v", infos, err)
 	}
 }
 
