@@ -1,17 +1,24 @@
--- acquire.lua takes a lock if it is free.
+-- acquire.lua takes a lock exclusively if the key has no live holder of any
+-- mode. Run after holders.lua.
 --
 -- KEYS[1]  the lock: a hash (token, owner, fence, metadata, acquired_us) whose
 --          expiry is the lease
 -- KEYS[2]  the key's fencing counter: a string that never expires
+-- KEYS[3]  the key's shared and limited holders (see holders.lua)
+-- KEYS[4]  their descriptions
+-- KEYS[5]  the writer mark: while it exists, shared requests are refused
 -- ARGV[1]  owner token (hex)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  owner identity
 -- ARGV[4]  metadata
 -- ARGV[5]  "1" to keep the counter at least the server's clock in
 --          microseconds, so that it keeps increasing if the counter is lost
+-- ARGV[6]  how long the writer mark lasts, in milliseconds
 --
--- Returns {1, fence} when the token holds the lock, or
--- {0, pttl, token, owner, fence, metadata, acquired_us} describing the holder.
+-- Returns {1, fence} when the token holds the lock;
+-- {0, pttl, token, owner, fence, metadata, acquired_us[, mode, limit]}
+-- describing the holder whose lease ends first; or {2, mode, limit} when the
+-- key is held limited (a mode mismatch, changing nothing).
 local h = redis.call('hmget', KEYS[1], 'token', 'owner', 'fence', 'metadata', 'acquired_us')
 if h[1] then
   if h[1] == ARGV[1] then
@@ -21,15 +28,23 @@ if h[1] then
   return {0, redis.call('pttl', KEYS[1]), h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or ''}
 end
 
-local t = redis.call('time')
-local now = t[1] .. string.format('%06d', tonumber(t[2]))
-local fence = redis.call('incr', KEYS[2])
-if ARGV[5] == '1' and fence < tonumber(now) then
-  redis.call('set', KEYS[2], now)
-  fence = tonumber(now)
+local ms, us = clock()
+if redis.call('exists', KEYS[3]) == 1 then
+  prune(KEYS[3], KEYS[4], ms)
+  local d = first(KEYS[3], KEYS[4], ms)
+  if d then
+    if d[7] == 2 then
+      return {2, d[7], d[8]}
+    end
+    -- Shared holders: new shared requests wait behind this writer.
+    redis.call('set', KEYS[5], '1', 'px', ARGV[6])
+    return {0, unpack(d)}
+  end
 end
--- Numbers are formatted here: Lua would print a large one with 14 digits.
+
+redis.call('del', KEYS[5])
+local fence = nextFence(KEYS[2], us, ARGV[5])
 redis.call('hset', KEYS[1], 'token', ARGV[1], 'owner', ARGV[3],
-  'fence', string.format('%.0f', fence), 'metadata', ARGV[4], 'acquired_us', now)
+  'fence', int(fence), 'metadata', ARGV[4], 'acquired_us', us)
 redis.call('pexpire', KEYS[1], ARGV[2])
 return {1, fence}

@@ -1,7 +1,24 @@
 package redislock
 
+import "github.com/dlock-dev/dlock"
+
 // Names returns the Redis names the Backend uses for key: the lock hash, the
 // fencing counter and the release channel.
 func (b *Backend) Names(key string) (lock, fence, channel string) {
 	return b.lockKey(key), b.fenceKey(key), b.channel(key)
+}
+
+// ModeNames returns the Redis names of key's shared and limited holders,
+// their descriptions and its writer mark.
+func (b *Backend) ModeNames(key string) (holders, info, writer string) {
+	return b.holdersKey(key), b.infoKey(key), b.writerKey(key)
+}
+
+// AcquireSharedScript is the script of shared and limited acquisitions.
+var AcquireSharedScript = acquireSharedScript
+
+// AcquireArgs returns the keys and arguments of req's acquisition script.
+func AcquireArgs(b *Backend, req dlock.Request) ([]string, []any) {
+	_, args, _ := b.acquireCall(req)
+	return b.acquireKeys(req.Key), args
 }

@@ -1,15 +1,20 @@
--- forcerelease.lua frees a lock whatever token holds it, and wakes its
--- waiters.
+-- forcerelease.lua frees every holder of a key, whatever its token and mode,
+-- and wakes its waiters. Run after holders.lua.
 --
 -- KEYS[1]  the lock
+-- KEYS[2]  the key's shared and limited holders
+-- KEYS[3]  their descriptions
 -- ARGV[1]  the key's release channel
 --
--- Returns 1 if released, 0 if the lock was not held.
-if redis.call('del', KEYS[1]) == 0 then
+-- Returns 1 if released, 0 if the key had no live holder.
+local live = redis.call('del', KEYS[1])
+if redis.call('exists', KEYS[2]) == 1 then
+  local ms = clock()
+  live = live + redis.call('zcount', KEYS[2], '(' .. int(ms), '+inf')
+end
+redis.call('del', KEYS[2], KEYS[3])
+if live == 0 then
   return 0
 end
-local r = redis.pcall('spublish', ARGV[1], 'released')
-if type(r) == 'table' and r.err then
-  redis.pcall('publish', ARGV[1], 'released')
-end
+wake(ARGV[1])
 return 1

@@ -2,21 +2,37 @@
 // a single server, a Sentinel-managed primary or a Redis Cluster, and, with
 // NewRedlock, the Redlock algorithm over several independent servers.
 //
-// Each lock is a hash holding the owner token, owner, fence, metadata
-// and acquisition time, whose expiry (PEXPIRE) is the lease, so leases are
-// timed by Redis's clock. Acquisition, extension, release and forced release
-// are Lua scripts that check the owner token atomically. Releases publish on
-// a per-key channel that waiting acquisitions subscribe to (dlock.Waiter), so
-// a waiter is handed the key at once instead of polling.
+// Each exclusive lock is a hash holding the owner token, owner, fence,
+// metadata and acquisition time, whose expiry (PEXPIRE) is the lease, so
+// leases are timed by Redis's clock. Acquisition, extension, release and
+// forced release are Lua scripts that check the owner token atomically.
+// Releases publish on a per-key channel that waiting acquisitions subscribe
+// to (dlock.Waiter), so a waiter is handed the key at once instead of
+// polling.
 //
-// A separate counter per key that never expires gives the fence, so
-// tokens keep increasing across releases and expiries. Each acquisition also
-// raises the counter to at least the server's clock in microseconds (TIME),
-// so tokens keep increasing after a restart without persistence, or a
-// failover to a replica, that lost the counter: the new server's clock has
-// moved on past the old tokens, unless it is behind the old server's by more
-// than the outage lasted. Tokens are therefore large numbers (about 1.8e15),
-// not 1, 2, 3.
+// A Backend grants every mode (dlock.Sharer): dlock.Shared (readers, whose
+// writer is the exclusive acquisition) and dlock.WithLimit (a counting
+// semaphore). A key's shared or limited holders are a sorted set of owner
+// tokens scored by the end of each lease in milliseconds of the server's
+// clock (TIME), beside a hash of their descriptions; both expire with their
+// longest lease, and every script drops the holders whose lease has ended
+// before it counts them. One script checks and changes all of a key's
+// holders at once: an exclusive acquisition is refused while a live holder
+// of any mode remains, and, when those are shared, leaves a writer mark
+// lasting dlock.WriterMark that refuses new shared acquisitions (an
+// exclusive grant deletes it; a waiting exclusive acquisition renews it by
+// attempting again every dlock.WriterMark/3). The release of a limited
+// holder, and of the last shared one, wakes the key's waiters. A Redlock
+// grants only exclusive locks (see Redlock).
+//
+// A separate counter per key that never expires gives the fence of every
+// mode, so tokens keep increasing across modes, releases and expiries. Each
+// acquisition also raises the counter to at least the server's clock in
+// microseconds (TIME), so tokens keep increasing after a restart without
+// persistence, or a failover to a replica, that lost the counter: the new
+// server's clock has moved on past the old tokens, unless it is behind the
+// old server's by more than the outage lasted. Tokens are therefore large
+// numbers (about 1.8e15), not 1, 2, 3.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	b, err := redislock.New(rdb, nil)
@@ -24,11 +40,13 @@
 //
 // # Keys
 //
-// Key k uses the Redis key "dlock:{k}" (the lock hash; inspect it with
-// HGETALL), "dlock:{k}:fence" (its counter) and the channel
-// "dlock:{k}:released", where "dlock:" is Options.Prefix. The braces are a
-// cluster hash tag: all three live in one slot, which the scripts need on
-// Redis Cluster. Braces and '%' inside k are escaped as %7B, %7D and %25.
+// Key k uses the Redis key "dlock:{k}" (the exclusive lock hash; inspect it
+// with HGETALL), "dlock:{k}:fence" (its counter), "dlock:{k}:holders" and
+// "dlock:{k}:info" (the shared or limited holders and their descriptions),
+// "dlock:{k}:writer" (the writer mark) and the channel "dlock:{k}:released",
+// where "dlock:" is Options.Prefix. The braces are a cluster hash tag: all of
+// them live in one slot, which the scripts need on Redis Cluster. Braces and
+// '%' inside k are escaped as %7B, %7D and %25.
 //
 // # Operations
 //
@@ -39,7 +57,9 @@
 // persistence a restart frees every lock at once; with a replica, a failover
 // can lose the newest acquisitions (replication is asynchronous). Where that
 // matters, use Redlock over independent servers or a consensus store, and
-// pass the fence to the resources you guard.
+// pass the fence to the resources you guard. Every client of a key must run
+// a version of this package that knows the modes: an older one sees no
+// holder in a key held shared or limited.
 //
 // Reentrancy (dlock.WithOwner) is counted by the dlock.Locker, per Locker; the
 // scripts do not count it again, and a second acquisition with a different
@@ -115,11 +135,16 @@ var (
 	_ dlock.Lister        = (*Backend)(nil)
 	_ dlock.ForceReleaser = (*Backend)(nil)
 	_ dlock.Waiter        = (*Backend)(nil)
+	_ dlock.Sharer        = (*Backend)(nil)
 )
 
 var (
+	//go:embed holders.lua
+	holdersLua string
 	//go:embed acquire.lua
 	acquireLua string
+	//go:embed acquireshared.lua
+	acquireSharedLua string
 	//go:embed extend.lua
 	extendLua string
 	//go:embed release.lua
@@ -131,12 +156,14 @@ var (
 	//go:embed raisefence.lua
 	raiseFenceLua string
 
-	acquireScript      = redis.NewScript(acquireLua)
-	extendScript       = redis.NewScript(extendLua)
-	releaseScript      = redis.NewScript(releaseLua)
-	forceReleaseScript = redis.NewScript(forceReleaseLua)
-	infoScript         = redis.NewScript(infoLua)
-	raiseFenceScript   = redis.NewScript(raiseFenceLua)
+	// The scripts that see every holder of a key begin with holders.lua.
+	acquireScript       = redis.NewScript(holdersLua + acquireLua)
+	acquireSharedScript = redis.NewScript(holdersLua + acquireSharedLua)
+	extendScript        = redis.NewScript(holdersLua + extendLua)
+	releaseScript       = redis.NewScript(holdersLua + releaseLua)
+	forceReleaseScript  = redis.NewScript(holdersLua + forceReleaseLua)
+	infoScript          = redis.NewScript(holdersLua + infoLua)
+	raiseFenceScript    = redis.NewScript(raiseFenceLua)
 )
 
 // New returns a Backend over c. It does no I/O. The error matches
@@ -185,17 +212,30 @@ var (
 // tagged is the hash-tagged part shared by a key's Redis names.
 func (b *Backend) tagged(key string) string { return b.prefix + "{" + keyEscaper.Replace(key) + "}" }
 
-func (b *Backend) lockKey(key string) string  { return b.tagged(key) }
-func (b *Backend) fenceKey(key string) string { return b.tagged(key) + ":fence" }
-func (b *Backend) channel(key string) string  { return b.tagged(key) + ":released" }
+// holdersSuffix ends the name of a key's shared and limited holders.
+const holdersSuffix = ":holders"
 
-// keyOf returns the dlock key of a lock's Redis name, and false for other
-// names (counters, foreign keys).
+func (b *Backend) lockKey(key string) string    { return b.tagged(key) }
+func (b *Backend) fenceKey(key string) string   { return b.tagged(key) + ":fence" }
+func (b *Backend) holdersKey(key string) string { return b.tagged(key) + holdersSuffix }
+func (b *Backend) infoKey(key string) string    { return b.tagged(key) + ":info" }
+func (b *Backend) writerKey(key string) string  { return b.tagged(key) + ":writer" }
+func (b *Backend) channel(key string) string    { return b.tagged(key) + ":released" }
+
+// modeKeys are the names a script that sees every holder of key needs:
+// the lock, the shared and limited holders and their descriptions.
+func (b *Backend) modeKeys(key string) []string {
+	return []string{b.lockKey(key), b.holdersKey(key), b.infoKey(key)}
+}
+
+// keyOf returns the dlock key of the Redis name of a lock or of its shared
+// and limited holders, and false for other names (counters, foreign keys).
 func (b *Backend) keyOf(name string) (string, bool) {
 	inner, ok := strings.CutPrefix(name, b.prefix+"{")
 	if !ok {
 		return "", false
 	}
+	inner = strings.TrimSuffix(inner, holdersSuffix)
 	inner, ok = strings.CutSuffix(inner, "}")
 	if !ok || strings.ContainsAny(inner, "{}") {
 		return "", false
@@ -210,30 +250,81 @@ func (b *Backend) floorArg() string {
 	return "0"
 }
 
-// Acquire implements dlock.Backend with one script call.
+// SupportsMode implements dlock.Sharer: a Backend grants every mode.
+func (b *Backend) SupportsMode(m dlock.Mode) bool {
+	switch m {
+	case dlock.ModeExclusive, dlock.ModeShared, dlock.ModeLimited:
+		return true
+	}
+	return false
+}
+
+// Acquire implements dlock.Backend and dlock.Sharer with one script call.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	v, err := acquireScript.Run(ctx, b.c, []string{b.lockKey(req.Key), b.fenceKey(req.Key)},
-		req.Token.String(), req.TTL.Milliseconds(), req.Owner, req.Metadata, b.floorArg()).Slice()
+	script, args, err := b.acquireCall(req)
+	if err != nil {
+		return dlock.Result{}, err
+	}
+	v, err := script.Run(ctx, b.c, b.acquireKeys(req.Key), args...).Slice()
 	if err != nil {
 		return dlock.Result{}, fmt.Errorf("redislock: acquire %q: %w", req.Key, err)
 	}
-	if len(v) >= 2 && v[0] == int64(1) {
+	switch {
+	case len(v) >= 2 && v[0] == int64(1):
 		fence, ok := v[1].(int64)
 		if !ok || fence <= 0 {
 			return dlock.Result{}, fmt.Errorf("redislock: acquire %q: bad fence %v", req.Key, v[1])
 		}
 		return dlock.Result{Acquired: true, Fence: uint64(fence)}, nil
-	}
-	if len(v) < 1 || v[0] != int64(0) {
+	case len(v) == 3 && v[0] == int64(2):
+		mode, _ := v[1].(int64)
+		limit, _ := v[2].(int64)
+		return dlock.Result{}, fmt.Errorf("redislock: %q is held %s, asked %s: %w",
+			req.Key, describeMode(dlock.Mode(mode), int(limit)), describeMode(req.Mode, req.Limit), dlock.ErrModeMismatch)
+	case len(v) < 1 || v[0] != int64(0):
 		return dlock.Result{}, fmt.Errorf("redislock: acquire %q: unexpected reply %v", req.Key, v)
 	}
 	h, remaining := parseHolder(req.Key, v[1:], time.Now())
+	if len(v) == 2 {
+		// Refused by a writer mark: no holder to describe, and
+		// remaining is the mark's.
+		h = dlock.LockInfo{Key: req.Key}
+	}
 	return dlock.Result{Holder: h, Remaining: remaining}, nil
 }
 
-// parseHolder reads {pttl, token, owner, fence, metadata, acquired_us} as
-// far as it can: the reply only informs the caller, so a malformed field is
-// left zero rather than failing an acquisition whose outcome is known.
+// acquireKeys are the names the acquisition scripts need.
+func (b *Backend) acquireKeys(key string) []string {
+	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key)}
+}
+
+// acquireCall returns the script that takes req and its arguments, or an
+// error matching dlock.ErrInvalidOption for a mode or limit out of range.
+func (b *Backend) acquireCall(req dlock.Request) (*redis.Script, []any, error) {
+	args := []any{req.Token.String(), req.TTL.Milliseconds(), req.Owner, req.Metadata, b.floorArg()}
+	switch {
+	case req.Mode == dlock.ModeExclusive:
+		return acquireScript, append(args, dlock.WriterMark.Milliseconds()), nil
+	case req.Mode == dlock.ModeShared:
+		return acquireSharedScript, append(args, int(req.Mode), 0), nil
+	case req.Mode == dlock.ModeLimited && req.Limit >= 1 && req.Limit <= dlock.MaxLimit:
+		return acquireSharedScript, append(args, int(req.Mode), req.Limit), nil
+	}
+	return nil, nil, fmt.Errorf("%w: redislock: acquire %q: mode %s with limit %d", dlock.ErrInvalidOption, req.Key, req.Mode, req.Limit)
+}
+
+// describeMode names a mode for errors.
+func describeMode(m dlock.Mode, limit int) string {
+	if m == dlock.ModeLimited {
+		return fmt.Sprintf("limited to %d", limit)
+	}
+	return m.String()
+}
+
+// parseHolder reads {pttl, token, owner, fence, metadata, acquired_us[,
+// mode, limit]} as far as it can: the reply only informs the caller, so a
+// malformed field is left zero rather than failing an acquisition whose
+// outcome is known.
 func parseHolder(key string, v []any, now time.Time) (dlock.LockInfo, time.Duration) {
 	h := dlock.LockInfo{Key: key}
 	str := func(i int) string {
@@ -261,6 +352,11 @@ func parseHolder(key string, v []any, now time.Time) (dlock.LockInfo, time.Durat
 	if us, err := strconv.ParseInt(str(5), 10, 64); err == nil {
 		h.AcquiredAt = time.UnixMicro(us)
 	}
+	if len(v) >= 8 {
+		mode, _ := v[6].(int64)
+		limit, _ := v[7].(int64)
+		h.Mode, h.Limit = dlock.Mode(mode), int(limit)
+	}
 	return h, remaining
 }
 
@@ -280,9 +376,9 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	span := func(j int) (lo, hi int) { return j * per, min((j+1)*per, len(leases)) }
 	cmds := b.runEach(ctx, extendScript, (len(leases)+per-1)/per, func(j int) ([]string, []any) {
 		lo, hi := span(j)
-		keys, argv := make([]string, 0, hi-lo), make([]any, 0, 2*(hi-lo))
+		keys, argv := make([]string, 0, 3*(hi-lo)), make([]any, 0, 2*(hi-lo))
 		for _, l := range leases[lo:hi] {
-			keys = append(keys, b.lockKey(l.Key))
+			keys = append(keys, b.modeKeys(l.Key)...)
 			argv = append(argv, l.Token.String(), l.TTL.Milliseconds())
 		}
 		return keys, argv
@@ -343,9 +439,11 @@ func (b *Backend) runEach(ctx context.Context, s *redis.Script, n int, args func
 	return cmds
 }
 
-// Release implements dlock.Backend. A release wakes the key's waiters.
+// Release implements dlock.Backend. It wakes the key's waiters when they
+// may now be granted it: at an exclusive or limited release, and at the
+// release of the last shared holder.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	n, err := releaseScript.Run(ctx, b.c, []string{b.lockKey(key)}, token.String(), b.channel(key)).Int64()
+	n, err := releaseScript.Run(ctx, b.c, b.modeKeys(key), token.String(), b.channel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: release %q: %w", key, err)
 	}
@@ -355,10 +453,11 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	return nil
 }
 
-// ForceRelease implements dlock.ForceReleaser. It wakes the key's waiters;
-// the holder learns of the loss at its next renewal.
+// ForceRelease implements dlock.ForceReleaser: it frees every holder of the
+// key, in any mode, and wakes the key's waiters; the holders learn of the
+// loss at their next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	n, err := forceReleaseScript.Run(ctx, b.c, []string{b.lockKey(key)}, b.channel(key)).Int64()
+	n, err := forceReleaseScript.Run(ctx, b.c, b.modeKeys(key), b.channel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: force release %q: %w", key, err)
 	}
@@ -368,7 +467,8 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	return nil
 }
 
-// List implements dlock.Lister. It SCANs the keyspace (every primary of a
+// List implements dlock.Lister: every holder of each key, in any mode,
+// ordered by key, then fence. It SCANs the keyspace (every primary of a
 // cluster) for the prefix, so it costs O(keys in the database), not O(locks);
 // it is meant for operators, not hot paths. Locks taken or released while it
 // runs may or may not be listed.
@@ -377,29 +477,39 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	if err != nil {
 		return nil, fmt.Errorf("redislock: list: %w", err)
 	}
+	seen := map[string]bool{}
 	var keys []string
 	for _, name := range names {
-		if k, ok := b.keyOf(name); ok && strings.HasPrefix(k, prefix) {
+		if k, ok := b.keyOf(name); ok && strings.HasPrefix(k, prefix) && !seen[k] {
+			seen[k] = true
 			keys = append(keys, k)
 		}
 	}
 	cmds := b.runEach(ctx, infoScript, len(keys), func(i int) ([]string, []any) {
-		return []string{b.lockKey(keys[i])}, nil
+		return b.modeKeys(keys[i]), nil
 	})
 	now := time.Now()
 	var out []dlock.LockInfo
 	for i, c := range cmds {
-		v, err := c.Slice()
+		hs, err := c.Slice()
 		if err != nil {
 			return nil, fmt.Errorf("redislock: list %q: %w", keys[i], err)
 		}
-		if len(v) == 0 {
-			continue // released since the scan
+		for _, v := range hs { // none if released since the scan
+			v, ok := v.([]any)
+			if !ok {
+				return nil, fmt.Errorf("redislock: list %q: unexpected reply %v", keys[i], hs)
+			}
+			h, _ := parseHolder(keys[i], v, now)
+			out = append(out, h)
 		}
-		h, _ := parseHolder(keys[i], v, now)
-		out = append(out, h)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].Fence < out[j].Fence
+	})
 	return out, nil
 }
 
@@ -470,11 +580,18 @@ const subscribeTimeout = 5 * time.Second
 // report (a lock key without expiry, written by something else).
 const unknownLeaseWait = time.Second
 
+// writerMarkRenewal bounds the wait of an exclusive request behind shared
+// holders: it attempts again this often, renewing its writer mark well
+// before the mark's dlock.WriterMark runs out.
+const writerMarkRenewal = dlock.WriterMark / 3
+
 // AcquireWait implements dlock.Waiter. It subscribes to the key's release
 // channel before its first attempt, so that a release between an attempt and
 // the wait is not missed, then attempts again on each release message (or
 // resubscription after a reconnect, when messages may have been lost) and
-// when the holder's lease, as Redis reported it, runs out. It returns
+// when the holder's lease, as Redis reported it, runs out. It serves every
+// mode; an exclusive request behind shared holders also attempts again
+// every dlock.WriterMark/3, which renews its writer mark. It returns
 // Acquired=false and a nil error when ctx ends while the key is held, and an
 // error matching dlock.ErrUnsupported, having taken nothing, when it cannot
 // subscribe (an ACL without channel rights, an unreachable server): the
@@ -578,6 +695,11 @@ func waitLoop(ctx context.Context, req dlock.Request, acquire func(context.Conte
 		wait := res.Remaining
 		if wait <= 0 {
 			wait = unknownLeaseWait
+		}
+		if req.Mode == dlock.ModeExclusive && res.Holder.Mode == dlock.ModeShared {
+			// Each attempt renews the writer mark that holds new
+			// shared requests back; it lasts dlock.WriterMark.
+			wait = min(wait, writerMarkRenewal)
 		}
 		// Redis expires the key on the first access after its lease; the
 		// millisecond covers PTTL's rounding.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,8 +95,9 @@ func TestConformanceCluster(t *testing.T) {
 	})
 }
 
-// TestClusterKeyNames checks that a key's lock, counter and channel share a
-// cluster slot whatever braces the key contains, and that such keys work
+// TestClusterKeyNames checks that every Redis name of a key (its lock,
+// counter, channel and the names of its shared holders) shares a cluster
+// slot whatever braces the key contains, and that such keys work
 // end to end on a cluster (a slot mismatch fails the scripts with CROSSSLOT).
 func TestClusterKeyNames(t *testing.T) {
 	nodes := startCluster(t)
@@ -109,16 +111,18 @@ func TestClusterKeyNames(t *testing.T) {
 	slots := map[int64]bool{}
 	for _, k := range []string{"}" + base, "{" + base, base + "{x}", "{}" + base, "a{b}c" + base, base + "%7B%", "plain" + base} {
 		lock, fence, channel := b.Names(k)
+		holders, info, writer := b.ModeNames(k)
 		var got []int64
-		for _, name := range []string{lock, fence, channel} {
+		for _, name := range []string{lock, fence, channel, holders, info, writer} {
 			slot, err := node.ClusterKeySlot(ctx, name).Result()
 			if err != nil {
 				t.Fatal(err)
 			}
 			got = append(got, slot)
 		}
-		if got[0] != got[1] || got[1] != got[2] {
-			t.Errorf("key %q: lock %q, counter %q and channel %q are in slots %v", k, lock, fence, channel, got)
+		if slices.Min(got) != slices.Max(got) {
+			t.Errorf("key %q: lock %q, counter %q, channel %q, holders %q, descriptions %q and writer mark %q are in slots %v",
+				k, lock, fence, channel, holders, info, writer, got)
 		}
 		slots[got[0]] = true
 
@@ -145,14 +149,23 @@ func TestClusterKeyNames(t *testing.T) {
 		if err := <-woken; err != nil {
 			t.Errorf("waiter for %q: %v", k, err)
 		}
+		for _, opt := range []dlock.AcquireOption{dlock.Shared(), dlock.WithLimit(2)} {
+			lk, err := l1.TryAcquire(ctx, k, opt)
+			if err != nil {
+				t.Fatalf("TryAcquire(%q) in a mode: %v", k, err)
+			}
+			if err := lk.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	if len(slots) < 2 {
 		t.Errorf("all keys landed in one slot %v: the hash tag is not per key", slots)
 	}
 }
 
-// TestSentinel runs a holder, a waiter woken by pub/sub and List through
-// Sentinel-discovered clients.
+// TestSentinel runs a holder, a waiter woken by pub/sub, readers and List
+// through Sentinel-discovered clients.
 func TestSentinel(t *testing.T) {
 	_, sentinel := startSentinel(t)
 	failover := func() *redis.Client {
@@ -181,9 +194,22 @@ func TestSentinel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Release(ctx)
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("the waiter took %s to get a key released after 200ms of a 10s lease", d)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Readers through Sentinel share the key.
+	for _, l := range []*dlock.Locker{l1, l2} {
+		r, err := l.TryAcquire(ctx, k, dlock.Shared())
+		if err != nil {
+			t.Fatalf("a reader: %v", err)
+		}
+		defer r.Release(ctx)
+	}
+	if infos, err := l1.List(ctx, k); err != nil || len(infos) != 2 || infos[0].Mode != dlock.ModeShared {
+		t.Errorf("List of two readers = %+v, %v", infos, err)
 	}
 }
 
@@ -269,21 +295,21 @@ func evalCalls(t *testing.T, c *redis.Client) int {
 
 // checkWakeUp holds a key with a 30s lease and checks that a waiter on
 // another client subscribes, does not poll while it waits, and is handed the
-// key as soon as it is released.
-func checkWakeUp(t *testing.T, s *server, sharded bool) {
+// key as soon as it is released. Holder and waiter acquire with opts.
+func checkWakeUp(t *testing.T, s *server, sharded bool, opts ...dlock.AcquireOption) {
 	admin := s.client(t)
 	b := newBackend(t, s.client(t), nil)
 	holder := locktest.NewLocker(t, b)
 	waiter := locktest.NewLocker(t, newBackend(t, s.client(t), nil))
 	k := locktest.UniqueKey("wake")
 	_, _, channel := b.Names(k)
-	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, dlock.WithTTL(30*time.Second))
+	lk, err := holder.TryAcquire(ctxT(t, 5*time.Second), k, append(opts, dlock.WithTTL(30*time.Second))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan *dlock.Lock, 1)
 	go func() {
-		w, err := waiter.Acquire(ctxT(t, 20*time.Second), k)
+		w, err := waiter.Acquire(ctxT(t, 20*time.Second), k, opts...)
 		if err != nil {
 			t.Error(err)
 		}
@@ -332,6 +358,12 @@ func checkWakeUp(t *testing.T, s *server, sharded bool) {
 
 func TestWaiterIsWokenByRelease(t *testing.T) {
 	checkWakeUp(t, startServer(t), true)
+}
+
+// TestLimitedWaiterIsWokenByRelease: the release of a limited holder wakes
+// a waiter for its slot.
+func TestLimitedWaiterIsWokenByRelease(t *testing.T) {
+	checkWakeUp(t, startServer(t), true, dlock.WithLimit(1))
 }
 
 // TestClassicPubSubFallback runs the wake-up on a server without sharded

@@ -73,6 +73,12 @@ type RedlockOptions struct {
 //
 // Release and ForceRelease publish on every server; AcquireWait subscribes
 // on every reachable server and wakes on the first message.
+//
+// A Redlock grants only exclusive acquisitions (it is no dlock.Sharer, so
+// the Locker refuses the other modes before any I/O): a semaphore over
+// majorities does not bound its holders, since three holders of a limit of
+// two can each hold a different two of three servers without any server
+// counting more than two.
 type Redlock struct {
 	nodes   []*Backend
 	names   []string

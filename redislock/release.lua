@@ -1,20 +1,34 @@
--- release.lua frees a lock if the token holds it, and wakes its waiters.
+-- release.lua frees a key's exclusive lock or one of its shared or limited
+-- leases if the token holds it, and wakes the key's waiters. Run after
+-- holders.lua.
 --
 -- KEYS[1]  the lock
+-- KEYS[2]  the key's shared and limited holders
+-- KEYS[3]  their descriptions
 -- ARGV[1]  owner token
 -- ARGV[2]  the key's release channel
 --
--- Returns 1 if released, 0 if the token does not hold the lock.
-if redis.call('hget', KEYS[1], 'token') ~= ARGV[1] then
+-- Returns 1 if released, 0 if the token does not hold the key.
+if redis.call('hget', KEYS[1], 'token') == ARGV[1] then
+  redis.call('del', KEYS[1])
+  wake(ARGV[2])
+  return 1
+end
+local s = redis.call('zscore', KEYS[2], ARGV[1])
+if not s then
   return 0
 end
-redis.call('del', KEYS[1])
--- Sharded pub/sub keeps the message on the key's shard in a cluster; servers
--- before 7.0 lack SPUBLISH and get a classic PUBLISH (their waiters use
--- SUBSCRIBE). A failure to publish (an ACL without channel rights) must not
--- fail the release, which has happened: waiters then wait out the lease.
-local r = redis.pcall('spublish', ARGV[2], 'released')
-if type(r) == 'table' and r.err then
-  redis.pcall('publish', ARGV[2], 'released')
+local ms = clock()
+if tonumber(s) <= ms then
+  return 0
+end
+local raw = redis.call('hget', KEYS[3], ARGV[1])
+redis.call('zrem', KEYS[2], ARGV[1])
+redis.call('hdel', KEYS[3], ARGV[1])
+-- A shared release helps a waiter only when it was the last live holder
+-- (exclusive requests wait for all of them; shared ones are refused only by
+-- an exclusive holder or a writer mark); a limited release frees a slot.
+if (raw and cmsgpack.unpack(raw) == 2) or redis.call('zcount', KEYS[2], '(' .. int(ms), '+inf') == 0 then
+  wake(ARGV[2])
 end
 return 1

@@ -1,0 +1,56 @@
+-- acquireshared.lua takes a shared or limited lease of a key. Run after
+-- holders.lua.
+--
+-- KEYS     as acquire.lua
+-- ARGV     ARGV[1] to ARGV[5] as acquire.lua, then
+-- ARGV[6]  the mode: 1 shared, 2 limited
+-- ARGV[7]  the limit (0 for shared)
+--
+-- A shared request is granted when the key has no exclusive holder, no
+-- limited holders and no writer mark; a limited one when the key has no
+-- exclusive or shared holder and fewer than limit holders, all with this
+-- limit. Returns {1, fence} when the token holds a lease; {0, pttl[, token,
+-- owner, fence, metadata, acquired_us, mode, limit]} describing the holder
+-- whose lease ends first (only pttl, that of the mark, for a writer mark);
+-- or {2, mode, limit} of the key's holders for a mode mismatch, changing
+-- nothing.
+local mode, limit = tonumber(ARGV[6]), tonumber(ARGV[7])
+local h = redis.call('hmget', KEYS[1], 'token', 'owner', 'fence', 'metadata', 'acquired_us')
+if h[1] then
+  if mode == 2 then
+    return {2, 0, 0}
+  end
+  return {0, redis.call('pttl', KEYS[1]), h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or ''}
+end
+
+local ms, us = clock()
+prune(KEYS[3], KEYS[4], ms)
+local mine = redis.call('hget', KEYS[4], ARGV[1])
+if mine then
+  -- A retried call whose first run took the lease.
+  local _, _, fence = cmsgpack.unpack(mine)
+  return {1, tonumber(fence)}
+end
+local n = redis.call('zcard', KEYS[3])
+if n > 0 then
+  local d = first(KEYS[3], KEYS[4], ms)
+  if (d[7] == 2 or mode == 2) and (d[7] ~= mode or d[8] ~= limit) then
+    return {2, d[7], d[8]}
+  end
+  if mode == 2 and n >= limit then
+    return {0, unpack(d)}
+  end
+end
+if mode == 1 then
+  local w = redis.call('pttl', KEYS[5])
+  if w ~= -2 then
+    return {0, w}
+  end
+end
+
+local fence = nextFence(KEYS[2], us, ARGV[5])
+redis.call('zadd', KEYS[3], int(ms + tonumber(ARGV[2])), ARGV[1])
+redis.call('hset', KEYS[4], ARGV[1], cmsgpack.pack(mode, limit, int(fence), us, ARGV[3], ARGV[4]))
+cover(KEYS[3], ARGV[2])
+cover(KEYS[4], ARGV[2])
+return {1, fence}

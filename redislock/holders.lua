@@ -1,0 +1,89 @@
+-- holders.lua is the prelude of the scripts that see every holder of a key.
+--
+-- An exclusive holder is the lock hash (see acquire.lua). Shared and limited
+-- holders live in two keys next to it, in the same hash slot:
+--   holders  a sorted set of owner tokens scored by the expiry of each
+--            lease, in milliseconds of the server's clock (TIME)
+--   info     a hash from owner token to
+--            cmsgpack(mode, limit, fence, acquired_us, owner, metadata)
+-- Both keys expire with their longest lease. A holder is live while its
+-- score is above the server's clock; every script that counts holders
+-- first removes the expired ones. All live holders of a key share one mode
+-- and one limit: the scripts refuse any other.
+
+-- clock returns the server's time in milliseconds and in microseconds (a
+-- string, as a fence floor).
+local function clock()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000),
+    t[1] .. string.format('%06d', tonumber(t[2]))
+end
+
+-- Numbers are formatted here: Lua would print a large one with 14 digits.
+local function int(n)
+  return string.format('%.0f', n)
+end
+
+-- prune removes the holders whose lease ended at ms or before.
+local function prune(holders, info, ms)
+  local gone = redis.call('zrangebyscore', holders, '-inf', int(ms))
+  if #gone == 0 then
+    return
+  end
+  -- unpack is bounded by Lua's stack: delete in chunks.
+  for i = 1, #gone, 1000 do
+    redis.call('hdel', info, unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  redis.call('zremrangebyscore', holders, '-inf', int(ms))
+end
+
+-- describe returns {remaining ms, token, owner, fence, metadata,
+-- acquired_us, mode, limit} of holder tok.
+local function describe(info, tok, remaining)
+  local raw = redis.call('hget', info, tok)
+  if not raw then
+    return {remaining, tok, '', '', '', '', 0, 0}
+  end
+  local mode, limit, fence, acquired, owner, metadata = cmsgpack.unpack(raw)
+  return {remaining, tok, owner, fence, metadata, acquired, mode, limit}
+end
+
+-- first describes the holder whose lease ends first, or returns nil.
+local function first(holders, info, ms)
+  local f = redis.call('zrange', holders, 0, 0, 'withscores')
+  if not f[1] then
+    return nil
+  end
+  return describe(info, f[1], tonumber(f[2]) - ms)
+end
+
+-- cover makes key last at least ms milliseconds.
+local function cover(key, ms)
+  if redis.call('pttl', key) < tonumber(ms) then
+    redis.call('pexpire', key, ms)
+  end
+end
+
+-- nextFence counts the key's fencing counter up, and, if floor is '1', to
+-- at least the server's clock in microseconds (us), so that it keeps
+-- increasing if the counter is lost.
+local function nextFence(counter, us, floor)
+  local fence = redis.call('incr', counter)
+  if floor == '1' and fence < tonumber(us) then
+    redis.call('set', counter, us)
+    fence = tonumber(us)
+  end
+  return fence
+end
+
+-- wake publishes a release on channel ch. Sharded pub/sub keeps the message
+-- on the key's shard in a cluster; servers before 7.0 lack SPUBLISH and get
+-- a classic PUBLISH (their waiters use SUBSCRIBE). A failure to publish (an
+-- ACL without channel rights) must not fail the release, which has
+-- happened: waiters then wait out the lease.
+local function wake(ch)
+  local r = redis.pcall('spublish', ch, 'released')
+  if type(r) == 'table' and r.err then
+    redis.pcall('publish', ch, 'released')
+  end
+end
