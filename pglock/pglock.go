@@ -40,8 +40,9 @@
 // # Advisory (NewAdvisory)
 //
 // Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) held
-// by server sessions that the Advisory opens itself. It grants exclusive
-// acquisitions only. See Advisory for its
+// by server sessions that the Advisory opens itself. It grants exclusive and
+// shared acquisitions (pg_advisory_lock_shared), not limited ones (see
+// Advisory.SupportsMode). See Advisory for its
 // guarantees: a crashed holder's locks are freed the moment the server sees
 // its connection close, a session that ends is reported at once, waiting
 // happens in the server (first come, first served), but it needs a real
@@ -98,9 +99,9 @@ import (
 )
 
 // DefaultTable is the table used when Options.Table is empty. The waiter
-// queue, the shared and limited holders, the advisory strategy's table and
+// queue, the shared and limited holders, the advisory strategy's tables and
 // the keys' strategies are named after it with the suffixes "_waiters",
-// "_holders", "_session" and "_claims".
+// "_holders", "_session", "_readers" and "_claims".
 const DefaultTable = "dlock_locks"
 
 // DefaultGrace is the lease strategy's grace period when Options.Grace is 0.
@@ -175,6 +176,7 @@ type tables struct {
 	waiters string
 	holders string // shared and limited holders of the lease strategy
 	session string
+	readers string // shared holders of the advisory strategy
 	claims  string // the strategy of each key
 	channel string // NOTIFY channel
 }
@@ -212,6 +214,7 @@ func parseTable(name string) (tables, error) {
 		waiters: prefix + `"` + t + `_waiters"`,
 		holders: prefix + `"` + t + `_holders"`,
 		session: prefix + `"` + t + `_session"`,
+		readers: prefix + `"` + t + `_readers"`,
 		claims:  prefix + `"` + t + `_claims"`,
 		channel: name,
 	}

@@ -75,6 +75,32 @@ CREATE TABLE IF NOT EXISTS "dlock_locks_session" (
   metadata    text        NOT NULL DEFAULT ''
 );
 
+-- Advisory strategy: until writer_until, an exclusive attempt that found
+-- shared holders keeps new shared requests out. Added by ALTER so that
+-- tables of earlier versions gain it.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_session"')
+      AND attname = 'writer_until' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks_session"
+      ADD COLUMN IF NOT EXISTS writer_until timestamptz NOT NULL DEFAULT '-infinity';
+  END IF;
+END $$;
+
+-- Advisory strategy: one row per shared holder (pg_advisory_lock_shared),
+-- deleted when it is released; rows of sessions that ended are dropped by
+-- the key's next shared grant. The fence comes from the "_session" row.
+CREATE TABLE IF NOT EXISTS "dlock_locks_readers" (
+  name        bytea       NOT NULL,
+  token       bytea       NOT NULL,
+  owner       text        NOT NULL DEFAULT '',
+  fence       bigint      NOT NULL,
+  pid         integer     NOT NULL,             -- pg_backend_pid() of the holder's session
+  acquired_at timestamptz NOT NULL,
+  metadata    text        NOT NULL DEFAULT '',
+  PRIMARY KEY (name, token)
+);
+
 -- The strategy each key is used with (lease or advisory), recorded by its
 -- first acquisition: the strategies do not exclude each other, so the other
 -- refuses the key (pglock.ErrOtherStrategy).
