@@ -61,9 +61,19 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //   - Advisory locks are re-entrant per session, so the Advisory itself
 //     refuses a second grant of a lock its sessions already hold.
 //   - Fencing tokens come from a per-key counter row (the "_session" table)
-//     bumped on every grant while the lock is held, in a transaction that
-//     commits durably (synchronous_commit on) whatever the server's or the
-//     role's default.
+//     bumped on every grant, of either mode, while the lock is held, in a
+//     transaction that commits durably (synchronous_commit on) whatever the
+//     server's or the role's default.
+//   - Shared acquisitions (dlock.ModeShared) take the same advisory lock in
+//     share mode, so the server itself keeps readers and writers apart.
+//     Writers are not starved: while an exclusive request waits in the
+//     server, PostgreSQL refuses new shared requests, and an exclusive
+//     attempt that the server refuses while readers hold the key leaves a
+//     writer mark (dlock.WriterMark) in the counter row that refuses new
+//     shared requests until the writer waits in the server or gives up.
+//     Each shared holder is also a row of the "_readers" table, for List.
+//     Limited acquisitions are not supported: PostgreSQL has no counting
+//     advisory lock.
 //   - Keys are hashed to 64 bits (AdvisoryKeys) and locked with the two-int
 //     form of the functions, which PostgreSQL keeps apart from the bigint
 //     form applications use. Two distinct keys that collide (about one
@@ -84,10 +94,10 @@ type Advisory struct {
 
 	mainSem chan struct{} // serialises choosing the main session
 	mu      sync.Mutex
-	main    *session          // takes uncontended locks
-	held    map[uint64]*hold  // by lock id
-	idle    []*session        // sessions holding nothing, kept for reuse
-	all     map[*session]bool // every open session
+	main    *session           // takes uncontended locks
+	held    map[uint64][]*hold // by lock id: one exclusive hold, or shared ones
+	idle    []*session         // sessions holding nothing, kept for reuse
+	all     map[*session]bool  // every open session
 	closed  bool
 	wg      sync.WaitGroup // the sessions' goroutines
 
@@ -106,6 +116,8 @@ type hold struct {
 	key   string
 	token dlock.Token
 	ss    *session
+	// shared: a shared hold (pg_advisory_lock_shared).
+	shared bool
 	// releasing: Release has sent (or is about to send) the unlock. From
 	// then on the server may grant the key to another session of this
 	// process, which must not take the hold for a local holder.
@@ -135,7 +147,7 @@ func NewAdvisory(pool *pgxpool.Pool, opts *Options) (*Advisory, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Advisory{claims: newClaims(pool, tb, "advisory"), pool: pool, tb: tb, log: logger(o), held: make(map[uint64]*hold), all: make(map[*session]bool),
+	return &Advisory{claims: newClaims(pool, tb, "advisory"), pool: pool, tb: tb, log: logger(o), held: make(map[uint64][]*hold), all: make(map[*session]bool),
 		mainSem: make(chan struct{}, 1), q: newAdvisoryQueries(tb)}, nil
 }
 
@@ -181,7 +193,7 @@ func AdvisoryKeys(key string) (int32, int32) { return split(hashKey(key)) }
 func split(id uint64) (int32, int32) { return int32(id >> 32), int32(id) }
 
 type advisoryQueries struct {
-	try, wait, unlock, check, holder, list string
+	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list string
 }
 
 // The grant statements take the lock and, only if they got it, bump the
@@ -191,36 +203,86 @@ type advisoryQueries struct {
 // would forget fences already handed out, and hand them out again. A
 // session-level advisory lock survives the rollback of a failed statement,
 // so after an error the lock is unlocked (or the session closed).
+//
+// The fencing row is shared by both modes. A shared grant also records its
+// holder in the "_readers" table (and drops the rows of sessions that
+// ended), and is refused without asking for the lock while the key's
+// writer mark lasts; an exclusive try that the server refuses while shared
+// holders hold the lock leaves the mark ($8), and an exclusive grant clears
+// it. While an exclusive request waits in the server, PostgreSQL itself
+// refuses new shared requests.
 func newAdvisoryQueries(tb tables) advisoryQueries {
-	s := tb.session
-	grant := func(lock string) string {
-		return `WITH l AS MATERIALIZED (SELECT ` + lock + `, set_config('synchronous_commit', 'on', true) AS sc),
+	s, r := tb.session, tb.readers
+	const ours = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+	const keyLock = `l.classid = ((s.lock_id >> 32) & 4294967295)::oid AND l.objid = (s.lock_id & 4294967295)::oid`
+	grant := func(lock string, shared, marks bool) string {
+		ok, bump, extra, markUs := lock, `, writer_until = '-infinity'`, ``, `0::bigint`
+		if shared {
+			ok = `CASE WHEN k.wu > k.now THEN false ELSE ` + lock + ` END`
+			bump = ``
+			extra = `,
+rd AS (
+  INSERT INTO ` + r + ` (name, token, owner, fence, pid, acquired_at, metadata)
+  SELECT $3, $5, $6, g.fence, pg_backend_pid(), clock_timestamp(), $7 FROM g
+),
+gone AS (
+  DELETE FROM ` + r + ` x WHERE x.name = $3 AND EXISTS (SELECT FROM g)
+    AND NOT EXISTS (SELECT FROM pg_stat_get_activity(x.pid))
+)`
+			markUs = `CASE WHEN NOT l.ok AND k.wu > k.now THEN (extract(epoch FROM k.wu - k.now) * 1000000)::bigint ELSE 0 END`
+		}
+		if marks {
+			extra = `,
+m AS (
+  UPDATE ` + s + ` AS s SET writer_until = clock_timestamp() + $8::bigint * interval '1 microsecond'
+  FROM l WHERE s.name = $3 AND NOT l.ok
+    AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND ` + keyLock + `)
+)`
+		}
+		return `WITH k AS MATERIALIZED (SELECT clock_timestamp() AS now, (SELECT writer_until FROM ` + s + ` WHERE name = $3) AS wu),
+l AS MATERIALIZED (SELECT ` + ok + ` AS ok, set_config('synchronous_commit', 'on', true) AS sc FROM k),
 g AS (
   INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata)
   SELECT $3, $4, $5, $6, 1, pg_backend_pid(), clock_timestamp(), $7 FROM l WHERE l.ok
   ON CONFLICT (name) DO UPDATE SET lock_id = EXCLUDED.lock_id, token = EXCLUDED.token, owner = EXCLUDED.owner,
-    fence = s.fence + 1, pid = EXCLUDED.pid, acquired_at = EXCLUDED.acquired_at, metadata = EXCLUDED.metadata
+    fence = s.fence + 1, pid = EXCLUDED.pid, acquired_at = EXCLUDED.acquired_at, metadata = EXCLUDED.metadata` + bump + `
   RETURNING s.fence
-)
-SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchronous_commit') FROM l`
+)` + extra + `
+SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchronous_commit'), ` + markUs + ` FROM l, k`
 	}
-	const ours = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+	const (
+		try  = `pg_try_advisory_lock%s($1::int4, $2::int4)`
+		wait = `(SELECT true FROM (SELECT pg_advisory_lock%s($1::int4, $2::int4)) w)`
+	)
 	return advisoryQueries{
-		try:    grant(`pg_try_advisory_lock($1::int4, $2::int4) AS ok`),
-		wait:   grant(`true AS ok FROM (SELECT pg_advisory_lock($1::int4, $2::int4)) w`),
-		unlock: `SELECT pg_advisory_unlock($1::int4, $2::int4), pg_backend_pid()`,
+		try:        grant(fmt.Sprintf(try, ""), false, true),
+		wait:       grant(fmt.Sprintf(wait, ""), false, false),
+		tryShared:  grant(fmt.Sprintf(try, "_shared"), true, false),
+		waitShared: grant(fmt.Sprintf(wait, "_shared"), true, false),
+		unlock:     `SELECT pg_advisory_unlock($1::int4, $2::int4), pg_backend_pid()`,
+		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $4)
+SELECT pg_advisory_unlock_shared($1::int4, $2::int4), pg_backend_pid()`,
+		mark: `UPDATE ` + s + ` SET writer_until = clock_timestamp() + $2::bigint * interval '1 microsecond' WHERE name = $1`,
 		// check returns the session's pid and the indexes (1-based) of the
 		// locks in $1/$2 that it does not hold.
 		check: `SELECT pg_backend_pid(), COALESCE((SELECT array_agg(x.i) FROM unnest($1::int4[], $2::int4[]) WITH ORDINALITY AS x(a, b, i)
   WHERE NOT EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.pid = pg_backend_pid()
     AND l.classid = x.a::oid AND l.objid = x.b::oid)), '{}')`,
-		holder: `SELECT name, token, owner, fence, metadata, acquired_at FROM ` + s + ` WHERE name = $1`,
-		list: `SELECT s.name, s.token, s.owner, s.fence, s.metadata, s.acquired_at FROM ` + s + ` s
+		// The key's latest grant (a shared one when both have its fence).
+		holder: `SELECT name, token, owner, fence, metadata, acquired_at, lim FROM (
+  SELECT name, token, owner, fence, metadata, acquired_at, -1 AS lim FROM ` + s + ` WHERE name = $1
+  UNION ALL
+  SELECT name, token, owner, fence, metadata, acquired_at, 0 FROM ` + r + ` WHERE name = $1) x
+ORDER BY fence DESC, lim DESC LIMIT 1`,
+		list: `SELECT s.name, s.token, s.owner, s.fence, s.metadata, s.acquired_at, -1 FROM ` + s + ` s
 WHERE substring(s.name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
-  AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.pid = s.pid
-    AND l.classid = ((s.lock_id >> 32) & 4294967295)::oid AND l.objid = (s.lock_id & 4294967295)::oid)
-ORDER BY s.name`,
+  AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ExclusiveLock' AND l.pid = s.pid AND ` + keyLock + `)
+UNION ALL
+SELECT x.name, x.token, x.owner, x.fence, x.metadata, x.acquired_at, 0 FROM ` + r + ` x JOIN ` + s + ` s ON s.name = x.name
+WHERE substring(x.name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
+  AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND l.pid = x.pid AND ` + keyLock + `)
+ORDER BY 1, 4`,
 	}
 }
 
@@ -425,12 +487,17 @@ func (a *Advisory) ended(ss *session, cause error) {
 		}
 	}
 	var lost []*hold
-	for id, h := range a.held {
-		if h.ss == ss {
-			delete(a.held, id)
-			h.done = true
-			lost = append(lost, h)
+	for id, hs := range a.held {
+		keep := hs[:0]
+		for _, h := range hs {
+			if h.ss == ss {
+				h.done = true
+				lost = append(lost, h)
+			} else {
+				keep = append(keep, h)
+			}
 		}
+		a.setHolds(id, keep)
 	}
 	ss.n = 0
 	closed := a.closed
@@ -447,58 +514,136 @@ func (a *Advisory) ended(ss *session, cause error) {
 	}
 }
 
-// heldLocally returns the local hold that forbids a grant of id on ss: a
-// hold that is not being released, or one being released on ss itself (a
-// grant there would be re-entrant, and its unlock would undo the wrong
-// one).
-func (a *Advisory) heldLocally(id uint64, ss *session) *hold {
+// heldLocally returns the local hold that forbids a grant of id on ss (nil:
+// on a session of its own) in the mode shared says: any hold on ss itself
+// (a grant there would be re-entrant, and its unlock would undo the wrong
+// one; whatever the modes, since an exclusive grant on a session that holds
+// the lock shared would go with the shared holds of other sessions), or a
+// hold on another session, not being released, whose mode conflicts.
+func (a *Advisory) heldLocally(id uint64, ss *session, shared bool) *hold {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	h := a.held[id]
-	if h == nil || h.done || h.releasing && h.ss != ss {
-		return nil
+	for _, h := range a.held[id] {
+		switch {
+		case h.done:
+		case h.ss == ss, !h.releasing && (!shared || !h.shared):
+			return h
+		}
 	}
-	return h
+	return nil
+}
+
+// holdsOn reports whether ss holds id for this process.
+func (a *Advisory) holdsOn(id uint64, ss *session) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, h := range a.held[id] {
+		if h.ss == ss && !h.done {
+			return true
+		}
+	}
+	return false
+}
+
+// setHolds sets the holds of id, forgetting id when there are none. The
+// caller holds a.mu.
+func (a *Advisory) setHolds(id uint64, hs []*hold) {
+	if len(hs) == 0 {
+		delete(a.held, id)
+		return
+	}
+	a.held[id] = hs
+}
+
+// find returns the hold of key with token, or nil. The caller holds a.mu.
+func (a *Advisory) find(key string, token dlock.Token) *hold {
+	for _, h := range a.held[hashKey(key)] {
+		if h.key == key && h.token == token && !h.done {
+			return h
+		}
+	}
+	return nil
 }
 
 // grantResult is the outcome of a grant job.
 type grantResult struct {
 	ok     bool
 	fence  uint64
-	holder *hold // the local hold that refused it
+	holder *hold         // the local hold that refused it
+	mark   time.Duration // a shared request refused by the writer mark: its remaining time
 }
 
-// Acquire implements dlock.Backend: pg_try_advisory_lock on the main
-// session, and the fencing row in the same statement. If the main session
-// turns out to be gone it is replaced and the attempt made once more. An
-// ended ctx is refused before any I/O.
+// SupportsMode implements dlock.Sharer: exclusive and shared acquisitions
+// (pg_advisory_lock_shared); PostgreSQL has no counting advisory lock.
+func (a *Advisory) SupportsMode(m dlock.Mode) bool {
+	return m == dlock.ModeExclusive || m == dlock.ModeShared
+}
+
+// checkAdvisoryMode refuses, before any I/O, a mode the Advisory does not
+// grant.
+func checkAdvisoryMode(req dlock.Request) error {
+	if err := checkMode(req); err != nil {
+		return err
+	}
+	if req.Mode == dlock.ModeLimited {
+		return fmt.Errorf("%w: pglock: the advisory strategy has no limited acquisitions", dlock.ErrUnsupported)
+	}
+	return nil
+}
+
+// Acquire implements dlock.Backend: pg_try_advisory_lock (or
+// pg_try_advisory_lock_shared) on the main session, and the fencing row in
+// the same statement; a shared request for a key the main session holds
+// already tries on a session of its own. If the session turns out to be
+// gone it is replaced and the attempt made once more. An ended ctx is
+// refused before any I/O.
 func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := checkAdvisoryMode(req); err != nil {
+		return dlock.Result{}, err
+	}
 	if err := a.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, wrapErr(a.tb, "advisory acquire", err)
 	}
 	id := hashKey(req.Key)
+	shared := req.Mode == dlock.ModeShared
+	q := a.q.try
+	if shared {
+		q = a.q.tryShared
+	}
 	for try := 0; ; try++ {
-		if h := a.heldLocally(id, nil); h != nil {
-			return a.notAcquired(ctx, req.Key, h), nil
+		if h := a.heldLocally(id, nil, shared); h != nil {
+			return a.notAcquired(ctx, req, h, 0), nil
 		}
 		if err := ended(ctx); err != nil {
 			return dlock.Result{}, err
 		}
 		ss, err := a.mainSession(ctx)
+		own := false
+		if err == nil && shared && a.holdsOn(id, ss) {
+			ss, err = a.open(ctx)
+			own = true
+		}
 		if err != nil {
 			return dlock.Result{}, a.wrap("advisory acquire", err)
 		}
 		var res grantResult
 		err = ss.do(ctx, statementBound, false, func(jctx context.Context, j *job) error {
+			if own {
+				defer func() {
+					if !res.ok {
+						a.park(ss)
+					}
+				}()
+			}
 			// Checked again in the session's turn: a second grant on the
 			// same session would succeed (advisory locks are re-entrant).
-			if res.holder = a.heldLocally(id, ss); res.holder != nil {
+			if res.holder = a.heldLocally(id, ss, shared); res.holder != nil {
 				return nil
 			}
 			if err := a.cover(jctx, ss, req.TTL); err != nil {
 				return err
 			}
-			return a.grant(jctx, j, ss, a.q.try, id, req, &res)
+			return a.grant(jctx, j, ss, q, id, req, &res)
 		})
 		switch {
 		case errors.Is(err, errLeft):
@@ -508,7 +653,7 @@ func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result
 		case err != nil:
 			return dlock.Result{}, a.wrap("advisory acquire", err)
 		case res.holder != nil || !res.ok:
-			return a.notAcquired(ctx, req.Key, res.holder), nil
+			return a.notAcquired(ctx, req, res.holder, res.mark), nil
 		}
 		return dlock.Result{Acquired: true, Fence: res.fence}, nil
 	}
@@ -530,7 +675,7 @@ func (a *Advisory) record(id uint64, req dlock.Request, ss *session) {
 	a.mu.Lock()
 	// A hold being released may still be here: the server granted the key
 	// because its unlock went through. Its Release does its accounting.
-	a.held[id] = &hold{id: id, key: req.Key, token: req.Token, ss: ss}
+	a.held[id] = append(a.held[id], &hold{id: id, key: req.Key, token: req.Token, ss: ss, shared: req.Mode == dlock.ModeShared})
 	ss.n++
 	a.mu.Unlock()
 }
@@ -545,14 +690,20 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	var fence *int64
 	var pid uint32
 	var syncCommit string
-	err := ss.conn.QueryRow(ctx, q, k1, k2, []byte(req.Key), int64(id), req.Token[:], req.Owner, req.Metadata).
-		Scan(&res.ok, &fence, &pid, &syncCommit)
+	var markUs int64
+	shared := req.Mode == dlock.ModeShared
+	args := []any{k1, k2, []byte(req.Key), int64(id), req.Token[:], req.Owner, req.Metadata}
+	if q == a.q.try {
+		args = append(args, us(dlock.WriterMark))
+	}
+	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs)
+	res.mark = time.Duration(markUs) * time.Microsecond
 	switch {
 	case err == nil && pid != ss.pid:
 		return ErrTransactionPooling
 	case err == nil && res.ok && fence == nil:
 		err = errors.New("pglock: no fence from the grant")
-	case err == nil && res.ok && q == a.q.wait && a.heldLocally(id, nil) != nil:
+	case err == nil && res.ok && (q == a.q.wait || q == a.q.waitShared) && a.heldLocally(id, ss, shared) != nil:
 		// Cannot happen (the server excludes other sessions); refuse.
 		err = fmt.Errorf("pglock: advisory lock of %q granted twice in one process", req.Key)
 	}
@@ -565,7 +716,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 			return err
 		}
 		j.waitCancel()
-		if _, uerr := a.unlock(ctx, ss, id); uerr != nil {
+		if _, uerr := a.unlock(ctx, ss, id, req.Key, req.Token, shared); uerr != nil {
 			return dlock.Join(err, uerr)
 		}
 		return err
@@ -582,22 +733,28 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	// The caller left: nobody will use or release this grant.
 	if res.ok {
 		j.waitCancel()
-		_, err = a.unlock(ctx, ss, id)
+		_, err = a.unlock(ctx, ss, id, req.Key, req.Token, shared)
 	}
 	return err
 }
 
-// unlock runs pg_advisory_unlock in the session's goroutine and checks the
-// session. A statement cancelled by a late cancel request is run again; if
-// the cancelled one had unlocked, the next reports it not held, which then
-// counts as unlocked.
-func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64) (bool, error) {
+// unlock runs pg_advisory_unlock (pg_advisory_unlock_shared for a shared
+// hold, which also deletes the hold's row) in the session's goroutine and
+// checks the session. A statement cancelled by a late cancel request is run
+// again; if the cancelled one had unlocked, the next reports it not held,
+// which then counts as unlocked (a session holds a key at most once: see
+// heldLocally).
+func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key string, token dlock.Token, shared bool) (bool, error) {
 	k1, k2 := split(id)
+	q, args := a.q.unlock, []any{k1, k2}
+	if shared {
+		q, args = a.q.unlockShared, []any{k1, k2, []byte(key), token[:]}
+	}
 	var ok bool
 	var pid uint32
 	var err error
 	for try := 0; try < 3; try++ {
-		err = ss.conn.QueryRow(ctx, a.q.unlock, k1, k2).Scan(&ok, &pid)
+		err = ss.conn.QueryRow(ctx, q, args...).Scan(&ok, &pid)
 		if !cancelled(err) {
 			ok = ok || try > 0
 			break
@@ -609,28 +766,53 @@ func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64) (bool, er
 	return ok, err
 }
 
-// notAcquired describes the holder: the local one, or the key's last grant.
-func (a *Advisory) notAcquired(ctx context.Context, key string, h *hold) dlock.Result {
+// notAcquired describes the holder of a refused request: the local one, or
+// the key's last grant; or the writer mark that refused a shared request
+// (mark > 0). An exclusive request refused by a local shared hold leaves
+// the writer mark, as the grant statement does when the server refuses it.
+func (a *Advisory) notAcquired(ctx context.Context, req dlock.Request, h *hold, mark time.Duration) dlock.Result {
+	key := req.Key
+	if mark > 0 {
+		return dlock.Result{Holder: dlock.LockInfo{Key: key}, Remaining: mark}
+	}
+	if h != nil && h.shared && req.Mode == dlock.ModeExclusive && ended(ctx) == nil {
+		if _, err := a.pool.Exec(ctx, a.q.mark, []byte(key), us(dlock.WriterMark)); err != nil {
+			a.log.Warn("pglock: could not leave the writer mark", "key", key, "err", err)
+		}
+	}
 	if h != nil && h.key == key {
-		return dlock.Result{Holder: dlock.LockInfo{Key: key, Token: h.token}}
+		info := dlock.LockInfo{Key: key, Token: h.token}
+		if h.shared {
+			info.Mode = dlock.ModeShared
+		}
+		return dlock.Result{Holder: info}
 	}
 	if ended(ctx) != nil {
 		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
 	}
 	var r holderRow
-	err := a.pool.QueryRow(ctx, a.q.holder, []byte(key)).Scan(&r.name, &r.token, &r.owner, &r.fence, &r.metadata, &r.acquiredAt)
+	var lim int32
+	err := a.pool.QueryRow(ctx, a.q.holder, []byte(key)).Scan(&r.name, &r.token, &r.owner, &r.fence, &r.metadata, &r.acquiredAt, &lim)
 	if err != nil {
 		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
 	}
 	info, _ := r.info(key, time.Now())
+	info.Mode, info.Limit = modeOf(lim)
 	return dlock.Result{Holder: info}
 }
 
-// AcquireWait implements dlock.Waiter: pg_advisory_lock on a session of its
-// own, for up to 30 s. When ctx ends first the wait is cancelled with a
-// cancel request, and a grant that raced with the cancellation is unlocked.
+// AcquireWait implements dlock.Waiter: pg_advisory_lock (or
+// pg_advisory_lock_shared) on a session of its own, for up to 30 s. When
+// ctx ends first the wait is cancelled with a cancel request, and a grant
+// that raced with the cancellation is unlocked. While an exclusive request
+// waits in the server, PostgreSQL refuses new shared requests, waiting or
+// not; a shared request that meets the writer mark of an exclusive attempt
+// sleeps until the mark ends (or ctx does) and returns without the key.
 func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	began := time.Now()
+	if err := checkAdvisoryMode(req); err != nil {
+		return dlock.Result{}, err
+	}
 	if ended(ctx) != nil {
 		return dlock.Result{}, nil
 	}
@@ -660,13 +842,25 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 		if err := a.cover(jctx, ss, req.TTL); err != nil {
 			return err
 		}
-		return a.grant(jctx, j, ss, a.q.wait, id, req, &res)
+		q := a.q.wait
+		if req.Mode == dlock.ModeShared {
+			q = a.q.waitShared
+		}
+		return a.grant(jctx, j, ss, q, id, req, &res)
 	})
 	switch {
 	case errors.Is(err, errLeft):
 		return dlock.Result{}, nil
 	case err != nil:
 		return dlock.Result{}, a.wrap("advisory acquire", err)
+	case !res.ok && res.mark > 0:
+		t := time.NewTimer(res.mark)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}, nil
 	case !res.ok:
 		return dlock.Result{}, nil
 	}
@@ -701,10 +895,9 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 
 // holding returns the session where token holds key.
 func (a *Advisory) holding(key string, token dlock.Token) *session {
-	id := hashKey(key)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if h := a.held[id]; h != nil && h.key == key && h.token == token && !h.done {
+	if h := a.find(key, token); h != nil {
 		return h.ss
 	}
 	return nil
@@ -713,11 +906,10 @@ func (a *Advisory) holding(key string, token dlock.Token) *session {
 // beginRelease returns the hold of key and token, marked as being released,
 // or nil if this process does not hold it.
 func (a *Advisory) beginRelease(key string, token dlock.Token) *hold {
-	id := hashKey(key)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	h := a.held[id]
-	if h == nil || h.key != key || h.token != token || h.done || h.releasing {
+	h := a.find(key, token)
+	if h == nil || h.releasing {
 		return nil
 	}
 	h.releasing = true
@@ -731,8 +923,12 @@ func (a *Advisory) dropHold(h *hold) {
 	first := !h.done
 	if first {
 		h.done = true
-		if a.held[h.id] == h {
-			delete(a.held, h.id)
+		hs := a.held[h.id]
+		for i, o := range hs {
+			if o == h {
+				a.setHolds(h.id, append(hs[:i:i], hs[i+1:]...))
+				break
+			}
 		}
 		if h.ss.n > 0 {
 			h.ss.n--
@@ -780,7 +976,7 @@ func (a *Advisory) Extend(ctx context.Context, leases []dlock.Lease) ([]error, e
 				for _, m := range missing {
 					i := idx[int(m)-1]
 					gone[int(m)-1] = true
-					a.forget(hashKey(leases[i].Key), leases[i].Token)
+					a.forget(leases[i].Key, leases[i].Token)
 				}
 				return nil
 			})
@@ -800,13 +996,25 @@ func (a *Advisory) Extend(ctx context.Context, leases []dlock.Lease) ([]error, e
 }
 
 // forget drops a local hold that the server no longer grants.
-func (a *Advisory) forget(id uint64, token dlock.Token) {
+func (a *Advisory) forget(key string, token dlock.Token) {
 	a.mu.Lock()
-	h := a.held[id]
+	h := a.find(key, token)
 	a.mu.Unlock()
-	if h != nil && h.token == token {
+	if h != nil {
 		a.dropHold(h)
 	}
+}
+
+// grantedAfter reports whether the server granted exclusive h's key to
+// another session of this process since h's release began, which means
+// that the unlock went through. The caller holds a.mu.
+func (a *Advisory) grantedAfter(h *hold) bool {
+	for _, o := range a.held[h.id] {
+		if o != h && !o.done && !o.shared && !h.shared && o.ss != h.ss {
+			return true
+		}
+	}
+	return false
 }
 
 // Release implements dlock.Backend: pg_advisory_unlock on the holding
@@ -823,7 +1031,7 @@ func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) e
 	var ok bool
 	err := ss.do(ctx, statementBound, true, func(jctx context.Context, _ *job) error {
 		var err error
-		ok, err = a.unlock(jctx, ss, h.id)
+		ok, err = a.unlock(jctx, ss, h.id, h.key, h.token, h.shared)
 		if a.afterUnlock != nil {
 			a.afterUnlock()
 		}
@@ -834,7 +1042,7 @@ func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) e
 			// The session, and the lock with it, is gone.
 		default:
 			a.mu.Lock()
-			mine := a.held[h.id] == h && !h.done
+			mine := !h.done && !a.grantedAfter(h)
 			if mine {
 				h.releasing = false // the unlock may not have run: still held
 			}
@@ -906,10 +1114,12 @@ func (a *Advisory) List(ctx context.Context, prefix string) ([]dlock.LockInfo, e
 	var out []dlock.LockInfo
 	for rows.Next() {
 		var h holderRow
-		if err := rows.Scan(&h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt); err != nil {
+		var lim int32
+		if err := rows.Scan(&h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &lim); err != nil {
 			return nil, wrapErr(a.tb, "advisory list", err)
 		}
 		info, _ := h.info("", time.Time{})
+		info.Mode, info.Limit = modeOf(lim)
 		out = append(out, info)
 	}
 	if err := rows.Err(); err != nil {

@@ -40,5 +40,8 @@ func SessionCounts(a *Advisory) (counts []int, held int) {
 	for ss := range a.all {
 		counts = append(counts, ss.n)
 	}
-	return counts, len(a.held)
+	for _, hs := range a.held {
+		held += len(hs)
+	}
+	return counts, held
 }

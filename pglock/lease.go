@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -94,12 +95,18 @@ func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(c
 
 type leaseQueries struct {
 	acquire, unregister, extend, release, forceRelease, list string
+	// lockKey, lockShared and lockMany lock the lease rows that a
+	// statement on shared or limited holders is about to read, first,
+	// in the same transaction: see newLeaseQueries.
+	lockKey, lockShared, lockMany string
+	acquireShared                 string
 }
 
-// newLeaseQueries builds the lease statements for tb. Every statement is one
-// autocommit statement whose times all come from one clock_timestamp() of
-// the server (now() would be the start of the transaction, the same here,
-// but clock_timestamp() does not depend on how the statement is wrapped).
+// newLeaseQueries builds the lease statements for tb. Every operation is one
+// round trip: one autocommit statement, or two in one implicit transaction
+// (see below). Times come from clock_timestamp() of the server (now() would
+// be the start of the transaction, but clock_timestamp() does not depend on
+// how the statement is wrapped).
 //
 // Every statement that writes commits durably whatever the server's, the
 // database's or the role's default (set_config of synchronous_commit, local
@@ -109,7 +116,8 @@ type leaseQueries struct {
 // leave the key held until the lease's end).
 //
 // The acquisition takes the row if its lease is over and, during the grace
-// period after it ended, only if no live waiter queued ahead of this one
+// period after it ended (or after the release of a shared or limited
+// holder, freed_at), only if no live waiter queued ahead of this one
 // ($7: the caller's place in the queue, NULL for "now"). It only tries to
 // write when the statement's snapshot shows it may take the row, so that a
 // refusal is read-only (no row lock, no commit to flush: waiters that look
@@ -120,76 +128,222 @@ type leaseQueries struct {
 // leaves the queue. The final SELECT reads the holder from the statement's
 // snapshot, for the Result when the row was not taken.
 //
+// Shared and limited holders live in the holders table, and the lock row
+// summarises them (shared_until, share_limit), so the exclusive acquisition
+// still decides on the locked row alone: it is refused while shared_until
+// is in the future. A refusal because of shared holders renews the writer
+// mark (writer_until, $9) on the locked row: the only refusal that writes.
+//
+// Every statement that reads the holders table to decide (a shared or
+// limited grant, a release or renewal of such a holder, a forced release)
+// runs after a statement that locked the key's row, in the same implicit
+// transaction of one pipeline (one round trip): in READ COMMITTED a
+// statement's snapshot is taken when it starts, so a statement that waited
+// for the row's lock within itself would decide from holders as they were
+// before the wait. Every change to the holders of a key is made under that
+// lock, so the second statement's snapshot is the truth. A shared or
+// limited acquisition follows the exclusive one's queue rules; its grant
+// also wakes the next waiter in the queue (more readers, or the next slot,
+// may be free).
+//
 // The renewal's new expiry counts from its statement's start (no earlier
 // than the client sent it), but whether the lease is still live is checked
 // with clock_timestamp() at the row: a renewal that waited for the row while
 // a release ended the lease would otherwise compare the release's later
 // instant with its own start, find the lease live and revive it (found by
-// the fault harness; TestExtendRacingReleaseDoesNotRevive).
+// the fault harness; TestExtendRacingReleaseDoesNotRevive). A shared or
+// limited holder's renewal raises its key's shared_until.
 //
 // The release's NOTIFY names the key and the first live waiter in its queue,
 // which the listener wakes at once; the key's other waiters are woken after
 // the grace period, in case that waiter is gone.
 func newLeaseQueries(tb tables) leaseQueries {
-	l, w := tb.lease, tb.waiters
-	return leaseQueries{
-		acquire: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'on', true) AS sc),
-acq AS (
-  INSERT INTO ` + l + ` AS l (name, token, owner, fence, acquired_at, expires_at, metadata)
-  SELECT $1, $2, $3, 1, c.now, c.now + $4::bigint * interval '1 microsecond', $5 FROM c
-  WHERE NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1 AND h.expires_at > c.now)
-    AND ($6::bigint < 0
-      OR NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1 AND h.expires_at > c.now - $6::bigint * interval '1 microsecond')
-      OR NOT EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
-        AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2)))
-  ON CONFLICT (name) DO UPDATE
-  SET token = EXCLUDED.token, owner = EXCLUDED.owner, fence = l.fence + 1,
-      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, metadata = EXCLUDED.metadata
-  WHERE l.expires_at <= EXCLUDED.acquired_at
-  RETURNING l.fence
-),
-reg AS (
+	l, w, h := tb.lease, tb.waiters, tb.holders
+	const (
+		ttl      = `$4::bigint * interval '1 microsecond'`
+		firstQ   = `(SELECT encode(q.token, 'hex') FROM ` + "%s" + ` q WHERE q.name = r.name AND q.until > clock_timestamp() ORDER BY q.since, q.token LIMIT 1)`
+		remUs    = `(extract(epoch FROM %s - c.now) * 1000000)::bigint`
+		syncOn   = `set_config('synchronous_commit', 'on', true)`
+		holderQ  = `SELECT s.token, s.owner, s.fence, s.metadata, s.acquired_at, s.expires_at, s.lim FROM `
+		earliest = ` s, c WHERE s.name = $1 AND s.expires_at > c.now ORDER BY s.expires_at, s.token LIMIT 1`
+	)
+	first := fmt.Sprintf(firstQ, w)
+	rem := func(col string) string { return fmt.Sprintf(remUs, col) }
+	// ahead: a live waiter queued ahead of $7 (NULL: now).
+	ahead := `EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
+        AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2))`
+	// register and unqueue: the waiter queue's upkeep, given granted (a
+	// grant was made) and refused (the caller may wait for the key).
+	register := func(refused string) string {
+		return `reg AS (
   INSERT INTO ` + w + ` AS q (name, token, since, until)
   SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond' FROM c
-  WHERE $8::bigint > 0 AND NOT EXISTS (SELECT FROM acq)
+  WHERE $8::bigint > 0 AND ` + refused + `
     AND NOT EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.token = $2
       AND q.until > c.now + $8::bigint * interval '1 microsecond' / 2)
   ON CONFLICT (name, token) DO UPDATE SET until = EXCLUDED.until
   RETURNING q.since
-),
-del AS (
+)`
+	}
+	unqueue := func(granted string) string {
+		return `del AS (
   DELETE FROM ` + w + ` q WHERE q.name = $1
-    AND (q.token = $2 AND EXISTS (SELECT FROM acq)
+    AND (q.token = $2 AND ` + granted + `
       OR q.token <> $2 AND q.until < (SELECT now FROM c) - interval '1 minute')
-)
+)`
+	}
+	return leaseQueries{
+		acquire: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, ` + syncOn + ` AS sc),
+acq AS (
+  INSERT INTO ` + l + ` AS l (name, token, owner, fence, acquired_at, expires_at, metadata)
+  SELECT $1, $2, $3, 1, c.now, c.now + ` + ttl + `, $5 FROM c
+  WHERE NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1 AND (h.expires_at > c.now OR h.shared_until > c.now))
+    AND ($6::bigint < 0
+      OR NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1
+        AND GREATEST(h.expires_at, h.freed_at) > c.now - $6::bigint * interval '1 microsecond')
+      OR NOT ` + ahead + `)
+  ON CONFLICT (name) DO UPDATE
+  SET token = EXCLUDED.token, owner = EXCLUDED.owner, fence = l.fence + 1,
+      acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, metadata = EXCLUDED.metadata,
+      writer_until = '-infinity'
+  WHERE l.expires_at <= EXCLUDED.acquired_at AND l.shared_until <= EXCLUDED.acquired_at
+  RETURNING l.fence
+),
+s AS (` + holderQ + h + earliest + `),
+mark AS (
+  UPDATE ` + l + ` AS l SET writer_until = c.now + $9::bigint * interval '1 microsecond' FROM c
+  WHERE l.name = $1 AND NOT EXISTS (SELECT FROM acq)
+    AND l.expires_at <= c.now AND l.shared_until > c.now AND l.share_limit = 0
+),
+` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`) + `,
+` + unqueue(`EXISTS (SELECT FROM acq)`) + `
 SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
-  h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at,
-  (extract(epoch FROM h.expires_at - c.now) * 1000000)::bigint
-FROM c LEFT JOIN ` + l + ` h ON h.name = $1`,
+  h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `,
+  s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim
+FROM c LEFT JOIN ` + l + ` h ON h.name = $1 LEFT JOIN s ON true`,
+
+		// The row, created if need be (fence 0: the next grant's is 1),
+		// locked by an update that changes nothing.
+		lockKey: `INSERT INTO ` + l + ` AS l (name, token, owner, fence, acquired_at, expires_at, metadata)
+VALUES ($1, ''::bytea, '', 0, 'epoch', 'epoch', '')
+ON CONFLICT (name) DO UPDATE SET fence = l.fence
+RETURNING ` + syncOn,
+
+		// $9: the limit (0: shared); $10: the channel. The verdict, in
+		// dlock.Sharer's order: an exclusive holder (a limited request
+		// mismatches it), holders of another mode or limit, the writer
+		// mark, the limit, then the queue of waiters.
+		acquireShared: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+k AS MATERIALIZED (
+  SELECT l.*, (SELECT count(*) FROM ` + h + ` s WHERE s.name = $1 AND s.expires_at > c.now) AS n
+  FROM ` + l + ` l, c WHERE l.name = $1
+),
+v AS MATERIALIZED (
+  SELECT k.*, CASE
+    WHEN k.expires_at > c.now THEN CASE WHEN $9::int > 0 THEN 'mismatch' ELSE 'held' END
+    WHEN k.n > 0 AND k.share_limit <> $9::int THEN 'mismatch'
+    WHEN $9::int = 0 AND k.writer_until > c.now THEN 'marked'
+    WHEN $9::int > 0 AND k.n >= $9::int THEN 'full'
+    WHEN $6::bigint >= 0 AND GREATEST(k.expires_at, k.freed_at) > c.now - $6::bigint * interval '1 microsecond'
+      AND ` + ahead + ` THEN 'queued'
+    ELSE 'grant' END AS verdict
+  FROM k, c
+),
+g AS (
+  INSERT INTO ` + h + ` (name, token, lim, owner, fence, acquired_at, expires_at, metadata)
+  SELECT $1, $2, $9::int, $3, v.fence + 1, c.now, c.now + ` + ttl + `, $5 FROM v, c WHERE v.verdict = 'grant'
+  RETURNING fence, expires_at
+),
+u AS (
+  UPDATE ` + l + ` AS l SET fence = g.fence, shared_until = GREATEST(l.shared_until, g.expires_at), share_limit = $9::int
+  FROM g WHERE l.name = $1
+),
+gc AS (
+  DELETE FROM ` + h + ` s USING c WHERE s.name = $1 AND s.expires_at <= c.now AND EXISTS (SELECT FROM g)
+),
+` + register(`EXISTS (SELECT FROM v WHERE v.verdict NOT IN ('grant', 'mismatch'))`) + `,
+` + unqueue(`EXISTS (SELECT FROM g)`) + `,
+nx AS (
+  SELECT pg_notify($10, encode($1, 'hex') || ' ' || encode(n.token, 'hex')) FROM (
+    SELECT q.token FROM ` + w + ` q, c
+    WHERE q.name = $1 AND q.token <> $2 AND q.until > c.now AND EXISTS (SELECT FROM g)
+    ORDER BY q.since, q.token LIMIT 1) n
+),
+s AS (` + holderQ + h + earliest + `)
+SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx),
+  v.token, v.owner, v.fence, v.metadata, v.acquired_at, ` + rem("v.expires_at") + `,
+  s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
+  ` + rem("GREATEST(v.writer_until, c.now)") + `, v.share_limit
+FROM v CROSS JOIN c LEFT JOIN s ON true`,
+
 		unregister: `DELETE FROM ` + w + ` WHERE name = $1 AND token = $2`,
-		extend: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'on', true) AS sc)
-UPDATE ` + l + ` AS l SET expires_at = c.now + x.ttl * interval '1 microsecond'
-FROM c, unnest($1::bytea[], $2::bytea[], $3::bigint[]) AS x(name, token, ttl)
-WHERE l.name = x.name AND l.token = x.token AND l.expires_at > clock_timestamp()
-RETURNING l.name, l.token`,
-		release: `WITH r AS (
-  UPDATE ` + l + ` SET expires_at = clock_timestamp()
-  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() AND set_config('synchronous_commit', 'on', true) IS NOT NULL
-  RETURNING name
+
+		// The rows of the keys in $1 that have shared or limited holders
+		// (any other key's holders are all expired), in key order so that
+		// two renewals never deadlock.
+		lockMany: `SELECT ` + syncOn + `, (SELECT count(*) FROM (SELECT FROM ` + l + `
+  WHERE name = ANY($1::bytea[]) AND shared_until > clock_timestamp() ORDER BY name FOR UPDATE) x)`,
+		extend: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+x AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bigint[]) AS x(name, token, ttl)),
+ex AS (
+  UPDATE ` + l + ` AS l SET expires_at = c.now + x.ttl * interval '1 microsecond'
+  FROM c, x
+  WHERE l.name = x.name AND l.token = x.token AND l.expires_at > clock_timestamp()
+  RETURNING l.name, l.token
+),
+sh AS (
+  UPDATE ` + h + ` AS s SET expires_at = c.now + x.ttl * interval '1 microsecond'
+  FROM c, x
+  WHERE s.name = x.name AND s.token = x.token AND s.expires_at > clock_timestamp()
+  RETURNING s.name, s.token, s.expires_at
+),
+su AS (
+  UPDATE ` + l + ` AS l SET shared_until = GREATEST(l.shared_until, m.e)
+  FROM (SELECT name, max(expires_at) AS e FROM sh GROUP BY name) m WHERE l.name = m.name
 )
-SELECT pg_notify($3, encode(r.name, 'hex') || COALESCE(' ' || (SELECT encode(q.token, 'hex') FROM ` + w + ` q
-  WHERE q.name = r.name AND q.until > clock_timestamp() ORDER BY q.since, q.token LIMIT 1), '')) FROM r`,
-		forceRelease: `WITH r AS (
+SELECT name, token FROM ex UNION ALL SELECT name, token FROM sh`,
+
+		// Only a key with shared or limited holders needs its row locked
+		// first: an exclusive holder's release updates the row itself.
+		lockShared: `SELECT ` + syncOn + `, (SELECT true FROM ` + l + `
+  WHERE name = $1 AND shared_until > clock_timestamp() FOR UPDATE)`,
+		release: `WITH ex AS (
   UPDATE ` + l + ` SET expires_at = clock_timestamp()
-  WHERE name = $1 AND expires_at > clock_timestamp() AND set_config('synchronous_commit', 'on', true) IS NOT NULL
+  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
   RETURNING name
+),
+sh AS (
+  DELETE FROM ` + h + ` WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+  RETURNING name
+),
+su AS (
+  UPDATE ` + l + ` AS l SET freed_at = clock_timestamp(),
+    shared_until = COALESCE((SELECT max(s.expires_at) FROM ` + h + ` s
+      WHERE s.name = $1 AND s.token <> $2 AND s.expires_at > clock_timestamp()), '-infinity')
+  WHERE l.name = $1 AND EXISTS (SELECT FROM sh)
+)
+SELECT pg_notify($3, encode(r.name, 'hex') || COALESCE(' ' || ` + first + `, ''))
+FROM (SELECT name FROM ex UNION ALL SELECT name FROM sh) r`,
+
+		// After lockShared.
+		forceRelease: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+sh AS (DELETE FROM ` + h + ` s WHERE s.name = $1 RETURNING s.expires_at),
+r AS (
+  UPDATE ` + l + ` AS l SET expires_at = LEAST(l.expires_at, c.now), shared_until = '-infinity', freed_at = c.now
+  FROM c
+  WHERE l.name = $1 AND (l.expires_at > c.now OR EXISTS (SELECT FROM sh WHERE sh.expires_at > c.now))
+  RETURNING l.name
 )
 SELECT pg_notify($2, encode(r.name, 'hex')) FROM r`,
-		list: `SELECT name, token, owner, fence, metadata, acquired_at,
-  (extract(epoch FROM expires_at - c.now) * 1000000)::bigint
+
+		list: `SELECT name, token, owner, fence, metadata, acquired_at, ` + rem("expires_at") + `, -1
 FROM ` + l + `, (SELECT clock_timestamp() AS now) c
 WHERE expires_at > c.now AND substring(name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
-ORDER BY name`,
+UNION ALL
+SELECT name, token, owner, fence, metadata, acquired_at, ` + rem("expires_at") + `, lim
+FROM ` + h + `, (SELECT clock_timestamp() AS now) c
+WHERE expires_at > c.now AND substring(name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
+ORDER BY 1, 4`,
 	}
 }
 
@@ -206,19 +360,18 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 	if err := ended(ctx); err != nil {
 		return dlock.Result{}, nil, err
 	}
-	var fence *int64
-	var place *time.Time
-	var h holderRow
+	var out attemptOutcome
 	sent := time.Now()
 	ran, err := b.detached(ctx, func(sctx context.Context, c *pgxpool.Conn) error {
-		return c.QueryRow(sctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
-			grace, since, us(register)).
-			Scan(&fence, &place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs)
+		if req.Mode == dlock.ModeExclusive {
+			return b.acquireExclusive(sctx, c, req, grace, since, register, &out)
+		}
+		return b.acquireShared(sctx, c, req, grace, since, register, &out)
 	}, func(c *pgxpool.Conn, err error) {
 		switch {
-		case err == nil && fence != nil: // nobody will use or renew this grant
+		case err == nil && out.fence != nil: // nobody will use or renew this grant
 			b.undo(c, req)
-		case err == nil && place != nil: // nobody waits in this place
+		case err == nil && out.place != nil: // nobody waits in this place
 			b.leave(c, req)
 		case err != nil && sessionLost(err):
 			b.resolveUntil(req, sent)
@@ -235,11 +388,50 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 		}
 		return dlock.Result{}, nil, wrapErr(b.tb, "acquire", err)
 	}
-	if fence != nil {
-		return dlock.Result{Acquired: true, Fence: uint64(*fence)}, nil, nil
+	if out.fence != nil {
+		return dlock.Result{Acquired: true, Fence: uint64(*out.fence)}, nil, nil
 	}
-	info, rem := h.info(req.Key, time.Now())
-	return dlock.Result{Holder: info, Remaining: rem}, place, nil
+	if out.mismatch != "" {
+		return dlock.Result{}, nil, fmt.Errorf("pglock: %q is held %s, asked %s: %w",
+			req.Key, out.mismatch, describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
+	}
+	return out.res, out.place, nil
+}
+
+// attemptOutcome is what an acquisition statement returned: the grant's
+// fence, or the Result of a refusal and the caller's place in the queue, or
+// the description of the holders whose mode the request mismatches.
+type attemptOutcome struct {
+	fence    *int64
+	place    *time.Time
+	res      dlock.Result
+	mismatch string
+}
+
+// acquireExclusive runs the exclusive acquisition statement on c.
+func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlock.Request, grace int64, since *time.Time, register time.Duration, out *attemptOutcome) error {
+	var h, s holderRow
+	var lim *int32
+	err := c.QueryRow(ctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
+		grace, since, us(register), us(dlock.WriterMark)).
+		Scan(&out.fence, &out.place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs,
+			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim)
+	if err != nil || out.fence != nil {
+		return err
+	}
+	now := time.Now()
+	switch {
+	case h.remainingUs != nil && *h.remainingUs > 0 || lim == nil: // held exclusive (or free, and queued)
+		info, rem := h.info(req.Key, now)
+		out.res = dlock.Result{Holder: info, Remaining: rem}
+	case *lim > 0:
+		out.mismatch = describe(dlock.ModeLimited, int(*lim))
+	default: // held shared
+		info, rem := s.info(req.Key, now)
+		info.Mode = dlock.ModeShared
+		out.res = dlock.Result{Holder: info, Remaining: rem}
+	}
+	return nil
 }
 
 // detached runs stmt on a connection of the pool, detached from ctx (bounded
@@ -310,9 +502,9 @@ func (b *Backend) undo(c *pgxpool.Conn, req dlock.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	for try := 0; try < 3; try++ { // a late cancel request may hit it
-		_, err := c.Exec(ctx, b.q.release, []byte(req.Key), req.Token[:], b.tb.channel)
-		if err == nil || !cancelled(err) {
-			if err != nil {
+		err := b.release(ctx, c, req.Key, req.Token)
+		if err == nil || errors.Is(err, dlock.ErrNotHeld) || !cancelled(err) {
+			if err != nil && !errors.Is(err, dlock.ErrNotHeld) {
 				b.log.Warn("pglock: could not release a lease whose acquisition was abandoned; it expires with its TTL",
 					"key", req.Key, "ttl", req.TTL, "err", err)
 			}
@@ -353,7 +545,7 @@ func (b *Backend) resolveUntil(req dlock.Request, sent time.Time) {
 				return
 			}
 			ctx, cancel := context.WithTimeout(b.bg, cleanupTimeout)
-			err := b.free(ctx, "release", b.q.release, []byte(req.Key), req.Token[:], b.tb.channel)
+			err := b.release(ctx, b.pool, req.Key, req.Token)
 			cancel()
 			if err == nil {
 				b.log.Warn("pglock: released a lease taken by an acquisition whose connection broke", "key", req.Key)
@@ -374,6 +566,9 @@ const (
 // while it runs returns its error at once; the statement is cancelled, and a
 // lease it took all the same is released.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := checkMode(req); err != nil {
+		return dlock.Result{}, err
+	}
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, wrapErr(b.tb, "acquire", err)
 	}
@@ -390,14 +585,22 @@ const (
 	waitSlack = time.Second      // its queue entry outlives the look by this much
 	maxWait   = 30 * time.Second // one AcquireWait call; the Locker calls again
 	maxLooks  = 10000            // bounds AcquireWait's loop in any case
+	// markStep: an exclusive waiter behind shared holders looks this often,
+	// renewing its writer mark well within dlock.WriterMark.
+	markStep = dlock.WriterMark / 3
 )
 
 // AcquireWait implements dlock.Waiter. It listens for the key's release on
 // the Backend's shared LISTEN connection, joins the key's waiter queue, and
 // tries again on each release, when the holder's lease runs out, and at
-// least every few seconds, for up to 30 s. If the LISTEN connection cannot
-// be had it returns dlock.ErrUnsupported, having taken nothing.
+// least every few seconds (every second for an exclusive waiter behind
+// shared holders, which renews its writer mark), for up to 30 s; in every
+// mode, since a release of any holder notifies. If the LISTEN connection
+// cannot be had it returns dlock.ErrUnsupported, having taken nothing.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if err := checkMode(req); err != nil {
+		return dlock.Result{}, err
+	}
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		if ctx.Err() != nil {
 			return dlock.Result{}, nil
@@ -444,6 +647,9 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			since = place
 		}
 		d := waitStep
+		if req.Mode == dlock.ModeExclusive && res.Holder.Mode == dlock.ModeShared {
+			d = markStep // each attempt renews the writer mark
+		}
 		switch {
 		case res.Remaining > 0:
 			d = min(d, res.Remaining+time.Millisecond)
@@ -470,7 +676,9 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	return dlock.Result{Holder: res.Holder, Remaining: res.Remaining}, nil
 }
 
-// Extend implements dlock.Backend with one statement for all leases.
+// Extend implements dlock.Backend in one round trip for all leases: one
+// statement renews them, after one that locks the rows of their keys that
+// have shared or limited holders.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
 	errs := make([]error, len(leases))
 	if len(leases) == 0 {
@@ -484,27 +692,23 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		tokens[i] = l.Token[:]
 		ttls[i] = us(l.TTL)
 	}
-	rows, err := b.pool.Query(ctx, b.q.extend, names, tokens, ttls)
-	if err != nil {
-		return nil, wrapErr(b.tb, "extend", err)
-	}
 	type lease struct {
 		key   string
 		token dlock.Token
 	}
 	extended := make(map[lease]bool, len(leases))
-	for rows.Next() {
+	err := pipeline(ctx, b.pool, b.q.lockMany, []any{names}, b.q.extend, []any{names, tokens, ttls}, func(rows pgx.Rows) error {
 		var name, token []byte
 		if err := rows.Scan(&name, &token); err != nil {
-			rows.Close()
-			return nil, wrapErr(b.tb, "extend", err)
+			return err
 		}
 		var l lease
 		l.key = string(name)
 		copy(l.token[:], token)
 		extended[l] = true
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, wrapErr(b.tb, "extend", err)
 	}
 	for i, l := range leases {
@@ -515,33 +719,34 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	return errs, nil
 }
 
-// Release implements dlock.Backend. The same statement notifies the key's
-// waiters.
+// Release implements dlock.Backend, for a holder of any mode. The same
+// statement notifies the key's waiters.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	return b.free(ctx, "release", b.q.release, []byte(key), token[:], b.tb.channel)
+	return b.release(ctx, b.pool, key, token)
 }
 
-// ForceRelease implements dlock.ForceReleaser: it ends the lease whatever
-// token holds it, and wakes the waiters. The holder learns of it at its next
-// renewal; the next holder gets a larger fence.
+// release runs Release's statements on c.
+func (b *Backend) release(ctx context.Context, c batcher, key string, token dlock.Token) error {
+	return b.free(ctx, c, "release", b.q.release, []byte(key), token[:], b.tb.channel)
+}
+
+// ForceRelease implements dlock.ForceReleaser: it ends the leases of every
+// holder of key, whatever their tokens and modes, and wakes the waiters.
+// The holders learn of it at their next renewal; the next holder gets a
+// larger fence.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if err := b.claims.CheckOnly(ctx, key); err != nil {
 		return wrapErr(b.tb, "force release", err)
 	}
-	return b.free(ctx, "force release", b.q.forceRelease, []byte(key), b.tb.channel)
+	return b.free(ctx, b.pool, "force release", b.q.forceRelease, []byte(key), b.tb.channel)
 }
 
-// free runs a releasing statement, which returns a row if it freed the key.
-func (b *Backend) free(ctx context.Context, op, q string, args ...any) error {
-	rows, err := b.pool.Query(ctx, q, args...)
-	if err != nil {
-		return wrapErr(b.tb, op, err)
-	}
+// free runs a releasing statement after lockShared, which returns a row if
+// it freed the key. args[0] is the key.
+func (b *Backend) free(ctx context.Context, c batcher, op, q string, args ...any) error {
 	n := 0
-	for rows.Next() {
-		n++
-	}
-	if err := rows.Err(); err != nil {
+	err := pipeline(ctx, c, b.q.lockShared, args[:1], q, args, func(pgx.Rows) error { n++; return nil })
+	if err != nil {
 		return wrapErr(b.tb, op, err)
 	}
 	if n == 0 {
@@ -550,7 +755,40 @@ func (b *Backend) free(ctx context.Context, op, q string, args ...any) error {
 	return nil
 }
 
-// List implements dlock.Lister.
+// batcher is what runs a pipeline: a pool, or one of its connections.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// pipeline runs lock, then q, in one implicit transaction sent in one round
+// trip, and calls each for every row of q.
+func pipeline(ctx context.Context, c batcher, lock string, lockArgs []any, q string, args []any, each func(pgx.Rows) error) error {
+	var batch pgx.Batch
+	batch.Queue(lock, lockArgs...)
+	batch.Queue(q, args...)
+	br := c.SendBatch(ctx, &batch)
+	_, err := br.Exec()
+	if err == nil {
+		var rows pgx.Rows
+		rows, err = br.Query()
+		for err == nil && rows.Next() {
+			err = each(rows)
+		}
+		if rows != nil {
+			rows.Close()
+			if err == nil {
+				err = rows.Err()
+			}
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// List implements dlock.Lister: every holder, of every mode, ordered by key
+// then fence.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
 	rows, err := b.pool.Query(ctx, b.q.list, []byte(prefix))
 	if err != nil {
@@ -561,10 +799,12 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	var out []dlock.LockInfo
 	for rows.Next() {
 		var h holderRow
-		if err := rows.Scan(&h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs); err != nil {
+		var lim int32
+		if err := rows.Scan(&h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs, &lim); err != nil {
 			return nil, wrapErr(b.tb, "list", err)
 		}
 		info, _ := h.info("", now)
+		info.Mode, info.Limit = modeOf(lim)
 		out = append(out, info)
 	}
 	if err := rows.Err(); err != nil {

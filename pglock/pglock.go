@@ -13,6 +13,16 @@
 // is an owner-checked UPDATE that also sends a NOTIFY. Rows are never deleted,
 // so fences never go back.
 //
+// The lease strategy grants every mode (dlock.Sharer): shared (a reader of a
+// reader-writer lock) and limited (a counting semaphore) holders each have a
+// row of their own in a second table, and the key's row summarises them (the
+// latest expiry among them, their limit, the writer mark), so that an
+// exclusive acquisition still decides, in its one statement, from that row
+// alone. A shared or limited acquisition locks the key's row, then decides
+// from its holders, in two statements sent in one round trip (one implicit
+// transaction); their renewals and releases do the same. The key's fencing
+// counter, in its row, serves every mode.
+//
 // Waiters (dlock.Waiter) LISTEN on one connection per Backend, shared by all
 // its waiting acquisitions, and are woken by the release's NOTIFY; without a
 // NOTIFY (a lease that expired) they wake when the holder's lease runs out.
@@ -30,7 +40,9 @@
 // # Advisory (NewAdvisory)
 //
 // Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) held
-// by server sessions that the Advisory opens itself. See Advisory for its
+// by server sessions that the Advisory opens itself. It grants exclusive and
+// shared acquisitions (pg_advisory_lock_shared), not limited ones (see
+// Advisory.SupportsMode). See Advisory for its
 // guarantees: a crashed holder's locks are freed the moment the server sees
 // its connection close, a session that ends is reported at once, waiting
 // happens in the server (first come, first served), but it needs a real
@@ -87,8 +99,9 @@ import (
 )
 
 // DefaultTable is the table used when Options.Table is empty. The waiter
-// queue, the advisory strategy's table and the keys' strategies are named
-// after it with the suffixes "_waiters", "_session" and "_claims".
+// queue, the shared and limited holders, the advisory strategy's tables and
+// the keys' strategies are named after it with the suffixes "_waiters",
+// "_holders", "_session", "_readers" and "_claims".
 const DefaultTable = "dlock_locks"
 
 // DefaultGrace is the lease strategy's grace period when Options.Grace is 0.
@@ -161,7 +174,9 @@ type tables struct {
 	base    string // as given (or DefaultTable), unquoted
 	lease   string
 	waiters string
+	holders string // shared and limited holders of the lease strategy
 	session string
+	readers string // shared holders of the advisory strategy
 	claims  string // the strategy of each key
 	channel string // NOTIFY channel
 }
@@ -197,7 +212,9 @@ func parseTable(name string) (tables, error) {
 		base:    name,
 		lease:   prefix + `"` + t + `"`,
 		waiters: prefix + `"` + t + `_waiters"`,
+		holders: prefix + `"` + t + `_holders"`,
 		session: prefix + `"` + t + `_session"`,
+		readers: prefix + `"` + t + `_readers"`,
 		claims:  prefix + `"` + t + `_claims"`,
 		channel: name,
 	}

@@ -57,8 +57,16 @@ func dropTables() {
 		return
 	}
 	defer pool.Close()
-	t := testTable()
-	_, _ = pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "%s", "%s_waiters", "%s_session", "%s_claims"`, t, t, t, t))
+	dropTablesOf(ctx, pool, testTable())
+}
+
+// dropTablesOf drops the tables of table's configuration.
+func dropTablesOf(ctx context.Context, pool *pgxpool.Pool, table string) {
+	var names []string
+	for _, suffix := range []string{"", "_waiters", "_holders", "_session", "_readers", "_claims"} {
+		names = append(names, `"`+table+suffix+`"`)
+	}
+	_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", "))
 }
 
 // dsn returns the test server's DSN: $DLOCK_PG_DSN or the local PostgreSQL.

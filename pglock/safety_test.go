@@ -362,7 +362,7 @@ func TestLongestTableName(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	defer pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "%s", "%s_waiters", "%s_session", "%s_claims"`, name, name, name, name))
+	defer dropTablesOf(ctx, pool, name)
 	if err := b.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,41 @@ CREATE TABLE IF NOT EXISTS "dlock_locks" (
   metadata    text        NOT NULL DEFAULT ''
 );
 
+-- Lease strategy, shared and limited holders (dlock.ModeShared,
+-- dlock.ModeLimited): the lock row summarises them, so that an exclusive
+-- acquisition decides from that row alone, and every change to them is made
+-- under that row's lock. Added by ALTER so that tables of earlier versions
+-- gain them (existing rows and fences are kept).
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks"')
+      AND attname = 'shared_until' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks"
+      -- latest expiry of the key's shared or limited holders; not in the future = none
+      ADD COLUMN IF NOT EXISTS shared_until timestamptz NOT NULL DEFAULT '-infinity',
+      -- their mode while they live: 0 shared, n limited to n holders
+      ADD COLUMN IF NOT EXISTS share_limit  integer     NOT NULL DEFAULT 0,
+      -- until then, an exclusive acquisition waits behind shared holders and new ones are refused
+      ADD COLUMN IF NOT EXISTS writer_until timestamptz NOT NULL DEFAULT '-infinity',
+      -- last release of a shared or limited holder (the waiters' grace period counts from it)
+      ADD COLUMN IF NOT EXISTS freed_at     timestamptz NOT NULL DEFAULT '-infinity';
+  END IF;
+END $$;
+
+-- Lease strategy: one row per shared or limited holder, deleted when it is
+-- released (the key's fence lives in the lock row).
+CREATE TABLE IF NOT EXISTS "dlock_locks_holders" (
+  name        bytea       NOT NULL,
+  token       bytea       NOT NULL,
+  lim         integer     NOT NULL,             -- 0 shared, n limited to n holders
+  owner       text        NOT NULL DEFAULT '',
+  fence       bigint      NOT NULL,
+  acquired_at timestamptz NOT NULL,
+  expires_at  timestamptz NOT NULL,
+  metadata    text        NOT NULL DEFAULT '',
+  PRIMARY KEY (name, token)
+);
+
 -- Lease strategy: the queue of clients waiting for a key (pglock's Waiter).
 -- For a short grace period after a lease ends, only the waiter that has waited
 -- longest may take it, so that a releasing client cannot barge back in ahead
@@ -38,6 +73,32 @@ CREATE TABLE IF NOT EXISTS "dlock_locks_session" (
   pid         integer     NOT NULL,             -- pg_backend_pid() of the holder's session
   acquired_at timestamptz NOT NULL,
   metadata    text        NOT NULL DEFAULT ''
+);
+
+-- Advisory strategy: until writer_until, an exclusive attempt that found
+-- shared holders keeps new shared requests out. Added by ALTER so that
+-- tables of earlier versions gain it.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_session"')
+      AND attname = 'writer_until' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks_session"
+      ADD COLUMN IF NOT EXISTS writer_until timestamptz NOT NULL DEFAULT '-infinity';
+  END IF;
+END $$;
+
+-- Advisory strategy: one row per shared holder (pg_advisory_lock_shared),
+-- deleted when it is released; rows of sessions that ended are dropped by
+-- the key's next shared grant. The fence comes from the "_session" row.
+CREATE TABLE IF NOT EXISTS "dlock_locks_readers" (
+  name        bytea       NOT NULL,
+  token       bytea       NOT NULL,
+  owner       text        NOT NULL DEFAULT '',
+  fence       bigint      NOT NULL,
+  pid         integer     NOT NULL,             -- pg_backend_pid() of the holder's session
+  acquired_at timestamptz NOT NULL,
+  metadata    text        NOT NULL DEFAULT '',
+  PRIMARY KEY (name, token)
 );
 
 -- The strategy each key is used with (lease or advisory), recorded by its

@@ -1,0 +1,110 @@
+package pglock_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/pglock"
+)
+
+// TestMigrateUpgradesV1SessionTable: the advisory strategy's fencing row of
+// the previous schema goes on after Migrate, in either mode.
+func TestMigrateUpgradesV1SessionTable(t *testing.T) {
+	ctx := t.Context()
+	pool, table := v1Tables(t)
+	key, tok := "upgrade/advisory", dlock.NewToken()
+	k1, k2 := pglock.AdvisoryKeys(key)
+	if _, err := pool.Exec(ctx, `INSERT INTO "`+table+`_session" (name, lock_id, token, owner, fence, pid, acquired_at, metadata)
+  VALUES ($1, $2, $3, '', 5, 0, clock_timestamp(), '')`, []byte(key), int64(uint32(k1))<<32|int64(uint32(k2)), tok[:]); err != nil {
+		t.Fatal(err)
+	}
+	a, err := pglock.NewAdvisory(pool, &pglock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate of the previous schema: %v", err)
+	}
+	if f := mustGrant(t, a, req(key, time.Minute, dlock.ModeShared, 0)); f != 6 {
+		t.Errorf("rule: fences go on after the upgrade; shared fence %d, want 6", f)
+	}
+	if f := mustGrant(t, a, req(key+"/2", time.Minute, dlock.ModeExclusive, 0)); f != 1 {
+		t.Errorf("a new key's first fence: %d", f)
+	}
+}
+
+// TestAdvisoryWriterMark: an exclusive try that finds readers leaves the
+// writer mark, which refuses new readers before the writer waits in the
+// server (where PostgreSQL's own queue takes over); the writer's grant
+// clears it.
+func TestAdvisoryWriterMark(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("advmark")
+	readers, writer, late := newAdvisory(t, nil), newAdvisory(t, nil), newAdvisory(t, nil)
+	r := req(key, time.Minute, dlock.ModeShared, 0)
+	f := mustGrant(t, readers, r)
+	w := req(key, time.Minute, dlock.ModeExclusive, 0)
+	if res := mustRefuse(t, writer, w, "readers exclude a writer"); res.Holder.Mode != dlock.ModeShared || res.Holder.Token != r.Token {
+		t.Errorf("the writer's refusal names %+v, want the reader", res.Holder)
+	}
+	res := mustRefuse(t, late, req(key, time.Minute, dlock.ModeShared, 0), "a writer that found readers keeps new readers out")
+	if res.Remaining <= 0 || res.Remaining > dlock.WriterMark {
+		t.Errorf("the refused reader's Remaining %s, want the writer mark's", res.Remaining)
+	}
+	if err := readers.Release(ctx, key, r.Token); err != nil {
+		t.Fatal(err)
+	}
+	wf := mustGrant(t, writer, w)
+	if wf <= f {
+		t.Errorf("rule: fences increase across modes; the writer's %d after the reader's %d", wf, f)
+	}
+	if err := writer.Release(ctx, key, w.Token); err != nil {
+		t.Fatal(err)
+	}
+	mustGrant(t, late, req(key, time.Minute, dlock.ModeShared, 0)) // rule: an exclusive grant clears the mark
+}
+
+// TestAdvisorySharedHoldsInOneProcess: one Advisory holds a key shared
+// twice (the second on a session of its own: a session holds a key once),
+// refuses an exclusive request for it (a grant on the session that holds it
+// shared would be re-entrant), lists both readers, and frees the key when
+// both are released.
+func TestAdvisorySharedHoldsInOneProcess(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("advtwice")
+	a := newAdvisory(t, nil)
+	r1, r2 := req(key, time.Minute, dlock.ModeShared, 0), req(key, time.Minute, dlock.ModeShared, 0)
+	f1 := mustGrant(t, a, r1)
+	if f2 := mustGrant(t, a, r2); f2 <= f1 {
+		t.Errorf("fences %d then %d", f1, f2)
+	}
+	mustRefuse(t, a, req(key, time.Minute, dlock.ModeExclusive, 0), "readers of this process exclude its writers")
+	infos, err := a.List(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 2 || infos[0].Mode != dlock.ModeShared || infos[1].Mode != dlock.ModeShared ||
+		infos[0].Token != r1.Token || infos[1].Token != r2.Token {
+		t.Errorf("List: %+v, want both readers", infos)
+	}
+	for _, r := range []dlock.Request{r1, r2} {
+		if err := a.Release(ctx, key, r.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := req(key, time.Minute, dlock.ModeExclusive, 0)
+	mustGrant(t, a, w)
+	if err := a.Release(ctx, key, w.Token); err != nil {
+		t.Fatal(err)
+	}
+	if counts, n := pglock.SessionCounts(a); n != 0 {
+		t.Errorf("%d holds left on the books (sessions: %v)", n, counts)
+	}
+	if _, err := a.Acquire(ctx, req(key, time.Minute, dlock.ModeLimited, 2)); !errors.Is(err, dlock.ErrUnsupported) {
+		t.Errorf("a limited request: %v, want ErrUnsupported", err)
+	}
+}

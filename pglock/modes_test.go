@@ -1,0 +1,350 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/pglock"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// req returns an acquisition request for key in mode m (limit for
+// ModeLimited).
+func req(key string, ttl time.Duration, m dlock.Mode, limit int) dlock.Request {
+	return dlock.Request{Key: key, Token: dlock.NewToken(), TTL: ttl, Mode: m, Limit: limit}
+}
+
+func mustGrant(t *testing.T, b dlock.Backend, r dlock.Request) uint64 {
+	t.Helper()
+	res, err := b.Acquire(t.Context(), r)
+	if err != nil || !res.Acquired {
+		t.Fatalf("Acquire %s of %q: %+v, %v; want acquired", r.Mode, r.Key, res, err)
+	}
+	return res.Fence
+}
+
+func mustRefuse(t *testing.T, b dlock.Backend, r dlock.Request, why string) dlock.Result {
+	t.Helper()
+	res, err := b.Acquire(t.Context(), r)
+	if err != nil || res.Acquired {
+		if res.Acquired {
+			b.Release(context.Background(), r.Key, r.Token)
+		}
+		t.Fatalf("rule: %s; Acquire %s of %q: %+v, %v; want refused", why, r.Mode, r.Key, res, err)
+	}
+	return res
+}
+
+// TestMigrateUpgradesV1Tables creates the lease table of the previous
+// schema (testdata/schema_v1.sql, exclusive holders only) with a held key
+// and a free one in it, migrates it, and checks that both keys' fences go
+// on from where they were and that the held lease still excludes every
+// mode.
+func TestMigrateUpgradesV1Tables(t *testing.T) {
+	ctx := t.Context()
+	pool, table := v1Tables(t)
+	held, free, tok, other := "upgrade/held", "upgrade/free", dlock.NewToken(), dlock.NewToken()
+	if _, err := pool.Exec(ctx, `INSERT INTO "`+table+`" (name, token, owner, fence, acquired_at, expires_at, metadata) VALUES
+  ($1, $2, 'old', 41, clock_timestamp(), clock_timestamp() + interval '1 hour', ''),
+  ($3, $4, 'old', 7, clock_timestamp() - interval '1 hour', clock_timestamp() - interval '1 minute', '')`,
+		[]byte(held), tok[:], []byte(free), other[:]); err != nil {
+		t.Fatal(err)
+	}
+	b, err := pglock.New(pool, &pglock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate of the previous schema: %v", err)
+	}
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	const ttl = 5 * time.Second
+	for _, r := range []dlock.Request{req(held, ttl, dlock.ModeShared, 0), req(held, ttl, dlock.ModeExclusive, 0)} {
+		if res := mustRefuse(t, b, r, "a lease of the previous schema still excludes every mode"); res.Holder.Token != tok {
+			t.Errorf("the holder of the upgraded key: %+v, want its token", res.Holder)
+		}
+	}
+	if _, err := b.Acquire(ctx, req(held, ttl, dlock.ModeLimited, 2)); !errors.Is(err, dlock.ErrModeMismatch) {
+		t.Errorf("limited acquisition of a key held exclusive by the previous schema: %v, want ErrModeMismatch", err)
+	}
+	if err := b.Release(ctx, held, tok); err != nil {
+		t.Fatalf("release of a lease of the previous schema: %v", err)
+	}
+	if f := mustGrant(t, b, req(held, ttl, dlock.ModeShared, 0)); f != 42 {
+		t.Errorf("rule: fences go on after the upgrade; shared fence %d, want 42", f)
+	}
+	if f := mustGrant(t, b, req(free, ttl, dlock.ModeExclusive, 0)); f != 8 {
+		t.Errorf("rule: fences go on after the upgrade; exclusive fence %d, want 8", f)
+	}
+}
+
+// v1Tables creates the tables of the previous schema
+// (testdata/schema_v1.sql) under a name of their own, dropped when the test
+// ends.
+func v1Tables(t *testing.T) (*pgxpool.Pool, string) {
+	pool := open(t, "")
+	table := testTable() + "_v1"
+	old, err := os.ReadFile("testdata/schema_v1.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dropTablesOf(context.Background(), pool, table) })
+	if _, err := pool.Exec(t.Context(), strings.ReplaceAll(string(old), `"dlock_locks`, `"`+table)); err != nil {
+		t.Fatal(err)
+	}
+	return pool, table
+}
+
+// waitForLockWait returns once a statement on table waits for a lock.
+func waitForLockWait(t *testing.T, pool *pgxpool.Pool, table string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		var n int
+		if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%' || $1 || '%'`, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if i == 500 {
+			t.Fatal("the acquisition never waited for the row's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestModesDecideUnderTheRowLock makes a grant in an open transaction
+// (written as the backend writes it), starts an acquisition in another
+// mode, which must wait for the key's row, and commits: the acquisition
+// must see the grant. A statement that decided from its snapshot, taken
+// before the wait, would admit a reader and a writer together, or one
+// holder too many.
+func TestModesDecideUnderTheRowLock(t *testing.T) {
+	pool := open(t, "")
+	b := newLease(t, pool)
+	lease, holders := `"`+testTable()+`"`, `"`+testTable()+`_holders"`
+	// holderGrant grants a holder with limit lim (0: shared).
+	holderGrant := func(lim int) string {
+		return fmt.Sprintf(`WITH g AS (INSERT INTO %[2]s (name, token, lim, fence, acquired_at, expires_at)
+  SELECT $1, $2, %[3]d, fence + 1, clock_timestamp(), clock_timestamp() + interval '1 minute' FROM %[1]s WHERE name = $1
+  RETURNING fence, expires_at)
+UPDATE %[1]s l SET fence = g.fence, shared_until = g.expires_at, share_limit = %[3]d FROM g WHERE l.name = $1`, lease, holders, lim)
+	}
+	for _, c := range []struct {
+		name    string
+		grant   string // makes a grant of $1 to $2
+		request func(key string) dlock.Request
+	}{{
+		name: "shared after an exclusive grant",
+		grant: `UPDATE ` + lease + ` SET token = $2, fence = fence + 1, acquired_at = clock_timestamp(),
+  expires_at = clock_timestamp() + interval '1 minute' WHERE name = $1`,
+		request: func(key string) dlock.Request { return req(key, time.Minute, dlock.ModeShared, 0) },
+	}, {
+		name:    "exclusive after a shared grant",
+		grant:   holderGrant(0),
+		request: func(key string) dlock.Request { return req(key, time.Minute, dlock.ModeExclusive, 0) },
+	}, {
+		name:    "limited after the last slot's grant",
+		grant:   holderGrant(1),
+		request: func(key string) dlock.Request { return req(key, time.Minute, dlock.ModeLimited, 1) },
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := t.Context()
+			key := locktest.UniqueKey("underlock")
+			// The key's row exists, free.
+			r := req(key, time.Minute, dlock.ModeExclusive, 0)
+			mustGrant(t, b, r)
+			if err := b.Release(ctx, key, r.Token); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			tok := dlock.NewToken()
+			if _, err := tx.Exec(ctx, c.grant, []byte(key), tok[:]); err != nil {
+				t.Fatal(err)
+			}
+			type outcome struct {
+				res dlock.Result
+				err error
+			}
+			got := make(chan outcome, 1)
+			want := c.request(key)
+			go func() {
+				res, err := b.Acquire(ctx, want)
+				got <- outcome{res, err}
+			}()
+			waitForLockWait(t, pool, lease)
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			o := <-got
+			if o.err != nil || o.res.Acquired {
+				if o.res.Acquired {
+					b.Release(context.Background(), key, want.Token)
+				}
+				t.Fatalf("rule: a grant committed while the acquisition waited for the row excludes it; %+v, %v", o.res, o.err)
+			}
+			// (The exclusive statement describes the holder from its
+			// snapshot: the grant it waited for may be missing there.)
+			if want.Mode != dlock.ModeExclusive && o.res.Holder.Token != tok {
+				t.Errorf("the refusal names %+v, want the new holder", o.res.Holder)
+			}
+		})
+	}
+}
+
+// TestWriterMarkLastsWhileTheWriterWaits: an exclusive waiter behind a
+// reader renews its writer mark as long as it waits, well beyond
+// dlock.WriterMark, so new readers stay out until it has had the key.
+func TestWriterMarkLastsWhileTheWriterWaits(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("mark")
+	reader := locktest.NewLocker(t, newLease(t, nil))
+	first, err := reader.Acquire(ctx, key, dlock.Shared(), dlock.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writer := locktest.NewLocker(t, newLease(t, nil))
+	queued := make(chan struct{}, 1)
+	got := make(chan error, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		lk, err := writer.Acquire(wctx, key, dlock.WithWaitFunc(func(dlock.LockInfo) {
+			select {
+			case queued <- struct{}{}:
+			default:
+			}
+		}))
+		if err == nil {
+			err = lk.Release(context.Background())
+		}
+		got <- err
+	}()
+	<-queued
+	others := locktest.NewLocker(t, newLease(t, nil))
+	end := time.Now().Add(dlock.WriterMark + 3*time.Second)
+	for time.Now().Before(end) {
+		lk, err := others.TryAcquire(ctx, key, dlock.Shared())
+		if err == nil {
+			lk.Release(ctx)
+			t.Fatalf("rule: a waiting writer keeps new readers out while it waits; a reader got in after %s", time.Since(end.Add(-dlock.WriterMark-3*time.Second)))
+		}
+		if !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatal(err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the writer: %v", err)
+	}
+	lk, err := others.TryAcquire(ctx, key, dlock.Shared())
+	if err != nil {
+		t.Fatalf("rule: an exclusive grant clears the writer mark; %v", err)
+	}
+	lk.Release(ctx)
+}
+
+// TestSharedRenewalKeepsWritersOut: a renewed shared lease keeps an
+// exclusive acquisition out beyond its first TTL (the renewal raises what
+// the exclusive path reads), and its release lets it in at once.
+func TestSharedRenewalKeepsWritersOut(t *testing.T) {
+	ctx := t.Context()
+	b := newLease(t, nil)
+	key := locktest.UniqueKey("renewshared")
+	r := req(key, time.Second, dlock.ModeShared, 0)
+	f := mustGrant(t, b, r)
+	errs, err := b.Extend(ctx, []dlock.Lease{{Key: key, Token: r.Token, TTL: 5 * time.Second}})
+	if err != nil || errs[0] != nil {
+		t.Fatalf("Extend: %v %v", errs, err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	res := mustRefuse(t, b, req(key, time.Second, dlock.ModeExclusive, 0), "a renewed shared lease excludes writers")
+	if res.Holder.Mode != dlock.ModeShared || res.Holder.Token != r.Token || res.Remaining <= 0 {
+		t.Errorf("the refusal: %+v, want the shared holder and its remaining lease", res)
+	}
+	if err := b.Release(ctx, key, r.Token); err != nil {
+		t.Fatal(err)
+	}
+	if g := mustGrant(t, b, req(key, time.Second, dlock.ModeExclusive, 0)); g <= f {
+		t.Errorf("fence %d after the reader's %d", g, f)
+	}
+}
+
+// TestListAndForceReleaseEveryMode: List shows each holder with its mode
+// and limit; ForceRelease frees every holder of the key.
+func TestListAndForceReleaseEveryMode(t *testing.T) {
+	ctx := t.Context()
+	b := newLease(t, nil)
+	base := locktest.UniqueKey("listmodes")
+	rs, ls := base+"/s", base+"/l"
+	mustGrant(t, b, req(rs, time.Minute, dlock.ModeShared, 0))
+	mustGrant(t, b, req(rs, time.Minute, dlock.ModeShared, 0))
+	mustGrant(t, b, req(ls, time.Minute, dlock.ModeLimited, 3))
+	infos, err := b.List(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, i := range infos {
+		got = append(got, fmt.Sprintf("%s:%s:%d", i.Key[len(base):], i.Mode, i.Limit))
+	}
+	if want := "/l:limited:3 /s:shared:0 /s:shared:0"; strings.Join(got, " ") != want {
+		t.Errorf("List: %v, want %s", got, want)
+	}
+	for _, k := range []string{rs, ls} {
+		if err := b.ForceRelease(ctx, k); err != nil {
+			t.Fatalf("ForceRelease(%q): %v", k, err)
+		}
+		mustGrant(t, b, req(k, time.Minute, dlock.ModeExclusive, 0))
+		if err := b.ForceRelease(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.ForceRelease(ctx, k); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Errorf("ForceRelease of a free key: %v, want ErrNotHeld", err)
+		}
+	}
+}
+
+// TestLimitedWaiterWokenByRelease: a limited waiter is handed the slot that
+// a release frees long before the holder's lease would have run out (the
+// release of a limited holder notifies).
+func TestLimitedWaiterWokenByRelease(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("wakelimited")
+	a := locktest.NewLocker(t, newLease(t, nil))
+	w := locktest.NewLocker(t, newLease(t, nil))
+	lk, err := a.Acquire(ctx, key, dlock.WithLimit(1), dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(500*time.Millisecond, func() { lk.Release(ctx) })
+	began := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got, err := w.Acquire(wctx, key, dlock.WithLimit(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Release(ctx)
+	if d := time.Since(began); d > 3*time.Second {
+		t.Errorf("rule: a release wakes limited waiters; the waiter got the slot after %s", d)
+	}
+}
