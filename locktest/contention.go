@@ -193,8 +193,9 @@ func acquire(ctx context.Context, l *dlock.Locker, key string, poll time.Duratio
 
 // BenchmarkContention runs workers Lockers, each over its own backend from
 // newBackend (as separate processes would be), contending for one key for
-// 3 s per iteration, and reports true handoffs/s, acquisitions/s and the
-// smallest worker share (1 = fair). opts apply to every acquisition.
+// 3 s per iteration, and reports true handoffs/s, acquisitions/s, the
+// smallest worker share (1 = fair), and the 99th percentile and the longest
+// of the acquisitions' waits. opts apply to every acquisition.
 func BenchmarkContention(b *testing.B, workers int, newBackend func(testing.TB) dlock.Backend, opts ...dlock.AcquireOption) {
 	benchmarkContention(b, workers, newBackend, Contention{Duration: 3 * time.Second}, opts...)
 }
@@ -223,6 +224,8 @@ func benchmarkContention(b *testing.B, workers int, newBackend func(testing.TB) 
 	b.ReportMetric(st.HandoffsPerSec(), "handoffs/s")
 	b.ReportMetric(st.AcquisitionsPerSec(), "acq/s")
 	b.ReportMetric(st.MinShare, "min-share")
+	b.ReportMetric(float64(st.WaitPercentile(99))/1e6, "p99-wait-ms")
+	b.ReportMetric(float64(st.WaitPercentile(100))/1e6, "max-wait-ms")
 }
 
 // BenchmarkSemaphore is BenchmarkContention on a semaphore of limit: every

@@ -801,13 +801,20 @@ func (a *Advisory) notAcquired(ctx context.Context, req dlock.Request, h *hold, 
 	return dlock.Result{Holder: info}
 }
 
+// markRecheck bounds the sleep of a shared waiter that met the writer mark:
+// the writer's grant clears the mark long before it ends, and the reader,
+// asking again, then queues behind the writer in the server instead of
+// sleeping out the mark while readers that came later get in.
+const markRecheck = 100 * time.Millisecond
+
 // AcquireWait implements dlock.Waiter: pg_advisory_lock (or
 // pg_advisory_lock_shared) on a session of its own, for up to 30 s. When
 // ctx ends first the wait is cancelled with a cancel request, and a grant
 // that raced with the cancellation is unlocked. While an exclusive request
 // waits in the server, PostgreSQL refuses new shared requests, waiting or
 // not; a shared request that meets the writer mark of an exclusive attempt
-// sleeps until the mark ends (or ctx does) and returns without the key.
+// sleeps until the mark ends, or markRecheck at most (or until ctx ends),
+// and returns without the key.
 func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	began := time.Now()
 	if err := checkAdvisoryMode(req); err != nil {
@@ -854,7 +861,7 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	case err != nil:
 		return dlock.Result{}, a.wrap("advisory acquire", err)
 	case !res.ok && res.mark > 0:
-		t := time.NewTimer(res.mark)
+		t := time.NewTimer(min(res.mark, markRecheck))
 		defer t.Stop()
 		select {
 		case <-t.C:

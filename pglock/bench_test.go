@@ -86,3 +86,16 @@ ON CONFLICT (name) DO UPDATE SET fence = `+session+`.fence + 1, token = EXCLUDED
 		}
 	})
 }
+
+// BenchmarkSemaphore8 runs 8 workers on a semaphore of 3 (lease only:
+// advisory locks have no limited mode); BenchmarkReadWrite8 on a key whose
+// acquisitions are 90 % shared.
+func BenchmarkSemaphore8(b *testing.B) {
+	locktest.BenchmarkSemaphore(b, 8, 3, strategies[0].new)
+}
+
+func BenchmarkReadWrite8(b *testing.B) {
+	for _, s := range strategies {
+		b.Run(s.name, func(b *testing.B) { locktest.BenchmarkReadWrite(b, 8, 0.9, s.new) })
+	}
+}
