@@ -888,6 +888,10 @@ func (c *checker) faultFigures() {
 // that a fault touched (a queued waiter that could not take its turn), held
 // the key as that worker's lease would have: it holds the queue up until the
 // store ends it, as a faulted holder does, and the wait counts from its end.
+// A session strategy's server hands a released key to the first waiter in
+// its queue: a waiter whose process a fault stopped or cut off may hold it,
+// unrecorded, until the fault ends plus a TTL (its session's idle timeout),
+// and the wait counts from then.
 // An acquisition that its caller's deadline cut off while the key was free
 // may have been granted in the store and held the key, unrecorded, until its
 // clean-up: the wait counts from when its caller gave up, with the release
@@ -1005,6 +1009,17 @@ func (c *checker) liveness() {
 					end, released, cutBy = a.t, true, a.worker
 				}
 			}
+			// A session strategy's server grants a released key to the
+			// first waiter in its queue. A waiter whose process a fault
+			// stopped or cut off then holds the key, unrecorded (it cannot
+			// write its fence), until it comes back or the server ends its
+			// idle session, a TTL after the grant at the latest: the free
+			// period counts from then.
+			if c.in.SessionHeld {
+				if e := c.faultedWaitersHold(k, ls[i].hold, end, nextAt, byKey[k]); e > end {
+					end, released, cutBy = e, false, ""
+				}
+			}
 			bound := boundExp
 			if released {
 				bound = boundRel
@@ -1057,6 +1072,34 @@ func (c *checker) liveness() {
 			}
 		}
 	}
+}
+
+// faultedWaitersHold returns the latest instant until which a waiter for
+// key whose process a fault touched while the key was free (from end to
+// next) may have held it server-side, unrecorded, or 0: the end of that
+// fault plus a TTL, capped at next. holder is the lease's own hold, which
+// is not its own waiter.
+func (c *checker) faultedWaitersHold(key string, holder *hold, end, next int64, holds []*hold) int64 {
+	var waiting []string
+	for _, h := range holds {
+		if h != holder && h.acqStart < end && h.acqOK > end {
+			waiting = append(waiting, h.worker)
+		}
+	}
+	for _, w := range c.failed[key] {
+		if w.t0 < end && w.t > end {
+			waiting = append(waiting, w.worker)
+		}
+	}
+	var until int64
+	for _, w := range waiting {
+		for _, f := range c.in.Faults {
+			if f.Worker == w && f.Start <= next && f.End >= end {
+				until = max(until, min(f.End+int64(c.in.TTL), next))
+			}
+		}
+	}
+	return until
 }
 
 // rel formats a Mono() instant relative to the run's start.

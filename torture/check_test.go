@@ -293,6 +293,27 @@ func TestCheckLivenessCutOffAcquisition(t *testing.T) {
 	wantViolation(t, in, vLiveness)
 }
 
+// A session strategy's server may grant a released key to a waiter whose
+// process is stopped: it holds the key, with no record, until it resumes or
+// the server ends its idle session. w1 releases at 2 s; w3, waiting for the
+// key too, is stopped from 1.8 s to 2.5 s; w2 gets the key at 4.04 s. For a
+// session strategy the wait counts from 3.5 s (the stop's end plus a TTL);
+// for a lease strategy, whose grants are all recorded, it does not.
+func TestCheckLivenessStoppedSessionWaiter(t *testing.T) {
+	in := lateGrant()
+	in.Workers = append(in.Workers, &workerLog{ID: "w3", Events: []Event{
+		{T0: 1500 * ms, T: 6000 * ms, Ev: "acqerr", K: "k", Err: "dlock: acquire: gave up"},
+	}})
+	in.Faults = []FaultRecord{{Kind: FaultStop, Worker: "w3", Start: 1800 * ms, End: 2500 * ms}}
+	wantViolation(t, in, vLiveness)
+	in.SessionHeld = true
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a session strategy's stopped waiter: %v", r.ViolationList)
+	}
+	in.Faults[0].Worker = "w1" // the releaser's own fault: not a waiter's
+	wantViolation(t, in, vLiveness)
+}
+
 // A short hold whose release the store records early (a lower bound, as
 // mysql-lease's) must not count as its own waiter: w2 takes the key at
 // 650 ms, releases it at 660 ms (recorded at 600 ms), and nobody waits until
