@@ -118,14 +118,18 @@ type leaseQueries struct {
 // The acquisition takes the row if its lease is over and, during the grace
 // period after it ended (or after the release of a shared or limited
 // holder, freed_at), only if no live waiter queued ahead of this one
-// ($7: the caller's place in the queue, NULL for "now"). It only tries to
-// write when the statement's snapshot shows it may take the row, so that a
-// refusal is read-only (no row lock, no commit to flush: waiters that look
-// cost little); the ON CONFLICT clause checks the expiry again on the locked,
-// latest version of the row, so a concurrent grant is never overridden. A
-// waiter that did not get the row joins the queue or refreshes its entry
-// when half of it has run ($8 > 0) in the same statement; one that got it
-// leaves the queue. The final SELECT reads the holder from the statement's
+// ($7: the caller's place in the queue, NULL for "now"); for an exclusive
+// acquisition, no waiter that may take the key before it: a queued reader
+// does not count while the key's writer mark is live, since the mark
+// refuses it (the writer would otherwise wait out the grace period behind
+// readers that cannot go; each queue entry records its mode, lim). It only
+// tries to write when the statement's snapshot shows it may take the row,
+// so that a refusal is read-only (no row lock, no commit to flush: waiters
+// that look cost little); the ON CONFLICT clause checks the expiry again on
+// the locked, latest version of the row, so a concurrent grant is never
+// overridden. A waiter that did not get the row joins the queue or
+// refreshes its entry when half of it has run ($8 > 0) in the same
+// statement; one that got it leaves the queue. The final SELECT reads the holder from the statement's
 // snapshot, for the Result when the row was not taken.
 //
 // Shared and limited holders live in the holders table, and the lock row
@@ -154,30 +158,40 @@ type leaseQueries struct {
 // the fault harness; TestExtendRacingReleaseDoesNotRevive). A shared or
 // limited holder's renewal raises its key's shared_until.
 //
-// The release's NOTIFY names the key and the first live waiter in its queue,
-// which the listener wakes at once; the key's other waiters are woken after
-// the grace period, in case that waiter is gone.
+// The release's NOTIFY names the key and the first live waiter in its queue
+// that may take it (while the writer mark is live, the first that is not a
+// reader, if any), which the listener wakes at once; the key's other
+// waiters are woken after the grace period, in case that waiter is gone.
+// Naming a reader that the mark refuses would spend the wake-up, and leave
+// the writer behind it asleep.
 func newLeaseQueries(tb tables) leaseQueries {
 	l, w, h := tb.lease, tb.waiters, tb.holders
 	const (
-		ttl      = `$4::bigint * interval '1 microsecond'`
-		firstQ   = `(SELECT encode(q.token, 'hex') FROM ` + "%s" + ` q WHERE q.name = r.name AND q.until > clock_timestamp() ORDER BY q.since, q.token LIMIT 1)`
+		ttl    = `$4::bigint * interval '1 microsecond'`
+		firstQ = `(SELECT encode(q.token, 'hex') FROM ` + "%s" + ` q WHERE q.name = r.name AND q.until > clock_timestamp()
+    ORDER BY q.lim = 0 AND EXISTS (SELECT FROM ` + "%s" + ` k WHERE k.name = r.name AND k.writer_until > clock_timestamp()),
+      q.since, q.token LIMIT 1)`
 		remUs    = `(extract(epoch FROM %s - c.now) * 1000000)::bigint`
 		syncOn   = `set_config('synchronous_commit', 'on', true)`
 		holderQ  = `SELECT s.token, s.owner, s.fence, s.metadata, s.acquired_at, s.expires_at, s.lim FROM `
 		earliest = ` s, c WHERE s.name = $1 AND s.expires_at > c.now ORDER BY s.expires_at, s.token LIMIT 1`
 	)
-	first := fmt.Sprintf(firstQ, w)
+	first := fmt.Sprintf(firstQ, w, l)
 	rem := func(col string) string { return fmt.Sprintf(remUs, col) }
-	// ahead: a live waiter queued ahead of $7 (NULL: now).
-	ahead := `EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
-        AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2))`
+	// ahead: a live waiter queued ahead of $7 (NULL: now). aheadEx, for
+	// an exclusive acquisition: one that may take the key before it,
+	// which a reader may not while the key's writer mark is live.
+	aheadOf := `SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
+        AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2)`
+	ahead := `EXISTS (` + aheadOf + `)`
+	aheadEx := `EXISTS (` + aheadOf + `
+        AND (q.lim <> 0 OR NOT EXISTS (SELECT FROM ` + l + ` k WHERE k.name = $1 AND k.writer_until > c.now)))`
 	// register and unqueue: the waiter queue's upkeep, given granted (a
 	// grant was made) and refused (the caller may wait for the key).
-	register := func(refused string) string {
+	register := func(refused, lim string) string {
 		return `reg AS (
-  INSERT INTO ` + w + ` AS q (name, token, since, until)
-  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond' FROM c
+  INSERT INTO ` + w + ` AS q (name, token, since, until, lim)
+  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond', ` + lim + ` FROM c
   WHERE $8::bigint > 0 AND ` + refused + `
     AND NOT EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.token = $2
       AND q.until > c.now + $8::bigint * interval '1 microsecond' / 2)
@@ -201,7 +215,7 @@ acq AS (
     AND ($6::bigint < 0
       OR NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1
         AND GREATEST(h.expires_at, h.freed_at) > c.now - $6::bigint * interval '1 microsecond')
-      OR NOT ` + ahead + `)
+      OR NOT ` + aheadEx + `)
   ON CONFLICT (name) DO UPDATE
   SET token = EXCLUDED.token, owner = EXCLUDED.owner, fence = l.fence + 1,
       acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, metadata = EXCLUDED.metadata,
@@ -215,7 +229,7 @@ mark AS (
   WHERE l.name = $1 AND NOT EXISTS (SELECT FROM acq)
     AND l.expires_at <= c.now AND l.shared_until > c.now AND l.share_limit = 0
 ),
-` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`) + `,
+` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`, `-1`) + `,
 ` + unqueue(`EXISTS (SELECT FROM acq)`) + `
 SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `,
@@ -261,7 +275,7 @@ u AS (
 gc AS (
   DELETE FROM ` + h + ` s USING c WHERE s.name = $1 AND s.expires_at <= c.now AND EXISTS (SELECT FROM g)
 ),
-` + register(`EXISTS (SELECT FROM v WHERE v.verdict NOT IN ('grant', 'mismatch'))`) + `,
+` + register(`EXISTS (SELECT FROM v WHERE v.verdict NOT IN ('grant', 'mismatch'))`, `$9::int`) + `,
 ` + unqueue(`EXISTS (SELECT FROM g)`) + `,
 nx AS (
   SELECT pg_notify($10, encode($1, 'hex') || ' ' || encode(n.token, 'hex')) FROM (

@@ -43,9 +43,10 @@ func mustRefuse(t *testing.T, b dlock.Backend, r dlock.Request, why string) dloc
 }
 
 // TestMigrateUpgradesV1Tables creates the lease table of the previous
-// schema (testdata/schema_v1.sql, exclusive holders only) with a held key
-// and a free one in it, migrates it, and checks that both keys' fences go
-// on from where they were and that the held lease still excludes every
+// schema (testdata/schema_v1.sql, exclusive holders only) with a held key,
+// a waiter queued for it and a free key in it, migrates it, and checks that
+// the waiter stays queued (as an exclusive waiter), that both keys' fences
+// go on from where they were and that the held lease still excludes every
 // mode.
 func TestMigrateUpgradesV1Tables(t *testing.T) {
 	ctx := t.Context()
@@ -55,6 +56,11 @@ func TestMigrateUpgradesV1Tables(t *testing.T) {
   ($1, $2, 'old', 41, clock_timestamp(), clock_timestamp() + interval '1 hour', ''),
   ($3, $4, 'old', 7, clock_timestamp() - interval '1 hour', clock_timestamp() - interval '1 minute', '')`,
 		[]byte(held), tok[:], []byte(free), other[:]); err != nil {
+		t.Fatal(err)
+	}
+	waiter := dlock.NewToken()
+	if _, err := pool.Exec(ctx, `INSERT INTO "`+table+`_waiters" (name, token, since, until)
+VALUES ($1, $2, clock_timestamp(), clock_timestamp() + interval '1 hour')`, []byte(held), waiter[:]); err != nil {
 		t.Fatal(err)
 	}
 	b, err := pglock.New(pool, &pglock.Options{Table: table})
@@ -67,6 +73,13 @@ func TestMigrateUpgradesV1Tables(t *testing.T) {
 	}
 	if err := b.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate again: %v", err)
+	}
+	var lim int
+	if err := pool.QueryRow(ctx, `SELECT lim FROM "`+table+`_waiters" WHERE name = $1 AND token = $2`, []byte(held), waiter[:]).Scan(&lim); err != nil || lim != -1 {
+		t.Errorf("rule: a queued waiter of the previous schema stays queued as an exclusive waiter; lim %d, %v; want -1", lim, err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM "`+table+`_waiters"`); err != nil {
+		t.Fatal(err)
 	}
 	const ttl = 5 * time.Second
 	for _, r := range []dlock.Request{req(held, ttl, dlock.ModeShared, 0), req(held, ttl, dlock.ModeExclusive, 0)} {
@@ -347,4 +360,95 @@ func TestLimitedWaiterWokenByRelease(t *testing.T) {
 	if d := time.Since(began); d > 3*time.Second {
 		t.Errorf("rule: a release wakes limited waiters; the waiter got the slot after %s", d)
 	}
+}
+
+// TestWriterBehindReadersGetsTheLastRelease: a reader queues (it meets
+// the writer mark of a refused exclusive try) ahead of a waiting writer;
+// then both readers holding the key leave. The writer must have the key
+// about a round trip after the last release, well within the writer's
+// own look interval (dlock.WriterMark/3) and the grace period: a release
+// that wakes only the queued reader, which the mark refuses, or a queue
+// that keeps the writer behind that reader, would leave it asleep. The
+// reader then gets in as soon as the writer leaves.
+func TestWriterBehindReadersGetsTheLastRelease(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("writerlast")
+	const ttl, bound = 30 * time.Second, 250 * time.Millisecond
+	holders := newLease(t, nil)
+	r1, r2 := req(key, ttl, dlock.ModeShared, 0), req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, holders, r1)
+	mustGrant(t, holders, r2)
+	w := req(key, ttl, dlock.ModeExclusive, 0)
+	mustRefuse(t, holders, w, "shared holders keep a writer out") // leaves the mark
+	pool := open(t, "")
+	queued := func(want int) {
+		t.Helper()
+		for i := 0; ; i++ {
+			var n int
+			if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM "%s_waiters" WHERE name = $1 AND until > clock_timestamp()`, testTable()),
+				[]byte(key)).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n >= want {
+				return
+			}
+			if i == 500 {
+				t.Fatalf("%d waiters queued, want %d", n, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	type grant struct {
+		at  time.Time
+		res dlock.Result
+		err error
+	}
+	wait := func(r dlock.Request) chan grant {
+		b := newLease(t, nil)
+		ch := make(chan grant, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			res, err := b.AcquireWait(wctx, r)
+			ch <- grant{time.Now(), res, err}
+		}()
+		return ch
+	}
+	r3 := req(key, ttl, dlock.ModeShared, 0)
+	readerGot := wait(r3)
+	queued(1)
+	writerGot := wait(w)
+	queued(2)
+	if err := holders.Release(ctx, key, r1.Token); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := holders.Release(ctx, key, r2.Token); err != nil {
+		t.Fatal(err)
+	}
+	last := time.Now()
+	g := <-writerGot
+	if g.err != nil || !g.res.Acquired {
+		t.Fatalf("the writer: %+v, %v; want acquired", g.res, g.err)
+	}
+	if d := g.at.Sub(last); d > bound {
+		t.Errorf("rule: the last reader's release hands the key to the writer waiting behind it; the writer got it %s after the release, want <= %s", d, bound)
+	}
+	select {
+	case g := <-readerGot:
+		t.Fatalf("a reader got in while the writer holds the key: %+v, %v", g.res, g.err)
+	default:
+	}
+	if err := holders.Release(ctx, key, w.Token); err != nil {
+		t.Fatal(err)
+	}
+	left := time.Now()
+	g = <-readerGot
+	if g.err != nil || !g.res.Acquired {
+		t.Fatalf("the queued reader: %+v, %v; want acquired", g.res, g.err)
+	}
+	if d := g.at.Sub(left); d > bound {
+		t.Errorf("rule: a reader queued behind a writer gets in when it leaves; it got in %s after the writer's release, want <= %s", d, bound)
+	}
+	holders.Release(ctx, key, r3.Token)
 }
