@@ -2,6 +2,7 @@ package pglock_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -451,4 +452,63 @@ func TestWriterBehindReadersGetsTheLastRelease(t *testing.T) {
 		t.Errorf("rule: a reader queued behind a writer gets in when it leaves; it got in %s after the writer's release, want <= %s", d, bound)
 	}
 	holders.Release(ctx, key, r3.Token)
+}
+
+// TestReleaseNamesWhoMayTakeTheKey: while a writer mark is live, a
+// release's NOTIFY names the first queued waiter that is not a reader
+// (the mark refuses readers: naming one would spend the wake-up), and with
+// only readers queued, the first of them (naming nobody would wake every
+// waiter at once).
+func TestReleaseNamesWhoMayTakeTheKey(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("names")
+	const ttl = 30 * time.Second
+	b := newLease(t, nil)
+	r1, r2 := req(key, ttl, dlock.ModeShared, 0), req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, b, r1)
+	mustGrant(t, b, r2)
+	mustRefuse(t, b, req(key, ttl, dlock.ModeExclusive, 0), "shared holders keep a writer out") // leaves the mark
+	pool := open(t, "")
+	reader, writer := dlock.NewToken(), dlock.NewToken()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO "%s_waiters" (name, token, since, until, lim) VALUES
+  ($1, $2, clock_timestamp() - interval '2 seconds', clock_timestamp() + interval '1 minute', 0),
+  ($1, $3, clock_timestamp() - interval '1 second', clock_timestamp() + interval '1 minute', -1)`, testTable()),
+		[]byte(key), reader[:], writer[:]); err != nil {
+		t.Fatal(err)
+	}
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	if _, err := c.Exec(ctx, `LISTEN "`+testTable()+`"`); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Exec(context.Background(), `UNLISTEN *`)
+	named := func(release dlock.Request) string {
+		t.Helper()
+		if err := b.Release(ctx, key, release.Token); err != nil {
+			t.Fatal(err)
+		}
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		for {
+			n, err := c.Conn().WaitForNotification(nctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k, first, _ := strings.Cut(n.Payload, " "); k == hex.EncodeToString([]byte(key)) {
+				return first
+			}
+		}
+	}
+	if got := named(r1); got != writer.String() {
+		t.Errorf("rule: under the writer mark a release names the first waiter that is not a reader; it named %q, want the writer %s (the reader ahead is %s)", got, writer, reader)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`DELETE FROM "%s_waiters" WHERE name = $1 AND token = $2`, testTable()), []byte(key), writer[:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := named(r2); got != reader.String() {
+		t.Errorf("rule: with only readers queued a release names the first of them; it named %q, want %s", got, reader)
+	}
 }
