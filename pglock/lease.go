@@ -118,25 +118,30 @@ type leaseQueries struct {
 // The acquisition takes the row if its lease is over and, during the grace
 // period after it ended (or after the release of a shared or limited
 // holder, freed_at), only if no live waiter queued ahead of this one
-// ($7: the caller's place in the queue, NULL for "now"); for an exclusive
-// acquisition, no waiter that may take the key before it: a queued reader
-// does not count while the key's writer mark is live, since the mark
-// refuses it (the writer would otherwise wait out the grace period behind
-// readers that cannot go; each queue entry records its mode, lim). It only
-// tries to write when the statement's snapshot shows it may take the row,
-// so that a refusal is read-only (no row lock, no commit to flush: waiters
-// that look cost little); the ON CONFLICT clause checks the expiry again on
-// the locked, latest version of the row, so a concurrent grant is never
+// ($7: the caller's place in the queue, NULL for "now"). Each queue entry
+// records its mode (lim), and queued readers do not count for an exclusive
+// acquisition while the key's writer mark is live (the mark refuses them:
+// the writer would wait out the grace period behind readers that cannot
+// go), nor ever for a shared one (they may hold the key together: waiting
+// for them would only let readers in one at a time). It only tries to
+// write when the statement's snapshot shows it may take the row, so that a
+// refusal is read-only (no row lock, no commit to flush: waiters that look
+// cost little); the ON CONFLICT clause checks the expiry again on the
+// locked, latest version of the row, so a concurrent grant is never
 // overridden. A waiter that did not get the row joins the queue or
 // refreshes its entry when half of it has run ($8 > 0) in the same
-// statement; one that got it leaves the queue. The final SELECT reads the holder from the statement's
-// snapshot, for the Result when the row was not taken.
+// statement; one that got it leaves the queue. The final SELECT reads the
+// holder from the statement's snapshot, for the Result when the row was
+// not taken.
 //
 // Shared and limited holders live in the holders table, and the lock row
 // summarises them (shared_until, share_limit), so the exclusive acquisition
 // still decides on the locked row alone: it is refused while shared_until
 // is in the future. A refusal because of shared holders renews the writer
 // mark (writer_until, $9) on the locked row: the only refusal that writes.
+// That update waits for the row's lock, and finds nothing to mark if the
+// last shared holder left meanwhile, after the statement's snapshot: its
+// release could not name this waiter, which looks again at once.
 //
 // Every statement that reads the holders table to decide (a shared or
 // limited grant, a release or renewal of such a holder, a forced release)
@@ -178,14 +183,14 @@ func newLeaseQueries(tb tables) leaseQueries {
 	)
 	first := fmt.Sprintf(firstQ, w, l)
 	rem := func(col string) string { return fmt.Sprintf(remUs, col) }
-	// ahead: a live waiter queued ahead of $7 (NULL: now). aheadEx, for
-	// an exclusive acquisition: one that may take the key before it,
-	// which a reader may not while the key's writer mark is live.
+	// aheadOf: the live waiters queued ahead of $7 (NULL: now). aheadEx
+	// and aheadSh: one of them that holds back an exclusive, or a shared
+	// or limited ($9), acquisition during the grace period.
 	aheadOf := `SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
         AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2)`
-	ahead := `EXISTS (` + aheadOf + `)`
 	aheadEx := `EXISTS (` + aheadOf + `
         AND (q.lim <> 0 OR NOT EXISTS (SELECT FROM ` + l + ` k WHERE k.name = $1 AND k.writer_until > c.now)))`
+	aheadSh := `EXISTS (` + aheadOf + ` AND (q.lim <> 0 OR $9::int > 0))`
 	// register and unqueue: the waiter queue's upkeep, given granted (a
 	// grant was made) and refused (the caller may wait for the key).
 	register := func(refused, lim string) string {
@@ -228,12 +233,14 @@ mark AS (
   UPDATE ` + l + ` AS l SET writer_until = c.now + $9::bigint * interval '1 microsecond' FROM c
   WHERE l.name = $1 AND NOT EXISTS (SELECT FROM acq)
     AND l.expires_at <= c.now AND l.shared_until > c.now AND l.share_limit = 0
+  RETURNING l.name
 ),
 ` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`, `-1`) + `,
 ` + unqueue(`EXISTS (SELECT FROM acq)`) + `
 SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `,
-  s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim
+  s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
+  EXISTS (SELECT FROM mark)
 FROM c LEFT JOIN ` + l + ` h ON h.name = $1 LEFT JOIN s ON true`,
 
 		// The row, created if need be (fence 0: the next grant's is 1),
@@ -259,7 +266,7 @@ v AS MATERIALIZED (
     WHEN $9::int = 0 AND k.writer_until > c.now THEN 'marked'
     WHEN $9::int > 0 AND k.n >= $9::int THEN 'full'
     WHEN $6::bigint >= 0 AND GREATEST(k.expires_at, k.freed_at) > c.now - $6::bigint * interval '1 microsecond'
-      AND ` + ahead + ` THEN 'queued'
+      AND ` + aheadSh + ` THEN 'queued'
     ELSE 'grant' END AS verdict
   FROM k, c
 ),
@@ -363,16 +370,17 @@ ORDER BY 1, 4`,
 
 // attempt is one run of the acquisition statement. since is the caller's
 // place in the waiter queue (nil: now); register > 0 makes a refused waiter
-// (re)join the queue for that long. It returns the caller's place. An ended
+// (re)join the queue for that long. It returns the Result, the caller's
+// place and whether to look again at once (see attemptOutcome). An ended
 // ctx is refused before any I/O; a ctx that ends during the statement
 // returns an error matching errLeft (see detached).
-func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Time, register time.Duration) (dlock.Result, *time.Time, error) {
+func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Time, register time.Duration) (attemptOutcome, error) {
 	grace := us(b.grace)
 	if b.grace < 0 {
 		register = 0
 	}
 	if err := ended(ctx); err != nil {
-		return dlock.Result{}, nil, err
+		return attemptOutcome{}, err
 	}
 	var out attemptOutcome
 	sent := time.Now()
@@ -392,7 +400,7 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 		}
 	})
 	if errors.Is(err, errLeft) {
-		return dlock.Result{}, nil, err
+		return attemptOutcome{}, err
 	}
 	if err != nil {
 		if ran && sessionLost(err) {
@@ -400,36 +408,39 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 			// commit on the server after the Locker's own resolution.
 			b.resolveUntil(req, sent)
 		}
-		return dlock.Result{}, nil, wrapErr(b.tb, "acquire", err)
+		return attemptOutcome{}, wrapErr(b.tb, "acquire", err)
 	}
 	if out.fence != nil {
-		return dlock.Result{Acquired: true, Fence: uint64(*out.fence)}, nil, nil
+		return attemptOutcome{res: dlock.Result{Acquired: true, Fence: uint64(*out.fence)}}, nil
 	}
 	if out.mismatch != "" {
-		return dlock.Result{}, nil, fmt.Errorf("pglock: %q is held %s, asked %s: %w",
+		return attemptOutcome{}, fmt.Errorf("pglock: %q is held %s, asked %s: %w",
 			req.Key, out.mismatch, describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
 	}
-	return out.res, out.place, nil
+	return out, nil
 }
 
 // attemptOutcome is what an acquisition statement returned: the grant's
-// fence, or the Result of a refusal and the caller's place in the queue, or
-// the description of the holders whose mode the request mismatches.
+// fence, or the Result of a refusal, the caller's place in the queue and
+// whether to look again at once, or the description of the holders whose
+// mode the request mismatches.
 type attemptOutcome struct {
 	fence    *int64
 	place    *time.Time
 	res      dlock.Result
 	mismatch string
+	again    bool // refused, but the key may have been freed meanwhile: look again at once
 }
 
 // acquireExclusive runs the exclusive acquisition statement on c.
 func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlock.Request, grace int64, since *time.Time, register time.Duration, out *attemptOutcome) error {
 	var h, s holderRow
 	var lim *int32
+	var marked bool
 	err := c.QueryRow(ctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
 		grace, since, us(register), us(dlock.WriterMark)).
 		Scan(&out.fence, &out.place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs,
-			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim)
+			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim, &marked)
 	if err != nil || out.fence != nil {
 		return err
 	}
@@ -444,6 +455,10 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 		info, rem := s.info(req.Key, now)
 		info.Mode = dlock.ModeShared
 		out.res = dlock.Result{Holder: info, Remaining: rem}
+		// The mark's update waited for the key's row and found it
+		// changed: the last reader left while the statement ran, and its
+		// release may have named another waiter.
+		out.again = !marked
 	}
 	return nil
 }
@@ -586,11 +601,11 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, wrapErr(b.tb, "acquire", err)
 	}
-	res, _, err := b.attempt(ctx, req, nil, 0)
+	out, err := b.attempt(ctx, req, nil, 0)
 	if errors.Is(err, errLeft) {
 		return dlock.Result{}, ctx.Err()
 	}
-	return res, err
+	return out.res, err
 }
 
 // Waiting bounds (see AcquireWait).
@@ -608,8 +623,9 @@ const (
 // the Backend's shared LISTEN connection, joins the key's waiter queue, and
 // tries again on each release, when the holder's lease runs out, and at
 // least every few seconds (every second for an exclusive waiter behind
-// shared holders, which renews its writer mark), for up to 30 s; in every
-// mode, since a release of any holder notifies. If the LISTEN connection
+// shared holders, which renews its writer mark; at once when that mark
+// found the last of them gone), for up to 30 s; in every mode, since a
+// release of any holder notifies. If the LISTEN connection
 // cannot be had it returns dlock.ErrUnsupported, having taken nothing.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if err := checkMode(req); err != nil {
@@ -641,24 +657,26 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			}
 			return dlock.Result{}, dlock.ErrUnsupported
 		}
-		var place *time.Time
-		var err error
 		sending := time.Now()
-		res, place, err = b.attempt(ctx, req, since, waitStep+waitSlack)
+		out, err := b.attempt(ctx, req, since, waitStep+waitSlack)
 		if errors.Is(err, errLeft) {
 			return dlock.Result{}, nil
 		}
 		if err != nil {
-			return res, err
+			return dlock.Result{}, err
 		}
+		res = out.res
 		if res.Acquired {
 			since = nil // the statement left the queue
 			// The lease starts with this statement, not with the wait.
 			res.SentAfter = sending.Sub(began)
 			return res, nil
 		}
-		if place != nil {
-			since = place
+		if out.place != nil {
+			since = out.place
+		}
+		if out.again {
+			continue
 		}
 		d := waitStep
 		if req.Mode == dlock.ModeExclusive && res.Holder.Mode == dlock.ModeShared {

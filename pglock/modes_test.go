@@ -512,3 +512,99 @@ func TestReleaseNamesWhoMayTakeTheKey(t *testing.T) {
 		t.Errorf("rule: with only readers queued a release names the first of them; it named %q, want %s", got, reader)
 	}
 }
+
+// TestWriterRacingTheLastReleaseLooksAgain: the last reader leaves while a
+// writer's statement runs, after its snapshot (which still shows the
+// reader) and before its writer mark's update, which waits for the key's
+// row. The release's NOTIFY cannot name the writer (it has no place in the
+// queue yet; here the release sends none), so the writer must notice by
+// itself that the mark found the key changed, and look again at once
+// rather than sleep until its next look.
+func TestWriterRacingTheLastReleaseLooksAgain(t *testing.T) {
+	ctx := t.Context()
+	pool := open(t, "")
+	b := newLease(t, pool)
+	key := locktest.UniqueKey("racelast")
+	r := req(key, time.Minute, dlock.ModeShared, 0)
+	mustGrant(t, b, r)
+	lease, holders := `"`+testTable()+`"`, `"`+testTable()+`_holders"`
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// The release as the backend makes it, without its NOTIFY.
+	if _, err := tx.Exec(ctx, `SELECT FROM `+lease+` WHERE name = $1 FOR UPDATE`, []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM `+holders+` WHERE name = $1 AND token = $2`, []byte(key), r.Token[:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+lease+` SET shared_until = '-infinity', freed_at = clock_timestamp() WHERE name = $1`, []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		at  time.Time
+		res dlock.Result
+		err error
+	}
+	got := make(chan outcome, 1)
+	w := req(key, time.Minute, dlock.ModeExclusive, 0)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		res, err := newLease(t, nil).AcquireWait(wctx, w)
+		got <- outcome{time.Now(), res, err}
+	}()
+	waitForLockWait(t, pool, lease)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	o := <-got
+	if o.err != nil || !o.res.Acquired {
+		t.Fatalf("the writer: %+v, %v; want acquired", o.res, o.err)
+	}
+	defer b.Release(context.Background(), key, w.Token)
+	if d := o.at.Sub(released); d > 250*time.Millisecond {
+		t.Errorf("rule: a writer whose mark found the readers gone looks again at once; it got the key %s after the release", d)
+	}
+}
+
+// TestReaderPassesQueuedReadersNotWriters: during the grace period after a
+// release, a reader is not held back by readers queued ahead of it (they
+// may all hold the key together: waiting for them only serialises
+// readers), but still by a writer queued ahead of it.
+func TestReaderPassesQueuedReadersNotWriters(t *testing.T) {
+	ctx := t.Context()
+	pool := open(t, "")
+	b, err := pglock.New(pool, &pglock.Options{Table: testTable(), Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	key := locktest.UniqueKey("passreaders")
+	const ttl = time.Minute
+	queue := func(lim int) {
+		t.Helper()
+		tok := dlock.NewToken()
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO "%s_waiters" (name, token, since, until, lim)
+VALUES ($1, $2, clock_timestamp() - interval '1 second', clock_timestamp() + interval '1 minute', $3)`, testTable()),
+			[]byte(key), tok[:], lim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, b, first)
+	if err := b.Release(ctx, key, first.Token); err != nil { // the grace period starts
+		t.Fatal(err)
+	}
+	queue(0)
+	r := req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, b, r) // rule: readers queued ahead do not hold a reader back
+	if err := b.Release(ctx, key, r.Token); err != nil {
+		t.Fatal(err)
+	}
+	queue(-1)
+	mustRefuse(t, b, req(key, ttl, dlock.ModeShared, 0), "a writer queued ahead holds readers back during the grace period")
+}
