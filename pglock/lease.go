@@ -168,7 +168,10 @@ type leaseQueries struct {
 // reader, if any), which the listener wakes at once; the key's other
 // waiters are woken after the grace period, in case that waiter is gone.
 // Naming a reader that the mark refuses would spend the wake-up, and leave
-// the writer behind it asleep.
+// the writer behind it asleep. The release's snapshot may miss a waiter
+// whose statement ran meanwhile; a waiter that then finds the key free but
+// yields it to a waiter ahead (within the grace period) names that one in
+// its own statement, so that the key does not sit free while both sleep.
 func newLeaseQueries(tb tables) leaseQueries {
 	l, w, h := tb.lease, tb.waiters, tb.holders
 	const (
@@ -186,11 +189,22 @@ func newLeaseQueries(tb tables) leaseQueries {
 	// aheadOf: the live waiters queued ahead of $7 (NULL: now). aheadEx
 	// and aheadSh: one of them that holds back an exclusive, or a shared
 	// or limited ($9), acquisition during the grace period.
-	aheadOf := `SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
+	aheadOf := `SELECT q.token FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
         AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2)`
-	aheadEx := `EXISTS (` + aheadOf + `
-        AND (q.lim <> 0 OR NOT EXISTS (SELECT FROM ` + l + ` k WHERE k.name = $1 AND k.writer_until > c.now)))`
-	aheadSh := `EXISTS (` + aheadOf + ` AND (q.lim <> 0 OR $9::int > 0))`
+	backEx := ` AND (q.lim <> 0 OR NOT EXISTS (SELECT FROM ` + l + ` k WHERE k.name = $1 AND k.writer_until > c.now))`
+	backSh := ` AND (q.lim <> 0 OR $9::int > 0)`
+	aheadEx := `EXISTS (` + aheadOf + backEx + `)`
+	aheadSh := `EXISTS (` + aheadOf + backSh + `)`
+	// forward: a waiter ($8 > 0) that yielded a free key to the first of
+	// those (back) names it ($10: the channel): the release that freed the
+	// key may have named another waiter, or none.
+	forward := func(yielded, back string) string {
+		return `fw AS (
+  SELECT pg_notify($10, encode($1, 'hex') || ' ' || encode(n.token, 'hex'))
+  FROM c, LATERAL (` + aheadOf + back + ` ORDER BY q.since, q.token LIMIT 1) n
+  WHERE $8::bigint > 0 AND ` + yielded + `
+)`
+	}
 	// register and unqueue: the waiter queue's upkeep, given granted (a
 	// grant was made) and refused (the caller may wait for the key).
 	register := func(refused, lim string) string {
@@ -236,11 +250,13 @@ mark AS (
   RETURNING l.name
 ),
 ` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`, `-1`) + `,
-` + unqueue(`EXISTS (SELECT FROM acq)`) + `
+` + unqueue(`EXISTS (SELECT FROM acq)`) + `,
+` + forward(`NOT EXISTS (SELECT FROM acq)
+    AND NOT EXISTS (SELECT FROM `+l+` h WHERE h.name = $1 AND (h.expires_at > c.now OR h.shared_until > c.now))`, backEx) + `
 SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `,
   s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
-  EXISTS (SELECT FROM mark)
+  EXISTS (SELECT FROM mark), (SELECT count(*) FROM fw)
 FROM c LEFT JOIN ` + l + ` h ON h.name = $1 LEFT JOIN s ON true`,
 
 		// The row, created if need be (fence 0: the next grant's is 1),
@@ -284,6 +300,7 @@ gc AS (
 ),
 ` + register(`EXISTS (SELECT FROM v WHERE v.verdict NOT IN ('grant', 'mismatch'))`, `$9::int`) + `,
 ` + unqueue(`EXISTS (SELECT FROM g)`) + `,
+` + forward(`EXISTS (SELECT FROM v WHERE v.verdict = 'queued')`, backSh) + `,
 nx AS (
   SELECT pg_notify($10, encode($1, 'hex') || ' ' || encode(n.token, 'hex')) FROM (
     SELECT q.token FROM ` + w + ` q, c
@@ -291,7 +308,7 @@ nx AS (
     ORDER BY q.since, q.token LIMIT 1) n
 ),
 s AS (` + holderQ + h + earliest + `)
-SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx),
+SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx) + (SELECT count(*) FROM fw),
   v.token, v.owner, v.fence, v.metadata, v.acquired_at, ` + rem("v.expires_at") + `,
   s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
   ` + rem("GREATEST(v.writer_until, c.now)") + `, v.share_limit
@@ -437,10 +454,11 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 	var h, s holderRow
 	var lim *int32
 	var marked bool
+	var forwarded int64
 	err := c.QueryRow(ctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
-		grace, since, us(register), us(dlock.WriterMark)).
+		grace, since, us(register), us(dlock.WriterMark), b.tb.channel).
 		Scan(&out.fence, &out.place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs,
-			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim, &marked)
+			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim, &marked, &forwarded)
 	if err != nil || out.fence != nil {
 		return err
 	}

@@ -476,15 +476,7 @@ func TestReleaseNamesWhoMayTakeTheKey(t *testing.T) {
 		[]byte(key), reader[:], writer[:]); err != nil {
 		t.Fatal(err)
 	}
-	c, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Release()
-	if _, err := c.Exec(ctx, `LISTEN "`+testTable()+`"`); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Exec(context.Background(), `UNLISTEN *`)
+	c := listening(t, pool)
 	named := func(release dlock.Request) string {
 		t.Helper()
 		if err := b.Release(ctx, key, release.Token); err != nil {
@@ -578,33 +570,102 @@ func TestWriterRacingTheLastReleaseLooksAgain(t *testing.T) {
 func TestReaderPassesQueuedReadersNotWriters(t *testing.T) {
 	ctx := t.Context()
 	pool := open(t, "")
-	b, err := pglock.New(pool, &pglock.Options{Table: testTable(), Grace: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := longGrace(t, pool)
 	key := locktest.UniqueKey("passreaders")
 	const ttl = time.Minute
-	queue := func(lim int) {
-		t.Helper()
-		tok := dlock.NewToken()
-		if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO "%s_waiters" (name, token, since, until, lim)
-VALUES ($1, $2, clock_timestamp() - interval '1 second', clock_timestamp() + interval '1 minute', $3)`, testTable()),
-			[]byte(key), tok[:], lim); err != nil {
-			t.Fatal(err)
-		}
-	}
 	first := req(key, ttl, dlock.ModeShared, 0)
 	mustGrant(t, b, first)
 	if err := b.Release(ctx, key, first.Token); err != nil { // the grace period starts
 		t.Fatal(err)
 	}
-	queue(0)
+	queueWaiter(t, pool, key, 0)
 	r := req(key, ttl, dlock.ModeShared, 0)
 	mustGrant(t, b, r) // rule: readers queued ahead do not hold a reader back
 	if err := b.Release(ctx, key, r.Token); err != nil {
 		t.Fatal(err)
 	}
-	queue(-1)
+	queueWaiter(t, pool, key, -1)
 	mustRefuse(t, b, req(key, ttl, dlock.ModeShared, 0), "a writer queued ahead holds readers back during the grace period")
+}
+
+// TestYieldingWaiterNamesTheOneAhead: a waiter that finds the key free but
+// yields it, during the grace period, to a waiter queued ahead of it names
+// that waiter: the release that freed the key may have named another
+// waiter (one whose statement ran while the key was still held, and that
+// was not in the queue yet in the release's snapshot), which would leave
+// both asleep until the grace period ends.
+func TestYieldingWaiterNamesTheOneAhead(t *testing.T) {
+	ctx := t.Context()
+	pool := open(t, "")
+	b := longGrace(t, pool)
+	c := listening(t, pool)
+	for _, m := range []dlock.Mode{dlock.ModeExclusive, dlock.ModeShared} {
+		key := locktest.UniqueKey("forward")
+		first := req(key, time.Minute, dlock.ModeExclusive, 0)
+		mustGrant(t, b, first)
+		if err := b.Release(ctx, key, first.Token); err != nil { // the grace period starts
+			t.Fatal(err)
+		}
+		writer := queueWaiter(t, pool, key, -1)
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		res, err := b.AcquireWait(wctx, req(key, time.Minute, m, 0))
+		cancel()
+		if err != nil || res.Acquired {
+			t.Fatalf("%s waiter behind a queued writer: %+v, %v; want refused", m, res, err)
+		}
+		named := false
+		for !named {
+			nctx, cancel := context.WithTimeout(ctx, time.Second)
+			n, err := c.Conn().WaitForNotification(nctx)
+			cancel()
+			if err != nil {
+				t.Errorf("rule: a waiter that yields a free key names the waiter ahead of it; the %s waiter sent no notification naming %s (%v)", m, writer, err)
+				break
+			}
+			named = n.Payload == hex.EncodeToString([]byte(key))+" "+writer.String()
+		}
+	}
+}
+
+// listening returns a connection of pool that LISTENs on the test table's
+// channel, until the test ends.
+func listening(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	c, err := pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Exec(context.Background(), `UNLISTEN *`)
+		c.Release()
+	})
+	if _, err := c.Exec(t.Context(), `LISTEN "`+testTable()+`"`); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// longGrace returns a lease Backend on pool whose grace period outlasts
+// any test.
+func longGrace(t *testing.T, pool *pgxpool.Pool) *pglock.Backend {
+	t.Helper()
+	b, err := pglock.New(pool, &pglock.Options{Table: testTable(), Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// queueWaiter puts a waiter with limit column lim (-1 exclusive, 0 shared)
+// in key's queue, a second ahead of now, and returns its token.
+func queueWaiter(t *testing.T, pool *pgxpool.Pool, key string, lim int) dlock.Token {
+	t.Helper()
+	tok := dlock.NewToken()
+	if _, err := pool.Exec(t.Context(), fmt.Sprintf(`INSERT INTO "%s_waiters" (name, token, since, until, lim)
+VALUES ($1, $2, clock_timestamp() - interval '1 second', clock_timestamp() + interval '1 minute', $3)`, testTable()),
+		[]byte(key), tok[:], lim); err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }
