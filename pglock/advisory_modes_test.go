@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -106,5 +107,69 @@ func TestAdvisorySharedHoldsInOneProcess(t *testing.T) {
 	}
 	if _, err := a.Acquire(ctx, req(key, time.Minute, dlock.ModeLimited, 2)); !errors.Is(err, dlock.ErrUnsupported) {
 		t.Errorf("a limited request: %v, want ErrUnsupported", err)
+	}
+}
+
+// TestAdvisoryReaderBehindMarkGetsInAfterTheWriter: a reader that meets
+// the writer mark while the writer waits for the key gets in soon after
+// the writer has had the key and left, well before the mark (which lasts
+// dlock.WriterMark from the writer's try) would have ended: the writer's
+// grant clears the mark, and the reader asks again within a short bound
+// rather than sleeping out the mark.
+func TestAdvisoryReaderBehindMarkGetsInAfterTheWriter(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("advrecheck")
+	readers, writer := newAdvisory(t, nil), newAdvisory(t, nil)
+	r1 := req(key, time.Minute, dlock.ModeShared, 0)
+	mustGrant(t, readers, r1)
+	w := req(key, time.Minute, dlock.ModeExclusive, 0)
+	mustRefuse(t, writer, w, "a reader excludes a writer") // leaves the mark
+	tried := time.Now()
+	type outcome struct {
+		at  time.Time
+		err error
+	}
+	writerLeft := make(chan outcome, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		res, err := writer.AcquireWait(wctx, w)
+		if err == nil && !res.Acquired {
+			err = errors.New("the writer's wait ended without the key")
+		}
+		if err == nil {
+			err = writer.Release(context.Background(), key, w.Token)
+		}
+		writerLeft <- outcome{time.Now(), err}
+	}()
+	r2 := locktest.NewLocker(t, newAdvisory(t, nil))
+	readerIn := make(chan outcome, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		lk, err := r2.Acquire(rctx, key, dlock.Shared())
+		at := time.Now()
+		if err == nil {
+			err = lk.Release(context.Background())
+		}
+		readerIn <- outcome{at, err}
+	}()
+	// Time for the reader's first attempt, which meets the mark.
+	time.Sleep(300 * time.Millisecond)
+	if err := readers.Release(ctx, key, r1.Token); err != nil {
+		t.Fatal(err)
+	}
+	wl := <-writerLeft
+	if wl.err != nil {
+		t.Fatal(wl.err)
+	}
+	ri := <-readerIn
+	if ri.err != nil {
+		t.Fatalf("the reader: %v", ri.err)
+	}
+	const bound = time.Second
+	if d := ri.at.Sub(wl.at); d > bound || ri.at.Sub(tried) > dlock.WriterMark-bound {
+		t.Errorf("rule: a reader that met the writer mark gets in once the writer has left; it got in %s after the writer left, %s after the writer's try (the mark lasts %s), want <= %s after",
+			d, ri.at.Sub(tried), dlock.WriterMark, bound)
 	}
 }

@@ -118,21 +118,30 @@ type leaseQueries struct {
 // The acquisition takes the row if its lease is over and, during the grace
 // period after it ended (or after the release of a shared or limited
 // holder, freed_at), only if no live waiter queued ahead of this one
-// ($7: the caller's place in the queue, NULL for "now"). It only tries to
+// ($7: the caller's place in the queue, NULL for "now"). Each queue entry
+// records its mode (lim), and queued readers do not count for an exclusive
+// acquisition while the key's writer mark is live (the mark refuses them:
+// the writer would wait out the grace period behind readers that cannot
+// go), nor ever for a shared one (they may hold the key together: waiting
+// for them would only let readers in one at a time). It only tries to
 // write when the statement's snapshot shows it may take the row, so that a
 // refusal is read-only (no row lock, no commit to flush: waiters that look
-// cost little); the ON CONFLICT clause checks the expiry again on the locked,
-// latest version of the row, so a concurrent grant is never overridden. A
-// waiter that did not get the row joins the queue or refreshes its entry
-// when half of it has run ($8 > 0) in the same statement; one that got it
-// leaves the queue. The final SELECT reads the holder from the statement's
-// snapshot, for the Result when the row was not taken.
+// cost little); the ON CONFLICT clause checks the expiry again on the
+// locked, latest version of the row, so a concurrent grant is never
+// overridden. A waiter that did not get the row joins the queue or
+// refreshes its entry when half of it has run ($8 > 0) in the same
+// statement; one that got it leaves the queue. The final SELECT reads the
+// holder from the statement's snapshot, for the Result when the row was
+// not taken.
 //
 // Shared and limited holders live in the holders table, and the lock row
 // summarises them (shared_until, share_limit), so the exclusive acquisition
 // still decides on the locked row alone: it is refused while shared_until
 // is in the future. A refusal because of shared holders renews the writer
 // mark (writer_until, $9) on the locked row: the only refusal that writes.
+// That update waits for the row's lock, and finds nothing to mark if the
+// last shared holder left meanwhile, after the statement's snapshot: its
+// release could not name this waiter, which looks again at once.
 //
 // Every statement that reads the holders table to decide (a shared or
 // limited grant, a release or renewal of such a holder, a forced release)
@@ -154,30 +163,54 @@ type leaseQueries struct {
 // the fault harness; TestExtendRacingReleaseDoesNotRevive). A shared or
 // limited holder's renewal raises its key's shared_until.
 //
-// The release's NOTIFY names the key and the first live waiter in its queue,
-// which the listener wakes at once; the key's other waiters are woken after
-// the grace period, in case that waiter is gone.
+// The release's NOTIFY names the key and the first live waiter in its queue
+// that may take it (while the writer mark is live, the first that is not a
+// reader, if any), which the listener wakes at once; the key's other
+// waiters are woken after the grace period, in case that waiter is gone.
+// Naming a reader that the mark refuses would spend the wake-up, and leave
+// the writer behind it asleep. The release's snapshot may miss a waiter
+// whose statement ran meanwhile; a waiter that then finds the key free but
+// yields it to a waiter ahead (within the grace period) names that one in
+// its own statement, so that the key does not sit free while both sleep.
 func newLeaseQueries(tb tables) leaseQueries {
 	l, w, h := tb.lease, tb.waiters, tb.holders
 	const (
-		ttl      = `$4::bigint * interval '1 microsecond'`
-		firstQ   = `(SELECT encode(q.token, 'hex') FROM ` + "%s" + ` q WHERE q.name = r.name AND q.until > clock_timestamp() ORDER BY q.since, q.token LIMIT 1)`
+		ttl    = `$4::bigint * interval '1 microsecond'`
+		firstQ = `(SELECT encode(q.token, 'hex') FROM ` + "%s" + ` q WHERE q.name = r.name AND q.until > clock_timestamp()
+    ORDER BY q.lim = 0 AND EXISTS (SELECT FROM ` + "%s" + ` k WHERE k.name = r.name AND k.writer_until > clock_timestamp()),
+      q.since, q.token LIMIT 1)`
 		remUs    = `(extract(epoch FROM %s - c.now) * 1000000)::bigint`
 		syncOn   = `set_config('synchronous_commit', 'on', true)`
 		holderQ  = `SELECT s.token, s.owner, s.fence, s.metadata, s.acquired_at, s.expires_at, s.lim FROM `
 		earliest = ` s, c WHERE s.name = $1 AND s.expires_at > c.now ORDER BY s.expires_at, s.token LIMIT 1`
 	)
-	first := fmt.Sprintf(firstQ, w)
+	first := fmt.Sprintf(firstQ, w, l)
 	rem := func(col string) string { return fmt.Sprintf(remUs, col) }
-	// ahead: a live waiter queued ahead of $7 (NULL: now).
-	ahead := `EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
-        AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2))`
+	// aheadOf: the live waiters queued ahead of $7 (NULL: now). aheadEx
+	// and aheadSh: one of them that holds back an exclusive, or a shared
+	// or limited ($9), acquisition during the grace period.
+	aheadOf := `SELECT q.token FROM ` + w + ` q WHERE q.name = $1 AND q.until > c.now
+        AND (q.since, q.token) < (COALESCE($7::timestamptz, c.now), $2)`
+	backEx := ` AND (q.lim <> 0 OR NOT EXISTS (SELECT FROM ` + l + ` k WHERE k.name = $1 AND k.writer_until > c.now))`
+	backSh := ` AND (q.lim <> 0 OR $9::int > 0)`
+	aheadEx := `EXISTS (` + aheadOf + backEx + `)`
+	aheadSh := `EXISTS (` + aheadOf + backSh + `)`
+	// forward: a waiter ($8 > 0) that yielded a free key to the first of
+	// those (back) names it ($10: the channel): the release that freed the
+	// key may have named another waiter, or none.
+	forward := func(yielded, back string) string {
+		return `fw AS (
+  SELECT pg_notify($10, encode($1, 'hex') || ' ' || encode(n.token, 'hex'))
+  FROM c, LATERAL (` + aheadOf + back + ` ORDER BY q.since, q.token LIMIT 1) n
+  WHERE $8::bigint > 0 AND ` + yielded + `
+)`
+	}
 	// register and unqueue: the waiter queue's upkeep, given granted (a
 	// grant was made) and refused (the caller may wait for the key).
-	register := func(refused string) string {
+	register := func(refused, lim string) string {
 		return `reg AS (
-  INSERT INTO ` + w + ` AS q (name, token, since, until)
-  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond' FROM c
+  INSERT INTO ` + w + ` AS q (name, token, since, until, lim)
+  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond', ` + lim + ` FROM c
   WHERE $8::bigint > 0 AND ` + refused + `
     AND NOT EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.token = $2
       AND q.until > c.now + $8::bigint * interval '1 microsecond' / 2)
@@ -201,7 +234,7 @@ acq AS (
     AND ($6::bigint < 0
       OR NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1
         AND GREATEST(h.expires_at, h.freed_at) > c.now - $6::bigint * interval '1 microsecond')
-      OR NOT ` + ahead + `)
+      OR NOT ` + aheadEx + `)
   ON CONFLICT (name) DO UPDATE
   SET token = EXCLUDED.token, owner = EXCLUDED.owner, fence = l.fence + 1,
       acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, metadata = EXCLUDED.metadata,
@@ -214,12 +247,16 @@ mark AS (
   UPDATE ` + l + ` AS l SET writer_until = c.now + $9::bigint * interval '1 microsecond' FROM c
   WHERE l.name = $1 AND NOT EXISTS (SELECT FROM acq)
     AND l.expires_at <= c.now AND l.shared_until > c.now AND l.share_limit = 0
+  RETURNING l.name
 ),
-` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`) + `,
-` + unqueue(`EXISTS (SELECT FROM acq)`) + `
+` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`, `-1`) + `,
+` + unqueue(`EXISTS (SELECT FROM acq)`) + `,
+` + forward(`NOT EXISTS (SELECT FROM acq)
+    AND NOT EXISTS (SELECT FROM `+l+` h WHERE h.name = $1 AND (h.expires_at > c.now OR h.shared_until > c.now))`, backEx) + `
 SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `,
-  s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim
+  s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
+  EXISTS (SELECT FROM mark), (SELECT count(*) FROM fw)
 FROM c LEFT JOIN ` + l + ` h ON h.name = $1 LEFT JOIN s ON true`,
 
 		// The row, created if need be (fence 0: the next grant's is 1),
@@ -245,7 +282,7 @@ v AS MATERIALIZED (
     WHEN $9::int = 0 AND k.writer_until > c.now THEN 'marked'
     WHEN $9::int > 0 AND k.n >= $9::int THEN 'full'
     WHEN $6::bigint >= 0 AND GREATEST(k.expires_at, k.freed_at) > c.now - $6::bigint * interval '1 microsecond'
-      AND ` + ahead + ` THEN 'queued'
+      AND ` + aheadSh + ` THEN 'queued'
     ELSE 'grant' END AS verdict
   FROM k, c
 ),
@@ -261,8 +298,9 @@ u AS (
 gc AS (
   DELETE FROM ` + h + ` s USING c WHERE s.name = $1 AND s.expires_at <= c.now AND EXISTS (SELECT FROM g)
 ),
-` + register(`EXISTS (SELECT FROM v WHERE v.verdict NOT IN ('grant', 'mismatch'))`) + `,
+` + register(`EXISTS (SELECT FROM v WHERE v.verdict NOT IN ('grant', 'mismatch'))`, `$9::int`) + `,
 ` + unqueue(`EXISTS (SELECT FROM g)`) + `,
+` + forward(`EXISTS (SELECT FROM v WHERE v.verdict = 'queued')`, backSh) + `,
 nx AS (
   SELECT pg_notify($10, encode($1, 'hex') || ' ' || encode(n.token, 'hex')) FROM (
     SELECT q.token FROM ` + w + ` q, c
@@ -270,7 +308,7 @@ nx AS (
     ORDER BY q.since, q.token LIMIT 1) n
 ),
 s AS (` + holderQ + h + earliest + `)
-SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx),
+SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx) + (SELECT count(*) FROM fw),
   v.token, v.owner, v.fence, v.metadata, v.acquired_at, ` + rem("v.expires_at") + `,
   s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
   ` + rem("GREATEST(v.writer_until, c.now)") + `, v.share_limit
@@ -349,16 +387,17 @@ ORDER BY 1, 4`,
 
 // attempt is one run of the acquisition statement. since is the caller's
 // place in the waiter queue (nil: now); register > 0 makes a refused waiter
-// (re)join the queue for that long. It returns the caller's place. An ended
+// (re)join the queue for that long. It returns the Result, the caller's
+// place and whether to look again at once (see attemptOutcome). An ended
 // ctx is refused before any I/O; a ctx that ends during the statement
 // returns an error matching errLeft (see detached).
-func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Time, register time.Duration) (dlock.Result, *time.Time, error) {
+func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Time, register time.Duration) (attemptOutcome, error) {
 	grace := us(b.grace)
 	if b.grace < 0 {
 		register = 0
 	}
 	if err := ended(ctx); err != nil {
-		return dlock.Result{}, nil, err
+		return attemptOutcome{}, err
 	}
 	var out attemptOutcome
 	sent := time.Now()
@@ -378,7 +417,7 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 		}
 	})
 	if errors.Is(err, errLeft) {
-		return dlock.Result{}, nil, err
+		return attemptOutcome{}, err
 	}
 	if err != nil {
 		if ran && sessionLost(err) {
@@ -386,36 +425,40 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 			// commit on the server after the Locker's own resolution.
 			b.resolveUntil(req, sent)
 		}
-		return dlock.Result{}, nil, wrapErr(b.tb, "acquire", err)
+		return attemptOutcome{}, wrapErr(b.tb, "acquire", err)
 	}
 	if out.fence != nil {
-		return dlock.Result{Acquired: true, Fence: uint64(*out.fence)}, nil, nil
+		return attemptOutcome{res: dlock.Result{Acquired: true, Fence: uint64(*out.fence)}}, nil
 	}
 	if out.mismatch != "" {
-		return dlock.Result{}, nil, fmt.Errorf("pglock: %q is held %s, asked %s: %w",
+		return attemptOutcome{}, fmt.Errorf("pglock: %q is held %s, asked %s: %w",
 			req.Key, out.mismatch, describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
 	}
-	return out.res, out.place, nil
+	return out, nil
 }
 
 // attemptOutcome is what an acquisition statement returned: the grant's
-// fence, or the Result of a refusal and the caller's place in the queue, or
-// the description of the holders whose mode the request mismatches.
+// fence, or the Result of a refusal, the caller's place in the queue and
+// whether to look again at once, or the description of the holders whose
+// mode the request mismatches.
 type attemptOutcome struct {
 	fence    *int64
 	place    *time.Time
 	res      dlock.Result
 	mismatch string
+	again    bool // refused, but the key may have been freed meanwhile: look again at once
 }
 
 // acquireExclusive runs the exclusive acquisition statement on c.
 func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlock.Request, grace int64, since *time.Time, register time.Duration, out *attemptOutcome) error {
 	var h, s holderRow
 	var lim *int32
+	var marked bool
+	var forwarded int64
 	err := c.QueryRow(ctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
-		grace, since, us(register), us(dlock.WriterMark)).
+		grace, since, us(register), us(dlock.WriterMark), b.tb.channel).
 		Scan(&out.fence, &out.place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs,
-			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim)
+			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim, &marked, &forwarded)
 	if err != nil || out.fence != nil {
 		return err
 	}
@@ -430,6 +473,10 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 		info, rem := s.info(req.Key, now)
 		info.Mode = dlock.ModeShared
 		out.res = dlock.Result{Holder: info, Remaining: rem}
+		// The mark's update waited for the key's row and found it
+		// changed: the last reader left while the statement ran, and its
+		// release may have named another waiter.
+		out.again = !marked
 	}
 	return nil
 }
@@ -572,11 +619,11 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, wrapErr(b.tb, "acquire", err)
 	}
-	res, _, err := b.attempt(ctx, req, nil, 0)
+	out, err := b.attempt(ctx, req, nil, 0)
 	if errors.Is(err, errLeft) {
 		return dlock.Result{}, ctx.Err()
 	}
-	return res, err
+	return out.res, err
 }
 
 // Waiting bounds (see AcquireWait).
@@ -594,8 +641,9 @@ const (
 // the Backend's shared LISTEN connection, joins the key's waiter queue, and
 // tries again on each release, when the holder's lease runs out, and at
 // least every few seconds (every second for an exclusive waiter behind
-// shared holders, which renews its writer mark), for up to 30 s; in every
-// mode, since a release of any holder notifies. If the LISTEN connection
+// shared holders, which renews its writer mark; at once when that mark
+// found the last of them gone), for up to 30 s; in every mode, since a
+// release of any holder notifies. If the LISTEN connection
 // cannot be had it returns dlock.ErrUnsupported, having taken nothing.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if err := checkMode(req); err != nil {
@@ -627,24 +675,26 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			}
 			return dlock.Result{}, dlock.ErrUnsupported
 		}
-		var place *time.Time
-		var err error
 		sending := time.Now()
-		res, place, err = b.attempt(ctx, req, since, waitStep+waitSlack)
+		out, err := b.attempt(ctx, req, since, waitStep+waitSlack)
 		if errors.Is(err, errLeft) {
 			return dlock.Result{}, nil
 		}
 		if err != nil {
-			return res, err
+			return dlock.Result{}, err
 		}
+		res = out.res
 		if res.Acquired {
 			since = nil // the statement left the queue
 			// The lease starts with this statement, not with the wait.
 			res.SentAfter = sending.Sub(began)
 			return res, nil
 		}
-		if place != nil {
-			since = place
+		if out.place != nil {
+			since = out.place
+		}
+		if out.again {
+			continue
 		}
 		d := waitStep
 		if req.Mode == dlock.ModeExclusive && res.Holder.Mode == dlock.ModeShared {

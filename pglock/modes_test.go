@@ -2,6 +2,7 @@ package pglock_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -43,9 +44,10 @@ func mustRefuse(t *testing.T, b dlock.Backend, r dlock.Request, why string) dloc
 }
 
 // TestMigrateUpgradesV1Tables creates the lease table of the previous
-// schema (testdata/schema_v1.sql, exclusive holders only) with a held key
-// and a free one in it, migrates it, and checks that both keys' fences go
-// on from where they were and that the held lease still excludes every
+// schema (testdata/schema_v1.sql, exclusive holders only) with a held key,
+// a waiter queued for it and a free key in it, migrates it, and checks that
+// the waiter stays queued (as an exclusive waiter), that both keys' fences
+// go on from where they were and that the held lease still excludes every
 // mode.
 func TestMigrateUpgradesV1Tables(t *testing.T) {
 	ctx := t.Context()
@@ -55,6 +57,11 @@ func TestMigrateUpgradesV1Tables(t *testing.T) {
   ($1, $2, 'old', 41, clock_timestamp(), clock_timestamp() + interval '1 hour', ''),
   ($3, $4, 'old', 7, clock_timestamp() - interval '1 hour', clock_timestamp() - interval '1 minute', '')`,
 		[]byte(held), tok[:], []byte(free), other[:]); err != nil {
+		t.Fatal(err)
+	}
+	waiter := dlock.NewToken()
+	if _, err := pool.Exec(ctx, `INSERT INTO "`+table+`_waiters" (name, token, since, until)
+VALUES ($1, $2, clock_timestamp(), clock_timestamp() + interval '1 hour')`, []byte(held), waiter[:]); err != nil {
 		t.Fatal(err)
 	}
 	b, err := pglock.New(pool, &pglock.Options{Table: table})
@@ -67,6 +74,13 @@ func TestMigrateUpgradesV1Tables(t *testing.T) {
 	}
 	if err := b.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate again: %v", err)
+	}
+	var lim int
+	if err := pool.QueryRow(ctx, `SELECT lim FROM "`+table+`_waiters" WHERE name = $1 AND token = $2`, []byte(held), waiter[:]).Scan(&lim); err != nil || lim != -1 {
+		t.Errorf("rule: a queued waiter of the previous schema stays queued as an exclusive waiter; lim %d, %v; want -1", lim, err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM "`+table+`_waiters"`); err != nil {
+		t.Fatal(err)
 	}
 	const ttl = 5 * time.Second
 	for _, r := range []dlock.Request{req(held, ttl, dlock.ModeShared, 0), req(held, ttl, dlock.ModeExclusive, 0)} {
@@ -347,4 +361,311 @@ func TestLimitedWaiterWokenByRelease(t *testing.T) {
 	if d := time.Since(began); d > 3*time.Second {
 		t.Errorf("rule: a release wakes limited waiters; the waiter got the slot after %s", d)
 	}
+}
+
+// TestWriterBehindReadersGetsTheLastRelease: a reader queues (it meets
+// the writer mark of a refused exclusive try) ahead of a waiting writer;
+// then both readers holding the key leave. The writer must have the key
+// about a round trip after the last release, well within the writer's
+// own look interval (dlock.WriterMark/3) and the grace period: a release
+// that wakes only the queued reader, which the mark refuses, or a queue
+// that keeps the writer behind that reader, would leave it asleep. The
+// reader then gets in as soon as the writer leaves.
+func TestWriterBehindReadersGetsTheLastRelease(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("writerlast")
+	const ttl, bound = 30 * time.Second, 250 * time.Millisecond
+	holders := newLease(t, nil)
+	r1, r2 := req(key, ttl, dlock.ModeShared, 0), req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, holders, r1)
+	mustGrant(t, holders, r2)
+	w := req(key, ttl, dlock.ModeExclusive, 0)
+	mustRefuse(t, holders, w, "shared holders keep a writer out") // leaves the mark
+	pool := open(t, "")
+	queued := func(want int) {
+		t.Helper()
+		for i := 0; ; i++ {
+			var n int
+			if err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM "%s_waiters" WHERE name = $1 AND until > clock_timestamp()`, testTable()),
+				[]byte(key)).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n >= want {
+				return
+			}
+			if i == 500 {
+				t.Fatalf("%d waiters queued, want %d", n, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	type grant struct {
+		at  time.Time
+		res dlock.Result
+		err error
+	}
+	wait := func(r dlock.Request) chan grant {
+		b := newLease(t, nil)
+		ch := make(chan grant, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			res, err := b.AcquireWait(wctx, r)
+			ch <- grant{time.Now(), res, err}
+		}()
+		return ch
+	}
+	r3 := req(key, ttl, dlock.ModeShared, 0)
+	readerGot := wait(r3)
+	queued(1)
+	writerGot := wait(w)
+	queued(2)
+	if err := holders.Release(ctx, key, r1.Token); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := holders.Release(ctx, key, r2.Token); err != nil {
+		t.Fatal(err)
+	}
+	last := time.Now()
+	g := <-writerGot
+	if g.err != nil || !g.res.Acquired {
+		t.Fatalf("the writer: %+v, %v; want acquired", g.res, g.err)
+	}
+	if d := g.at.Sub(last); d > bound {
+		t.Errorf("rule: the last reader's release hands the key to the writer waiting behind it; the writer got it %s after the release, want <= %s", d, bound)
+	}
+	select {
+	case g := <-readerGot:
+		t.Fatalf("a reader got in while the writer holds the key: %+v, %v", g.res, g.err)
+	default:
+	}
+	if err := holders.Release(ctx, key, w.Token); err != nil {
+		t.Fatal(err)
+	}
+	left := time.Now()
+	g = <-readerGot
+	if g.err != nil || !g.res.Acquired {
+		t.Fatalf("the queued reader: %+v, %v; want acquired", g.res, g.err)
+	}
+	if d := g.at.Sub(left); d > bound {
+		t.Errorf("rule: a reader queued behind a writer gets in when it leaves; it got in %s after the writer's release, want <= %s", d, bound)
+	}
+	holders.Release(ctx, key, r3.Token)
+}
+
+// TestReleaseNamesWhoMayTakeTheKey: while a writer mark is live, a
+// release's NOTIFY names the first queued waiter that is not a reader
+// (the mark refuses readers: naming one would spend the wake-up), and with
+// only readers queued, the first of them (naming nobody would wake every
+// waiter at once).
+func TestReleaseNamesWhoMayTakeTheKey(t *testing.T) {
+	ctx := t.Context()
+	key := locktest.UniqueKey("names")
+	const ttl = 30 * time.Second
+	b := newLease(t, nil)
+	r1, r2 := req(key, ttl, dlock.ModeShared, 0), req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, b, r1)
+	mustGrant(t, b, r2)
+	mustRefuse(t, b, req(key, ttl, dlock.ModeExclusive, 0), "shared holders keep a writer out") // leaves the mark
+	pool := open(t, "")
+	reader, writer := dlock.NewToken(), dlock.NewToken()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO "%s_waiters" (name, token, since, until, lim) VALUES
+  ($1, $2, clock_timestamp() - interval '2 seconds', clock_timestamp() + interval '1 minute', 0),
+  ($1, $3, clock_timestamp() - interval '1 second', clock_timestamp() + interval '1 minute', -1)`, testTable()),
+		[]byte(key), reader[:], writer[:]); err != nil {
+		t.Fatal(err)
+	}
+	c := listening(t, pool)
+	named := func(release dlock.Request) string {
+		t.Helper()
+		if err := b.Release(ctx, key, release.Token); err != nil {
+			t.Fatal(err)
+		}
+		nctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		for {
+			n, err := c.Conn().WaitForNotification(nctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k, first, _ := strings.Cut(n.Payload, " "); k == hex.EncodeToString([]byte(key)) {
+				return first
+			}
+		}
+	}
+	if got := named(r1); got != writer.String() {
+		t.Errorf("rule: under the writer mark a release names the first waiter that is not a reader; it named %q, want the writer %s (the reader ahead is %s)", got, writer, reader)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`DELETE FROM "%s_waiters" WHERE name = $1 AND token = $2`, testTable()), []byte(key), writer[:]); err != nil {
+		t.Fatal(err)
+	}
+	if got := named(r2); got != reader.String() {
+		t.Errorf("rule: with only readers queued a release names the first of them; it named %q, want %s", got, reader)
+	}
+}
+
+// TestWriterRacingTheLastReleaseLooksAgain: the last reader leaves while a
+// writer's statement runs, after its snapshot (which still shows the
+// reader) and before its writer mark's update, which waits for the key's
+// row. The release's NOTIFY cannot name the writer (it has no place in the
+// queue yet; here the release sends none), so the writer must notice by
+// itself that the mark found the key changed, and look again at once
+// rather than sleep until its next look.
+func TestWriterRacingTheLastReleaseLooksAgain(t *testing.T) {
+	ctx := t.Context()
+	pool := open(t, "")
+	b := newLease(t, pool)
+	key := locktest.UniqueKey("racelast")
+	r := req(key, time.Minute, dlock.ModeShared, 0)
+	mustGrant(t, b, r)
+	lease, holders := `"`+testTable()+`"`, `"`+testTable()+`_holders"`
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// The release as the backend makes it, without its NOTIFY.
+	if _, err := tx.Exec(ctx, `SELECT FROM `+lease+` WHERE name = $1 FOR UPDATE`, []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM `+holders+` WHERE name = $1 AND token = $2`, []byte(key), r.Token[:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+lease+` SET shared_until = '-infinity', freed_at = clock_timestamp() WHERE name = $1`, []byte(key)); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		at  time.Time
+		res dlock.Result
+		err error
+	}
+	got := make(chan outcome, 1)
+	w := req(key, time.Minute, dlock.ModeExclusive, 0)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		res, err := newLease(t, nil).AcquireWait(wctx, w)
+		got <- outcome{time.Now(), res, err}
+	}()
+	waitForLockWait(t, pool, lease)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	o := <-got
+	if o.err != nil || !o.res.Acquired {
+		t.Fatalf("the writer: %+v, %v; want acquired", o.res, o.err)
+	}
+	defer b.Release(context.Background(), key, w.Token)
+	if d := o.at.Sub(released); d > 250*time.Millisecond {
+		t.Errorf("rule: a writer whose mark found the readers gone looks again at once; it got the key %s after the release", d)
+	}
+}
+
+// TestReaderPassesQueuedReadersNotWriters: during the grace period after a
+// release, a reader is not held back by readers queued ahead of it (they
+// may all hold the key together: waiting for them only serialises
+// readers), but still by a writer queued ahead of it.
+func TestReaderPassesQueuedReadersNotWriters(t *testing.T) {
+	ctx := t.Context()
+	pool := open(t, "")
+	b := longGrace(t, pool)
+	key := locktest.UniqueKey("passreaders")
+	const ttl = time.Minute
+	first := req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, b, first)
+	if err := b.Release(ctx, key, first.Token); err != nil { // the grace period starts
+		t.Fatal(err)
+	}
+	queueWaiter(t, pool, key, 0)
+	r := req(key, ttl, dlock.ModeShared, 0)
+	mustGrant(t, b, r) // rule: readers queued ahead do not hold a reader back
+	if err := b.Release(ctx, key, r.Token); err != nil {
+		t.Fatal(err)
+	}
+	queueWaiter(t, pool, key, -1)
+	mustRefuse(t, b, req(key, ttl, dlock.ModeShared, 0), "a writer queued ahead holds readers back during the grace period")
+}
+
+// TestYieldingWaiterNamesTheOneAhead: a waiter that finds the key free but
+// yields it, during the grace period, to a waiter queued ahead of it names
+// that waiter: the release that freed the key may have named another
+// waiter (one whose statement ran while the key was still held, and that
+// was not in the queue yet in the release's snapshot), which would leave
+// both asleep until the grace period ends.
+func TestYieldingWaiterNamesTheOneAhead(t *testing.T) {
+	ctx := t.Context()
+	pool := open(t, "")
+	b := longGrace(t, pool)
+	c := listening(t, pool)
+	for _, m := range []dlock.Mode{dlock.ModeExclusive, dlock.ModeShared} {
+		key := locktest.UniqueKey("forward")
+		first := req(key, time.Minute, dlock.ModeExclusive, 0)
+		mustGrant(t, b, first)
+		if err := b.Release(ctx, key, first.Token); err != nil { // the grace period starts
+			t.Fatal(err)
+		}
+		writer := queueWaiter(t, pool, key, -1)
+		wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		res, err := b.AcquireWait(wctx, req(key, time.Minute, m, 0))
+		cancel()
+		if err != nil || res.Acquired {
+			t.Fatalf("%s waiter behind a queued writer: %+v, %v; want refused", m, res, err)
+		}
+		named := false
+		for !named {
+			nctx, cancel := context.WithTimeout(ctx, time.Second)
+			n, err := c.Conn().WaitForNotification(nctx)
+			cancel()
+			if err != nil {
+				t.Errorf("rule: a waiter that yields a free key names the waiter ahead of it; the %s waiter sent no notification naming %s (%v)", m, writer, err)
+				break
+			}
+			named = n.Payload == hex.EncodeToString([]byte(key))+" "+writer.String()
+		}
+	}
+}
+
+// listening returns a connection of pool that LISTENs on the test table's
+// channel, until the test ends.
+func listening(t *testing.T, pool *pgxpool.Pool) *pgxpool.Conn {
+	t.Helper()
+	c, err := pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Exec(context.Background(), `UNLISTEN *`)
+		c.Release()
+	})
+	if _, err := c.Exec(t.Context(), `LISTEN "`+testTable()+`"`); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// longGrace returns a lease Backend on pool whose grace period outlasts
+// any test.
+func longGrace(t *testing.T, pool *pgxpool.Pool) *pglock.Backend {
+	t.Helper()
+	b, err := pglock.New(pool, &pglock.Options{Table: testTable(), Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// queueWaiter puts a waiter with limit column lim (-1 exclusive, 0 shared)
+// in key's queue, a second ahead of now, and returns its token.
+func queueWaiter(t *testing.T, pool *pgxpool.Pool, key string, lim int) dlock.Token {
+	t.Helper()
+	tok := dlock.NewToken()
+	if _, err := pool.Exec(t.Context(), fmt.Sprintf(`INSERT INTO "%s_waiters" (name, token, since, until, lim)
+VALUES ($1, $2, clock_timestamp() - interval '1 second', clock_timestamp() + interval '1 minute', $3)`, testTable()),
+		[]byte(key), tok[:], lim); err != nil {
+		t.Fatal(err)
+	}
+	return tok
 }

@@ -30,7 +30,11 @@
 // (DefaultGrace) after a lease ends only the waiter that has waited longest
 // may take it: a client that releases a key cannot barge straight back in
 // ahead of the clients it woke, so contended keys are shared fairly. A waiter
-// that died is skipped after the grace period.
+// that died is skipped after the grace period. Queued readers do not hold
+// back a reader (they may all hold the key together), and while a writer
+// mark keeps readers out they do not count at all: the release names, and
+// the key goes to, the first waiter that is not a reader; the readers come
+// next, once the writer has had the key.
 //
 // The lease strategy works through any pool or proxy (PgBouncer in any mode:
 // every operation is one autocommit statement, though LISTEN needs session

@@ -62,6 +62,20 @@ CREATE TABLE IF NOT EXISTS "dlock_locks_waiters" (
   PRIMARY KEY (name, token)
 );
 
+-- Lease strategy: the mode each waiter asks for, so that while a writer
+-- mark keeps readers out the key goes to the first waiter that may take it.
+-- Added by ALTER so that tables of earlier versions gain it; their rows
+-- count as exclusive waiters.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_waiters"')
+      AND attname = 'lim' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks_waiters"
+      -- -1 exclusive, 0 shared, n limited to n holders
+      ADD COLUMN IF NOT EXISTS lim integer NOT NULL DEFAULT -1;
+  END IF;
+END $$;
+
 -- Advisory strategy (pglock.NewAdvisory): the lock itself is a session-level
 -- advisory lock; this row keeps the key's fencing counter and its last holder.
 CREATE TABLE IF NOT EXISTS "dlock_locks_session" (
