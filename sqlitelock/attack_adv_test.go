@@ -1,0 +1,44 @@
+package sqlitelock_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/dlock-dev/dlock"
+)
+
+func advOpen(t *testing.T) dlock.Backend {
+	path := os.Getenv(envDB)
+	b := sqliteOpen(t, path)
+	if err := b.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestAdvConcurrentFirstLimitsNeverCoexist(t *testing.T) {
+	bs := make([]dlock.Backend, 6)
+	for i := range bs {
+		bs[i] = advOpen(t)
+	}
+	advConcurrentFirstLimits(t, bs)
+}
+
+func TestAdvWriterGivesUp(t *testing.T) {
+	advWriterGivesUp(t, advOpen(t), advOpen(t), advOpen(t))
+}
+
+func TestAdvCrashedReader(t *testing.T) {
+	advCrashedReader(t, advOpen(t), advOpen(t))
+}
+
+func TestAdvBusyMixTinyPools(t *testing.T) {
+	advOpen(t)
+	path := os.Getenv(envDB)
+	advBusyMix(t, pooled(t, path, 1), pooled(t, path, 1), true)
+}
+
+func TestAdvWriterWaitsLong(t *testing.T) {
+	advWriterWaitsLong(t, advOpen(t), advOpen(t), advOpen(t))
+}

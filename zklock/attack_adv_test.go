@@ -1,0 +1,121 @@
+package zklock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+)
+
+// A writer that gives up holds readers back for at most dlock.WriterMark
+// (the Sharer contract). An exclusive AcquireWait that ends by its own
+// bound (a third of the TTL) parks its node for the Locker's next call;
+// the Locker makes no next call when its context ends in between, so the
+// writer has given up, yet its parked node stays in the queue, ahead of
+// every new reader, until its lease runs out: two thirds of the TTL later.
+func TestAdvParkedWriterHoldsReadersBackPastWriterMark(t *testing.T) {
+	addrs := sharedAddrs(t)
+	ctx := ctxT(t, 60*time.Second)
+	k := locktest.UniqueKey("adv-parked-writer")
+	rb := newBackend(t, newConn(t, addrs...))
+	wb := newBackend(t, newConn(t, addrs...))
+	lb := newBackend(t, newConn(t, addrs...))
+	reader := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Second, Mode: dlock.ModeShared}
+	if res, err := rb.Acquire(ctx, reader); err != nil || !res.Acquired {
+		t.Fatalf("reader: %+v %v", res, err)
+	}
+	defer rb.Release(context.Background(), k, reader.Token)
+	writer := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 15 * time.Second}
+	res, err := wb.AcquireWait(ctx, writer) // returns after TTL/3, parked
+	if err != nil || res.Acquired {
+		t.Fatalf("writer: %+v %v", res, err)
+	}
+	gaveUp := time.Now()
+	for {
+		r := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 5 * time.Second, Mode: dlock.ModeShared}
+		res, err := lb.Acquire(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Acquired {
+			_ = lb.Release(context.Background(), k, r.Token)
+			t.Logf("readers held back for %s after the writer's last call", time.Since(gaveUp).Round(time.Millisecond))
+			return
+		}
+		if d := time.Since(gaveUp); d > dlock.WriterMark+time.Second {
+			t.Fatalf("a writer that stopped asking %s ago still keeps readers out (WriterMark is %s)", d.Round(time.Millisecond), dlock.WriterMark)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A limited waiter that gives up between two AcquireWait calls must not
+// keep a slot: when the holder leaves, the semaphore is free for others.
+// A parked zk node whose turn comes while parked counts as a holder until
+// its lease runs out (etcdlock removes such an entry at once).
+func TestAdvParkedLimitedWaiterKeepsNoSlot(t *testing.T) {
+	addrs := sharedAddrs(t)
+	ctx := ctxT(t, 60*time.Second)
+	k := locktest.UniqueKey("adv-parked-sem")
+	hb := newBackend(t, newConn(t, addrs...))
+	wb := newBackend(t, newConn(t, addrs...))
+	ob := newBackend(t, newConn(t, addrs...))
+	h := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Second, Mode: dlock.ModeLimited, Limit: 1}
+	if res, err := hb.Acquire(ctx, h); err != nil || !res.Acquired {
+		t.Fatalf("holder: %+v %v", res, err)
+	}
+	w := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 15 * time.Second, Mode: dlock.ModeLimited, Limit: 1}
+	if res, err := wb.AcquireWait(ctx, w); err != nil || res.Acquired {
+		t.Fatalf("waiter: %+v %v", res, err)
+	}
+	if err := hb.Release(ctx, k, h.Token); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.Now()
+	for {
+		o := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 5 * time.Second, Mode: dlock.ModeLimited, Limit: 1}
+		res, err := ob.Acquire(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Acquired {
+			_ = ob.Release(context.Background(), k, o.Token)
+			return
+		}
+		if d := time.Since(freed); d > 2*time.Second {
+			t.Fatalf("the only holder left %s ago, and the slot is still taken by a waiter that stopped asking", d.Round(time.Millisecond))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestAdvConcurrentFirstLimitsNeverCoexist(t *testing.T) {
+	addrs := sharedAddrs(t)
+	bs := make([]dlock.Backend, 6)
+	for i := range bs {
+		bs[i] = newBackend(t, newConn(t, addrs...))
+	}
+	advConcurrentFirstLimits(t, bs)
+}
+
+func TestAdvWriterGivesUp(t *testing.T) {
+	addrs := sharedAddrs(t)
+	advWriterGivesUp(t, newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)))
+}
+
+func TestAdvCrashedReader(t *testing.T) {
+	addrs := sharedAddrs(t)
+	advCrashedReader(t, newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)))
+}
+
+func TestAdvBusyMix(t *testing.T) {
+	addrs := sharedAddrs(t)
+	advBusyMix(t, newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), true)
+}
+
+func TestAdvWriterWaitsLong(t *testing.T) {
+	addrs := sharedAddrs(t)
+	advWriterWaitsLong(t, newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)))
+}
