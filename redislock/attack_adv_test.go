@@ -95,3 +95,8 @@ func TestAdvWriterWaitsLong(t *testing.T) {
 	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
 	advWriterWaitsLong(t, nb(), nb(), nb())
 }
+
+func TestAdvFenceOrder(t *testing.T) {
+	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
+	advFenceOrder(t, nb(), nb(), nb())
+}
