@@ -2,6 +2,7 @@ package etcdlock_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/dlock-dev/dlock"
 )
@@ -33,4 +34,9 @@ func TestAdvBusyMix(t *testing.T) {
 func TestAdvWriterWaitsLong(t *testing.T) {
 	eps := endpoints(t)
 	advWriterWaitsLong(t, newBackend(t, eps), newBackend(t, eps), newBackend(t, eps))
+}
+
+func TestAdvWriterWokenByLastReader(t *testing.T) {
+	eps := endpoints(t)
+	advWriterWokenByLastReader(t, newBackend(t, eps), newBackend(t, eps), 300*time.Millisecond)
 }

@@ -338,3 +338,44 @@ func advFenceOrder(t *testing.T, w, r1b, r2b dlock.Backend) {
 	}
 	t.Logf("the arriving reader was told first in %d of 8 rounds; %d handed out a smaller fence second", secondFirst, violations)
 }
+
+// advWriterWokenByLastReader: a writer waiting in the store is handed the
+// key soon after the last reader releases it (docs/modes.md: a release
+// wakes waiters on the stores that can notify), not at its next look.
+func advWriterWokenByLastReader(t *testing.T, reader, writer dlock.Backend, within time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rl := dlock.New(reader, nil)
+	defer rl.Close(context.Background())
+	wl := dlock.New(writer, nil)
+	defer wl.Close(context.Background())
+	var worst time.Duration
+	for range 5 {
+		k := locktest.UniqueKey("adv-wake-writer")
+		r, err := rl.TryAcquire(ctx, k, dlock.Shared(), dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan time.Time, 1)
+		go func() {
+			w, err := wl.Acquire(ctx, k, dlock.WithTTL(30*time.Second))
+			at := time.Now()
+			if err != nil {
+				t.Error(err)
+			} else {
+				_ = w.Release(context.Background())
+			}
+			got <- at
+		}()
+		time.Sleep(1300 * time.Millisecond) // the writer waits in the store
+		released := time.Now()
+		if err := r.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		worst = max(worst, (<-got).Sub(released))
+	}
+	t.Logf("worst hand-over to the writer after the last reader's release: %s", worst.Round(time.Millisecond))
+	if worst > within {
+		t.Errorf("the writer got the key %s after the last reader left (want within %s)", worst.Round(time.Millisecond), within)
+	}
+}

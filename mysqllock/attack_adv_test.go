@@ -3,6 +3,7 @@ package mysqllock_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/mysqllock"
@@ -47,4 +48,8 @@ func TestAdvBusyMixTinyPools(t *testing.T) {
 
 func TestAdvWriterWaitsLong(t *testing.T) {
 	advWriterWaitsLong(t, newBackend(t, ""), newBackend(t, ""), newBackend(t, ""))
+}
+
+func TestAdvWriterWokenByLastReader(t *testing.T) {
+	advWriterWokenByLastReader(t, newBackend(t, ""), newBackend(t, ""), 300*time.Millisecond)
 }

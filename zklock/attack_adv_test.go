@@ -119,3 +119,8 @@ func TestAdvWriterWaitsLong(t *testing.T) {
 	addrs := sharedAddrs(t)
 	advWriterWaitsLong(t, newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)))
 }
+
+func TestAdvWriterWokenByLastReader(t *testing.T) {
+	addrs := sharedAddrs(t)
+	advWriterWokenByLastReader(t, newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), 300*time.Millisecond)
+}
