@@ -117,7 +117,9 @@ func TestAdvFrozenAdvisoryWriterHoldsReadersBack(t *testing.T) {
 }
 
 func TestAdvWriterWokenByLastReader(t *testing.T) {
-	t.Run("lease", func(t *testing.T) { advWriterWokenByLastReader(t, newLease(t, nil), newLease(t, nil), 300*time.Millisecond) })
+	t.Run("lease", func(t *testing.T) {
+		advWriterWokenByLastReader(t, newLease(t, nil), newLease(t, nil), 300*time.Millisecond)
+	})
 	t.Run("advisory", func(t *testing.T) {
 		advWriterWokenByLastReader(t, newAdvisory(t, nil), newAdvisory(t, nil), 300*time.Millisecond)
 	})
