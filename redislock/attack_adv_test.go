@@ -96,11 +96,6 @@ func TestAdvWriterWaitsLong(t *testing.T) {
 	advWriterWaitsLong(t, nb(), nb(), nb())
 }
 
-func TestAdvFenceOrder(t *testing.T) {
-	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
-	advFenceOrder(t, nb(), nb(), nb())
-}
-
 func TestAdvWriterWokenByLastReader(t *testing.T) {
 	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
 	advWriterWokenByLastReader(t, nb(), nb(), 300*time.Millisecond)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/dlock-dev/dlock"
 )
@@ -41,4 +42,9 @@ func TestAdvBusyMixTinyPools(t *testing.T) {
 
 func TestAdvWriterWaitsLong(t *testing.T) {
 	advWriterWaitsLong(t, advOpen(t), advOpen(t), advOpen(t))
+}
+
+// SQLite polls: the hand-over is bounded by the backoff's 1 s step.
+func TestAdvWriterWokenByLastReader(t *testing.T) {
+	advWriterWokenByLastReader(t, advOpen(t), advOpen(t), 1200*time.Millisecond)
 }
