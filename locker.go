@@ -349,7 +349,16 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		l.mu.Unlock()
 		return k, out, nil
 	}
-	if ls := l.blockerLocked(key, mode); ls != nil {
+	if ls := l.mismatchLocked(key, mode, cfg.limit); ls != nil {
+		l.mu.Unlock()
+		return nil, out, fmt.Errorf("dlock: acquire %q: %w: this Locker holds it %s", key, ErrModeMismatch, ls.describe())
+	}
+	if ls := l.held[key]; ls != nil {
+		// An exclusive lease of this Locker blocks every mode: wait for
+		// its local release. Shared and limited leases of this Locker do
+		// not stop the store from being asked: it counts them, and an
+		// exclusive attempt there leaves the writer mark that keeps new
+		// readers, local ones included, from starving it.
 		out.held, out.local = &HeldError{Holder: ls.info()}, true
 		l.mu.Unlock()
 		return nil, out, nil
@@ -549,18 +558,20 @@ func (l *Locker) ownLocked(key string, cfg acquireConfig) *lease {
 	return nil
 }
 
-// blockerLocked returns a lease of this Locker that keeps an acquisition of
-// key in mode from being granted (it then waits for its local release
-// rather than asking the store), or nil: an exclusive lease blocks every
-// mode, and any lease blocks an exclusive acquisition. Shared and limited
-// acquisitions next to this Locker's own shared or limited leases ask the
-// store, which counts them all.
-func (l *Locker) blockerLocked(key string, mode Mode) *lease {
-	if ls := l.held[key]; ls != nil {
+// mismatchLocked returns a lease of this Locker of key that an acquisition
+// in mode with limit disagrees with (a limited lease with another limit, or
+// limited against exclusive or shared, either way), or nil.
+func (l *Locker) mismatchLocked(key string, mode Mode, limit int) *lease {
+	clash := func(ls *lease) bool {
+		return (ls.mode == ModeLimited || mode == ModeLimited) && (ls.mode != mode || ls.limit != limit)
+	}
+	if ls := l.held[key]; ls != nil && clash(ls) {
 		return ls
 	}
-	if lss := l.shares[key]; mode == ModeExclusive && len(lss) > 0 {
-		return lss[0]
+	for _, ls := range l.shares[key] {
+		if clash(ls) {
+			return ls
+		}
 	}
 	return nil
 }
