@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
 )
 
 func TestAdvConcurrentFirstLimitsNeverCoexist(t *testing.T) {
@@ -13,30 +14,30 @@ func TestAdvConcurrentFirstLimitsNeverCoexist(t *testing.T) {
 	for i := range bs {
 		bs[i] = newBackend(t, eps)
 	}
-	advConcurrentFirstLimits(t, bs)
+	locktest.LimitsAgreeUnderRace(t, bs)
 }
 
 func TestAdvWriterGivesUp(t *testing.T) {
 	eps := endpoints(t)
-	advWriterGivesUp(t, newBackend(t, eps), newBackend(t, eps), newBackend(t, eps))
+	locktest.WriterThatGivesUp(t, newBackend(t, eps), newBackend(t, eps), newBackend(t, eps))
 }
 
 func TestAdvCrashedReader(t *testing.T) {
 	eps := endpoints(t)
-	advCrashedReader(t, newBackend(t, eps), newBackend(t, eps))
+	locktest.CrashedReader(t, newBackend(t, eps), newBackend(t, eps))
 }
 
 func TestAdvBusyMix(t *testing.T) {
 	eps := endpoints(t)
-	advBusyMix(t, newBackend(t, eps), newBackend(t, eps), true)
+	locktest.BusyMix(t, newBackend(t, eps), newBackend(t, eps), true)
 }
 
 func TestAdvWriterWaitsLong(t *testing.T) {
 	eps := endpoints(t)
-	advWriterWaitsLong(t, newBackend(t, eps), newBackend(t, eps), newBackend(t, eps))
+	locktest.WriterWaitsLong(t, newBackend(t, eps), newBackend(t, eps), newBackend(t, eps))
 }
 
 func TestAdvWriterWokenByLastReader(t *testing.T) {
 	eps := endpoints(t)
-	advWriterWokenByLastReader(t, newBackend(t, eps), newBackend(t, eps), 300*time.Millisecond)
+	locktest.WriterWokenByLastReader(t, newBackend(t, eps), newBackend(t, eps), 300*time.Millisecond)
 }

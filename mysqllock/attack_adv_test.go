@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
 	"github.com/dlock-dev/dlock/mysqllock"
 )
 
@@ -14,15 +15,15 @@ func TestAdvConcurrentFirstLimitsNeverCoexist(t *testing.T) {
 	for i := range bs {
 		bs[i] = newBackend(t, "")
 	}
-	advConcurrentFirstLimits(t, bs)
+	locktest.LimitsAgreeUnderRace(t, bs)
 }
 
 func TestAdvWriterGivesUp(t *testing.T) {
-	advWriterGivesUp(t, newBackend(t, ""), newBackend(t, ""), newBackend(t, ""))
+	locktest.WriterThatGivesUp(t, newBackend(t, ""), newBackend(t, ""), newBackend(t, ""))
 }
 
 func TestAdvCrashedReader(t *testing.T) {
-	advCrashedReader(t, newBackend(t, ""), newBackend(t, ""))
+	locktest.CrashedReader(t, newBackend(t, ""), newBackend(t, ""))
 }
 
 // Tiny pools: SetMaxOpenConns(1) (without doorbells) and (2).
@@ -41,15 +42,15 @@ func TestAdvBusyMixTinyPools(t *testing.T) {
 				t.Cleanup(func() { b.Close() })
 				return b
 			}
-			advBusyMix(t, mk(), mk(), true)
+			locktest.BusyMix(t, mk(), mk(), true)
 		})
 	}
 }
 
 func TestAdvWriterWaitsLong(t *testing.T) {
-	advWriterWaitsLong(t, newBackend(t, ""), newBackend(t, ""), newBackend(t, ""))
+	locktest.WriterWaitsLong(t, newBackend(t, ""), newBackend(t, ""), newBackend(t, ""))
 }
 
 func TestAdvWriterWokenByLastReader(t *testing.T) {
-	advWriterWokenByLastReader(t, newBackend(t, ""), newBackend(t, ""), 300*time.Millisecond)
+	locktest.WriterWokenByLastReader(t, newBackend(t, ""), newBackend(t, ""), 300*time.Millisecond)
 }

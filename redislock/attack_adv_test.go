@@ -25,17 +25,17 @@ func TestAdvConcurrentFirstLimitsNeverCoexist(t *testing.T) {
 	for i := range bs {
 		bs[i] = newBackend(t, newClient(t, advAddr()), nil)
 	}
-	advConcurrentFirstLimits(t, bs)
+	locktest.LimitsAgreeUnderRace(t, bs)
 }
 
 func TestAdvWriterGivesUp(t *testing.T) {
 	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
-	advWriterGivesUp(t, nb(), nb(), nb())
+	locktest.WriterThatGivesUp(t, nb(), nb(), nb())
 }
 
 func TestAdvCrashedReader(t *testing.T) {
 	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
-	advCrashedReader(t, nb(), nb())
+	locktest.CrashedReader(t, nb(), nb())
 }
 
 // The root's local-writer starvation on a real store: readers and a writer
@@ -88,15 +88,15 @@ func TestAdvBusyMixTinyPools(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return newBackend(t, c, nil)
 	}
-	advBusyMix(t, mk(), mk(), true)
+	locktest.BusyMix(t, mk(), mk(), true)
 }
 
 func TestAdvWriterWaitsLong(t *testing.T) {
 	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
-	advWriterWaitsLong(t, nb(), nb(), nb())
+	locktest.WriterWaitsLong(t, nb(), nb(), nb())
 }
 
 func TestAdvWriterWokenByLastReader(t *testing.T) {
 	nb := func() dlock.Backend { return newBackend(t, newClient(t, advAddr()), nil) }
-	advWriterWokenByLastReader(t, nb(), nb(), 300*time.Millisecond)
+	locktest.WriterWokenByLastReader(t, nb(), nb(), 300*time.Millisecond)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
 )
 
 func advOpen(t *testing.T) dlock.Backend {
@@ -23,28 +24,28 @@ func TestAdvConcurrentFirstLimitsNeverCoexist(t *testing.T) {
 	for i := range bs {
 		bs[i] = advOpen(t)
 	}
-	advConcurrentFirstLimits(t, bs)
+	locktest.LimitsAgreeUnderRace(t, bs)
 }
 
 func TestAdvWriterGivesUp(t *testing.T) {
-	advWriterGivesUp(t, advOpen(t), advOpen(t), advOpen(t))
+	locktest.WriterThatGivesUp(t, advOpen(t), advOpen(t), advOpen(t))
 }
 
 func TestAdvCrashedReader(t *testing.T) {
-	advCrashedReader(t, advOpen(t), advOpen(t))
+	locktest.CrashedReader(t, advOpen(t), advOpen(t))
 }
 
 func TestAdvBusyMixTinyPools(t *testing.T) {
 	advOpen(t)
 	path := os.Getenv(envDB)
-	advBusyMix(t, pooled(t, path, 1), pooled(t, path, 1), true)
+	locktest.BusyMix(t, pooled(t, path, 1), pooled(t, path, 1), true)
 }
 
 func TestAdvWriterWaitsLong(t *testing.T) {
-	advWriterWaitsLong(t, advOpen(t), advOpen(t), advOpen(t))
+	locktest.WriterWaitsLong(t, advOpen(t), advOpen(t), advOpen(t))
 }
 
 // SQLite polls: the hand-over is bounded by the backoff's 1 s step.
 func TestAdvWriterWokenByLastReader(t *testing.T) {
-	advWriterWokenByLastReader(t, advOpen(t), advOpen(t), 1200*time.Millisecond)
+	locktest.WriterWokenByLastReader(t, advOpen(t), advOpen(t), 1200*time.Millisecond)
 }

@@ -1,4 +1,8 @@
-package etcdlock_test
+package locktest
+
+// Checks of the shared and limited modes that a backend's tests call with
+// backends of their own choosing (several clients, tiny pools), beside the
+// rules that Run applies to every backend.
 
 import (
 	"context"
@@ -8,17 +12,16 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
-	"github.com/dlock-dev/dlock/locktest"
 )
 
-// advConcurrentFirstLimits: clients that disagree on the limit of a free
+// LimitsAgreeUnderRace checks that clients that disagree on the limit of a free
 // key, at the same moment, never both hold it (no two semaphores on one
 // key), and no limit is exceeded.
-func advConcurrentFirstLimits(t *testing.T, bs []dlock.Backend) {
+func LimitsAgreeUnderRace(t *testing.T, bs []dlock.Backend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for round := range 15 {
-		k := locktest.UniqueKey("adv-limits")
+		k := UniqueKey("adv-limits")
 		type grant struct {
 			limit int
 			token dlock.Token
@@ -59,18 +62,13 @@ func advConcurrentFirstLimits(t *testing.T, bs []dlock.Backend) {
 	}
 }
 
-// advWriterGivesUp: a writer whose context ends while readers hold keeps
+// WriterThatGivesUp checks that a writer whose context ends while readers hold keeps
 // new readers out for at most dlock.WriterMark after it gave up.
-func advWriterGivesUp(t *testing.T, reader, writer, late dlock.Backend) {
+func WriterThatGivesUp(t *testing.T, reader, writer, late dlock.Backend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	k := locktest.UniqueKey("adv-giveup")
-	rl := dlock.New(reader, nil)
-	defer rl.Close(context.Background())
-	wl := dlock.New(writer, nil)
-	defer wl.Close(context.Background())
-	ll := dlock.New(late, nil)
-	defer ll.Close(context.Background())
+	k := UniqueKey("adv-giveup")
+	rl, wl, ll := over(t, reader), over(t, writer), over(t, late)
 	r, err := rl.TryAcquire(ctx, k, dlock.Shared(), dlock.WithTTL(20*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -100,12 +98,12 @@ func advWriterGivesUp(t *testing.T, reader, writer, late dlock.Backend) {
 	}
 }
 
-// advCrashedReader: a reader that stops renewing (crashed, paused) frees
+// CrashedReader checks that a reader that stops renewing (crashed, paused) frees
 // the key for a writer within its TTL, and the writer's fence is larger.
-func advCrashedReader(t *testing.T, b, wb dlock.Backend) {
+func CrashedReader(t *testing.T, b, wb dlock.Backend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := locktest.UniqueKey("adv-crashed-reader")
+	k := UniqueKey("adv-crashed-reader")
 	req := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 2 * time.Second, Mode: dlock.ModeShared}
 	res, err := b.Acquire(ctx, req)
 	if err != nil || !res.Acquired {
@@ -129,18 +127,18 @@ func advCrashedReader(t *testing.T, b, wb dlock.Backend) {
 	}
 }
 
-// advBusyMix: many readers, two writers and a semaphore's holders of one
+// BusyMix checks that many readers, two writers and a semaphore's holders of one
 // process on two Lockers over tiny pools all get through, and exclusion
 // holds: a writer is never in with a reader, and the semaphore never has
 // more than its limit.
-func advBusyMix(t *testing.T, readers, writers dlock.Backend, withLimited bool) {
+func BusyMix(t *testing.T, readers, writers dlock.Backend, withLimited bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rl := dlock.New(readers, &dlock.Options{TTL: 3 * time.Second})
 	defer rl.Close(context.Background())
 	wl := dlock.New(writers, &dlock.Options{TTL: 3 * time.Second})
 	defer wl.Close(context.Background())
-	k, sem := locktest.UniqueKey("adv-mix"), locktest.UniqueKey("adv-mix-sem")
+	k, sem := UniqueKey("adv-mix"), UniqueKey("adv-mix-sem")
 	var mu sync.Mutex
 	in, writing, semIn := 0, 0, 0
 	var wg sync.WaitGroup
@@ -227,19 +225,14 @@ func advBusyMix(t *testing.T, readers, writers dlock.Backend, withLimited bool) 
 	wg.Wait()
 }
 
-// advWriterWaitsLong: a writer that waits in the store longer than
+// WriterWaitsLong checks that a writer that waits in the store longer than
 // dlock.WriterMark behind a reader keeps new readers out for its whole
 // wait, not only for the first mark's life.
-func advWriterWaitsLong(t *testing.T, reader, writer, late dlock.Backend) {
+func WriterWaitsLong(t *testing.T, reader, writer, late dlock.Backend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	k := locktest.UniqueKey("adv-long-writer")
-	rl := dlock.New(reader, nil)
-	defer rl.Close(context.Background())
-	wl := dlock.New(writer, nil)
-	defer wl.Close(context.Background())
-	ll := dlock.New(late, nil)
-	defer ll.Close(context.Background())
+	k := UniqueKey("adv-long-writer")
+	rl, wl, ll := over(t, reader), over(t, writer), over(t, late)
 	r, err := rl.TryAcquire(ctx, k, dlock.Shared(), dlock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -273,10 +266,10 @@ func advWriterWaitsLong(t *testing.T, reader, writer, late dlock.Backend) {
 	}
 }
 
-// advWriterWokenByLastReader: a writer waiting in the store is handed the
+// WriterWokenByLastReader checks that a writer waiting in the store is handed the
 // key soon after the last reader releases it (docs/modes.md: a release
 // wakes waiters on the stores that can notify), not at its next look.
-func advWriterWokenByLastReader(t *testing.T, reader, writer dlock.Backend, within time.Duration) {
+func WriterWokenByLastReader(t *testing.T, reader, writer dlock.Backend, within time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rl := dlock.New(reader, nil)
@@ -285,7 +278,7 @@ func advWriterWokenByLastReader(t *testing.T, reader, writer dlock.Backend, with
 	defer wl.Close(context.Background())
 	var worst time.Duration
 	for range 5 {
-		k := locktest.UniqueKey("adv-wake-writer")
+		k := UniqueKey("adv-wake-writer")
 		r, err := rl.TryAcquire(ctx, k, dlock.Shared(), dlock.WithTTL(30*time.Second))
 		if err != nil {
 			t.Fatal(err)
@@ -312,4 +305,11 @@ func advWriterWokenByLastReader(t *testing.T, reader, writer dlock.Backend, with
 	if worst > within {
 		t.Errorf("the writer got the key %s after the last reader left (want within %s)", worst.Round(time.Millisecond), within)
 	}
+}
+
+// over returns a Locker over b, closed at the end of the test.
+func over(t *testing.T, b dlock.Backend) *dlock.Locker {
+	l := dlock.New(b, nil)
+	t.Cleanup(func() { l.Close(context.Background()) })
+	return l
 }
