@@ -185,6 +185,31 @@ func (m Mode) String() string {
 	return fmt.Sprintf("mode(%d)", uint8(m))
 }
 
+// ValidateMode reports whether req's Mode and Limit go together: a mode
+// this package defines, a Limit of 1 to MaxLimit with ModeLimited, and 0
+// with any other mode. The error wraps ErrInvalidOption. The Locker never
+// sends anything else; backends call it before any I/O, as a guard.
+func ValidateMode(req Request) error {
+	switch {
+	case req.Mode > ModeLimited:
+		return fmt.Errorf("%w: unknown %s", ErrInvalidOption, req.Mode)
+	case req.Mode == ModeLimited && (req.Limit < 1 || req.Limit > MaxLimit):
+		return fmt.Errorf("%w: limit %d is outside 1..%d", ErrInvalidOption, req.Limit, MaxLimit)
+	case req.Mode != ModeLimited && req.Limit != 0:
+		return fmt.Errorf("%w: a limit (%d) with a %s request", ErrInvalidOption, req.Limit, req.Mode)
+	}
+	return nil
+}
+
+// DescribeMode names a mode for messages: "exclusive", "shared", or
+// "limited to n" for ModeLimited with limit n.
+func DescribeMode(m Mode, limit int) string {
+	if m == ModeLimited {
+		return fmt.Sprintf("limited to %d", limit)
+	}
+	return m.String()
+}
+
 // Sharer is implemented by backends that grant acquisitions in modes other
 // than Exclusive. The Locker asks before any I/O and refuses a mode the
 // backend does not grant with ErrUnsupported.

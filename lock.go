@@ -226,10 +226,7 @@ func (ls *lease) info() LockInfo {
 // describe names the lease's mode for errors: "exclusive", "shared" or
 // "limited to n".
 func (ls *lease) describe() string {
-	if ls.mode == ModeLimited {
-		return fmt.Sprintf("limited to %d", ls.limit)
-	}
-	return ls.mode.String()
+	return DescribeMode(ls.mode, ls.limit)
 }
 
 func (l *Locker) newHandleLocked(ls *lease) *Lock {

@@ -515,17 +515,25 @@ func (l *Locker) leaseLocked(key string, token Token) *lease {
 	return nil
 }
 
-// leasesLocked returns every lease this Locker holds.
-func (l *Locker) leasesLocked() []*lease {
-	out := make([]*lease, 0, len(l.held))
+// eachLeaseLocked yields every lease this Locker holds, without copying
+// them (the renewal loop looks at all of them on every turn).
+func (l *Locker) eachLeaseLocked(yield func(*lease) bool) {
 	for _, ls := range l.held {
-		out = append(out, ls)
+		if !yield(ls) {
+			return
+		}
 	}
 	for _, lss := range l.shares {
-		out = append(out, lss...)
+		for _, ls := range lss {
+			if !yield(ls) {
+				return
+			}
+		}
 	}
-	return out
 }
+
+// leasesLocked returns every lease this Locker holds.
+func (l *Locker) leasesLocked() []*lease { return slices.Collect(l.eachLeaseLocked) }
 
 // holdsNothingLocked reports whether this Locker holds no lease.
 func (l *Locker) holdsNothingLocked() bool { return len(l.held) == 0 && len(l.shares) == 0 }

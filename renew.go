@@ -148,7 +148,7 @@ func (l *Locker) renewLoop() {
 		now := l.clock.Now()
 		next := now.Add(time.Hour)
 		var batch []*lease
-		for _, ls := range l.leasesLocked() {
+		for ls := range l.eachLeaseLocked {
 			if ls.inflight {
 				continue
 			}

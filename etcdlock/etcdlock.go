@@ -571,7 +571,7 @@ func (b *Backend) first(key string) clientv3.Op {
 // dlock.ErrModeMismatch. Shared and limited requests are described at
 // acquireShared.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := checkMode(req); err != nil {
+	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
 	if req.Mode != dlock.ModeExclusive {

@@ -17,18 +17,6 @@ import (
 // SupportsMode implements dlock.Sharer: every mode.
 func (b *Backend) SupportsMode(m dlock.Mode) bool { return m <= dlock.ModeLimited }
 
-// checkMode refuses, before any I/O, a request in a mode the Backend does
-// not know or with a limit out of range.
-func checkMode(req dlock.Request) error {
-	switch {
-	case req.Mode > dlock.ModeLimited:
-		return fmt.Errorf("%w: etcdlock: %s acquisitions", dlock.ErrUnsupported, req.Mode)
-	case req.Mode == dlock.ModeLimited && (req.Limit < 1 || req.Limit > dlock.MaxLimit):
-		return fmt.Errorf("%w: etcdlock: limit %d is not in 1..%d", dlock.ErrInvalidOption, req.Limit, dlock.MaxLimit)
-	}
-	return nil
-}
-
 // item is one entry of a lock's directory with its decoded value.
 type item struct {
 	kv  *mvccpb.KeyValue
@@ -146,15 +134,7 @@ func holders(q []item) []bool {
 // the entry p of key.
 func mismatch(key string, m dlock.Mode, n int, p *item) error {
 	return fmt.Errorf("etcdlock: acquire %q: held %s, asked %s: %w",
-		key, describe(p.rec.mode(), p.rec.Limit), describe(m, n), dlock.ErrModeMismatch)
-}
-
-// describe names a mode for errors.
-func describe(m dlock.Mode, limit int) string {
-	if m == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", limit)
-	}
-	return m.String()
+		key, dlock.DescribeMode(p.rec.mode(), p.rec.Limit), dlock.DescribeMode(m, n), dlock.ErrModeMismatch)
 }
 
 // all returns the op reading every entry of key, in queue order.

@@ -57,7 +57,7 @@ type entry struct {
 // mode or with another limit ahead of it is deleted, and the call returns
 // an error wrapping dlock.ErrModeMismatch.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := checkMode(req); err != nil {
+	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
 	began := time.Now()

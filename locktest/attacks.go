@@ -68,7 +68,7 @@ func WriterThatGivesUp(t *testing.T, reader, writer, late dlock.Backend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	k := UniqueKey("adv-giveup")
-	rl, wl, ll := over(t, reader), over(t, writer), over(t, late)
+	rl, wl, ll := lockerOver(t, reader), lockerOver(t, writer), lockerOver(t, late)
 	r, err := rl.TryAcquire(ctx, k, dlock.Shared(), dlock.WithTTL(20*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -232,7 +232,7 @@ func WriterWaitsLong(t *testing.T, reader, writer, late dlock.Backend) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	k := UniqueKey("adv-long-writer")
-	rl, wl, ll := over(t, reader), over(t, writer), over(t, late)
+	rl, wl, ll := lockerOver(t, reader), lockerOver(t, writer), lockerOver(t, late)
 	r, err := rl.TryAcquire(ctx, k, dlock.Shared(), dlock.WithTTL(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -305,11 +305,4 @@ func WriterWokenByLastReader(t *testing.T, reader, writer dlock.Backend, within 
 	if worst > within {
 		t.Errorf("the writer got the key %s after the last reader left (want within %s)", worst.Round(time.Millisecond), within)
 	}
-}
-
-// over returns a Locker over b, closed at the end of the test.
-func over(t *testing.T, b dlock.Backend) *dlock.Locker {
-	l := dlock.New(b, nil)
-	t.Cleanup(func() { l.Close(context.Background()) })
-	return l
 }

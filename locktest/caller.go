@@ -73,7 +73,7 @@ func deadlines(t *testing.T, l, other *dlock.Locker, rounds int) {
 // another lock of the same client.
 func (s *suite) callerDeadlines(t *testing.T) {
 	b := s.newBackend(t)
-	l, other := s.lockerOver(t, b), s.lockerOver(t, b)
+	l, other := lockerOver(t, b), lockerOver(t, b)
 	observer, _ := s.locker(t)
 	long := mustAcquire(t, l, key(t, "long"), dlock.WithTTL(longTTL))
 	short := mustAcquire(t, l, key(t, "short"), dlock.WithTTL(ttl)) // renewed every TTL/3 meanwhile
@@ -97,7 +97,7 @@ func (s *suite) anyPoolSize(t *testing.T) {
 	for conns := 1; conns <= 3; conns++ {
 		t.Run(fmt.Sprintf("conns=%d", conns), func(t *testing.T) {
 			b1, b2 := s.pool(t, conns), s.pool(t, conns)
-			l1, l2, l3 := s.lockerOver(t, b1), s.lockerOver(t, b1), s.lockerOver(t, b2)
+			l1, l2, l3 := lockerOver(t, b1), lockerOver(t, b1), lockerOver(t, b2)
 			ctx := ctxT(t, 60*time.Second)
 			k1, k2 := key(t, "k1"), key(t, "k2")
 			h1, err := l1.TryAcquire(ctx, k1, dlock.WithTTL(longTTL))
@@ -267,7 +267,7 @@ func pauseHelper(l *dlock.Locker, k string) error {
 }
 
 // lockerOver returns a Locker over b, closed at the end of the test.
-func (s *suite) lockerOver(t *testing.T, b dlock.Backend) *dlock.Locker {
+func lockerOver(t *testing.T, b dlock.Backend) *dlock.Locker {
 	l := dlock.New(b, nil)
 	t.Cleanup(func() { l.Close(context.Background()) })
 	return l
@@ -328,7 +328,7 @@ func (s *suite) closeEndedCtx(t *testing.T) {
 // other, and a waiter on one gets the key when the other releases it.
 func (s *suite) sharedBackend(t *testing.T) {
 	b := s.newBackend(t)
-	l1, l2 := s.lockerOver(t, b), s.lockerOver(t, b)
+	l1, l2 := lockerOver(t, b), lockerOver(t, b)
 	for _, owner := range []string{"", "worker"} {
 		k := key(t, owner)
 		lk := mustAcquire(t, l1, k, dlock.WithOwner(owner))

@@ -39,7 +39,7 @@ func (s *suite) stalledStore(t *testing.T) {
 	}
 	p := newStallProxy(t, s.stallTarget)
 	b := s.stallable(t, p.addr())
-	l := s.lockerOver(t, b)
+	l := lockerOver(t, b)
 	t.Cleanup(p.resume) // before l's Close (cleanups run last-in first-out)
 	other, _ := s.locker(t)
 	held, tried, waited := key(t, "held"), key(t, "tried"), key(t, "waited")

@@ -79,7 +79,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		if h.info.Mode == dlock.ModeLimited || req.Mode == dlock.ModeLimited {
 			if h.info.Mode != req.Mode || h.info.Limit != req.Limit {
 				return dlock.Result{}, fmt.Errorf("memlock: %q is held %s, asked %s: %w",
-					req.Key, describe(h.info.Mode, h.info.Limit), describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
+					req.Key, dlock.DescribeMode(h.info.Mode, h.info.Limit), dlock.DescribeMode(req.Mode, req.Limit), dlock.ErrModeMismatch)
 			}
 			continue
 		}
@@ -119,14 +119,6 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	}
 	hs[req.Token] = h
 	return dlock.Result{Acquired: true, Fence: e.fence}, nil
-}
-
-// describe names a mode for errors.
-func describe(m dlock.Mode, limit int) string {
-	if m == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", limit)
-	}
-	return m.String()
 }
 
 // Extend implements dlock.Backend.

@@ -67,7 +67,7 @@ func (b *Backend) checkPool() error {
 // Acquire implements dlock.Backend: one attempt at the lease, then its
 // doorbell (exclusive acquisitions only).
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := checkMode(req); err != nil {
+	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
 	if err := b.checkPool(); err != nil {

@@ -37,20 +37,6 @@ func (b *Backend) SupportsMode(m dlock.Mode) bool {
 	return m == dlock.ModeExclusive || m == dlock.ModeShared || m == dlock.ModeLimited
 }
 
-// checkMode refuses a request whose mode or limit is out of range, before
-// any I/O.
-func checkMode(req dlock.Request) error {
-	switch {
-	case req.Mode > dlock.ModeLimited:
-		return fmt.Errorf("%w: mysqllock: unknown %s", dlock.ErrInvalidOption, req.Mode)
-	case req.Mode == dlock.ModeLimited && (req.Limit < 1 || req.Limit > dlock.MaxLimit):
-		return fmt.Errorf("%w: mysqllock: limit %d is outside 1..%d", dlock.ErrInvalidOption, req.Limit, dlock.MaxLimit)
-	case req.Mode != dlock.ModeLimited && req.Limit != 0:
-		return fmt.Errorf("%w: mysqllock: a limit (%d) with a %s request", dlock.ErrInvalidOption, req.Limit, req.Mode)
-	}
-	return nil
-}
-
 // exclusiveOnly refuses, before any I/O, a request in a mode that a session
 // strategy cannot grant: a named lock or a locked row has no shared mode.
 func exclusiveOnly(strategy string, req dlock.Request) error {
@@ -154,15 +140,7 @@ func readState(ctx context.Context, db querier, q, key string) (keyState, bool, 
 // on its mode or limit.
 func mismatch(key string, heldMode dlock.Mode, heldLimit int, req dlock.Request) error {
 	return fmt.Errorf("mysqllock: %q is held %s, asked %s: %w",
-		key, describe(heldMode, heldLimit), describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
-}
-
-// describe names a mode for errors.
-func describe(m dlock.Mode, limit int) string {
-	if m == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", limit)
-	}
-	return m.String()
+		key, dlock.DescribeMode(heldMode, heldLimit), dlock.DescribeMode(req.Mode, req.Limit), dlock.ErrModeMismatch)
 }
 
 // sharedMode is the mode of holders with limit.

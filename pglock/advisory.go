@@ -582,7 +582,7 @@ func (a *Advisory) SupportsMode(m dlock.Mode) bool {
 // checkAdvisoryMode refuses, before any I/O, a mode the Advisory does not
 // grant.
 func checkAdvisoryMode(req dlock.Request) error {
-	if err := checkMode(req); err != nil {
+	if err := dlock.ValidateMode(req); err != nil {
 		return err
 	}
 	if req.Mode == dlock.ModeLimited {

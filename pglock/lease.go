@@ -432,7 +432,7 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 	}
 	if out.mismatch != "" {
 		return attemptOutcome{}, fmt.Errorf("pglock: %q is held %s, asked %s: %w",
-			req.Key, out.mismatch, describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
+			req.Key, out.mismatch, dlock.DescribeMode(req.Mode, req.Limit), dlock.ErrModeMismatch)
 	}
 	return out, nil
 }
@@ -468,7 +468,7 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 		info, rem := h.info(req.Key, now)
 		out.res = dlock.Result{Holder: info, Remaining: rem}
 	case *lim > 0:
-		out.mismatch = describe(dlock.ModeLimited, int(*lim))
+		out.mismatch = dlock.DescribeMode(dlock.ModeLimited, int(*lim))
 	default: // held shared
 		info, rem := s.info(req.Key, now)
 		info.Mode = dlock.ModeShared
@@ -613,7 +613,7 @@ const (
 // while it runs returns its error at once; the statement is cancelled, and a
 // lease it took all the same is released.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := checkMode(req); err != nil {
+	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
 	if err := b.claims.Check(ctx, req.Key); err != nil {
@@ -646,7 +646,7 @@ const (
 // release of any holder notifies. If the LISTEN connection
 // cannot be had it returns dlock.ErrUnsupported, having taken nothing.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := checkMode(req); err != nil {
+	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
 	if err := b.claims.Check(ctx, req.Key); err != nil {

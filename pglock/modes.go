@@ -20,20 +20,6 @@ func (b *Backend) SupportsMode(m dlock.Mode) bool {
 	return m == dlock.ModeExclusive || m == dlock.ModeShared || m == dlock.ModeLimited
 }
 
-// checkMode refuses, before any I/O, a request whose mode and limit do not
-// go together.
-func checkMode(req dlock.Request) error {
-	switch {
-	case req.Mode == dlock.ModeLimited && (req.Limit < 1 || req.Limit > dlock.MaxLimit):
-		return fmt.Errorf("%w: pglock: limit %d is outside 1..%d", dlock.ErrInvalidOption, req.Limit, dlock.MaxLimit)
-	case req.Mode != dlock.ModeLimited && req.Limit != 0:
-		return fmt.Errorf("%w: pglock: a limit for a %s acquisition", dlock.ErrInvalidOption, req.Mode)
-	case req.Mode > dlock.ModeLimited:
-		return fmt.Errorf("%w: pglock: %s acquisitions", dlock.ErrUnsupported, req.Mode)
-	}
-	return nil
-}
-
 // acquireShared runs the shared or limited acquisition on c: the statement
 // that locks the key's row, then the one that decides from the holders as
 // they are under that lock, in one round trip.
@@ -70,9 +56,9 @@ func (b *Backend) acquireShared(ctx context.Context, c *pgxpool.Conn, req dlock.
 		out.res = dlock.Result{Holder: dlock.LockInfo{Key: req.Key}, Remaining: time.Duration(markUs) * time.Microsecond}
 	case "mismatch":
 		if h.remainingUs != nil && *h.remainingUs > 0 {
-			out.mismatch = describe(dlock.ModeExclusive, 0)
+			out.mismatch = dlock.DescribeMode(dlock.ModeExclusive, 0)
 		} else {
-			out.mismatch = describe(modeOf(shareLimit))
+			out.mismatch = dlock.DescribeMode(modeOf(shareLimit))
 		}
 	default: // "queued": free, but a waiter is ahead
 		out.res = dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}
@@ -103,12 +89,4 @@ func modeOf(lim int32) (dlock.Mode, int) {
 		return dlock.ModeShared, 0
 	}
 	return dlock.ModeLimited, int(lim)
-}
-
-// describe names a mode for errors.
-func describe(m dlock.Mode, limit int) string {
-	if m == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", limit)
-	}
-	return m.String()
 }

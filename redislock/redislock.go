@@ -280,7 +280,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		mode, _ := v[1].(int64)
 		limit, _ := v[2].(int64)
 		return dlock.Result{}, fmt.Errorf("redislock: %q is held %s, asked %s: %w",
-			req.Key, describeMode(dlock.Mode(mode), int(limit)), describeMode(req.Mode, req.Limit), dlock.ErrModeMismatch)
+			req.Key, dlock.DescribeMode(dlock.Mode(mode), int(limit)), dlock.DescribeMode(req.Mode, req.Limit), dlock.ErrModeMismatch)
 	case len(v) < 1 || v[0] != int64(0):
 		return dlock.Result{}, fmt.Errorf("redislock: acquire %q: unexpected reply %v", req.Key, v)
 	}
@@ -311,14 +311,6 @@ func (b *Backend) acquireCall(req dlock.Request) (*redis.Script, []any, error) {
 		return acquireSharedScript, append(args, int(req.Mode), req.Limit), nil
 	}
 	return nil, nil, fmt.Errorf("%w: redislock: acquire %q: mode %s with limit %d", dlock.ErrInvalidOption, req.Key, req.Mode, req.Limit)
-}
-
-// describeMode names a mode for errors.
-func describeMode(m dlock.Mode, limit int) string {
-	if m == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", limit)
-	}
-	return m.String()
 }
 
 // parseHolder reads {pttl, token, owner, fence, metadata, acquired_us[,

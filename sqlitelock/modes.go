@@ -53,21 +53,6 @@ func (b *Backend) SupportsMode(m dlock.Mode) bool {
 	return m == dlock.ModeExclusive || m == dlock.ModeShared || m == dlock.ModeLimited
 }
 
-// checkMode refuses, before any I/O, a mode this backend does not know and
-// a limit outside 1..dlock.MaxLimit.
-func checkMode(req dlock.Request) error {
-	switch req.Mode {
-	case dlock.ModeExclusive, dlock.ModeShared:
-		return nil
-	case dlock.ModeLimited:
-		if req.Limit < 1 || req.Limit > dlock.MaxLimit {
-			return fmt.Errorf("%w: sqlitelock: limit %d is outside 1..%d", dlock.ErrInvalidOption, req.Limit, dlock.MaxLimit)
-		}
-		return nil
-	}
-	return fmt.Errorf("%w: sqlitelock: %s acquisitions", dlock.ErrUnsupported, req.Mode)
-}
-
 // keyState is what stateSQL reads.
 type keyState struct {
 	nowUs, exclusiveUs, writerUs int64
@@ -86,25 +71,17 @@ func (st keyState) mismatch(req dlock.Request) error {
 		if st.limited == 0 {
 			return nil
 		}
-		held = describe(dlock.ModeLimited, st.limit)
+		held = dlock.DescribeMode(dlock.ModeLimited, st.limit)
 	case st.exclusive():
-		held = describe(dlock.ModeExclusive, 0)
+		held = dlock.DescribeMode(dlock.ModeExclusive, 0)
 	case st.holders > st.limited:
-		held = describe(dlock.ModeShared, 0)
+		held = dlock.DescribeMode(dlock.ModeShared, 0)
 	case st.sameLimit < st.holders:
-		held = describe(dlock.ModeLimited, st.limit)
+		held = dlock.DescribeMode(dlock.ModeLimited, st.limit)
 	default:
 		return nil
 	}
-	return fmt.Errorf("sqlitelock: %q is held %s, asked %s: %w", req.Key, held, describe(req.Mode, req.Limit), dlock.ErrModeMismatch)
-}
-
-// describe names a mode for errors.
-func describe(m dlock.Mode, limit int) string {
-	if m == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", limit)
-	}
-	return m.String()
+	return fmt.Errorf("sqlitelock: %q is held %s, asked %s: %w", req.Key, held, dlock.DescribeMode(req.Mode, req.Limit), dlock.ErrModeMismatch)
 }
 
 // modeText is a mode as dlock_shares stores it; modeOf reads it back ("" is

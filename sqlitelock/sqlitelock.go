@@ -247,7 +247,7 @@ func wrap(op string, err error) error {
 // when the key is free; the others, and an exclusive request that finds the
 // key held, are one write transaction (see acquireTx).
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if err := checkMode(req); err != nil {
+	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
 	if req.Mode == dlock.ModeExclusive {

@@ -75,10 +75,7 @@ func sameClass(a, b qnode) bool {
 
 // describe names a node's mode for errors.
 func describe(n qnode) string {
-	if n.mode == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", n.limit)
-	}
-	return n.mode.String()
+	return dlock.DescribeMode(n.mode, n.limit)
 }
 
 // queue returns the queue nodes under dir in sequence order, and an empty

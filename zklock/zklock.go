@@ -442,15 +442,7 @@ func (b *Backend) checkRequest(req dlock.Request) error {
 		return fmt.Errorf("%w: zklock: ttl %s exceeds the session timeout %s (see Options.SessionTimeout)",
 			dlock.ErrInvalidOption, req.TTL, b.session)
 	}
-	switch {
-	case req.Mode > dlock.ModeLimited:
-		return fmt.Errorf("%w: zklock: unknown %s", dlock.ErrInvalidOption, req.Mode)
-	case req.Mode == dlock.ModeLimited && (req.Limit < 1 || req.Limit > dlock.MaxLimit):
-		return fmt.Errorf("%w: zklock: limit %d is outside 1..%d", dlock.ErrInvalidOption, req.Limit, dlock.MaxLimit)
-	case req.Mode != dlock.ModeLimited && req.Limit != 0:
-		return fmt.Errorf("%w: zklock: limit %d with a %s request", dlock.ErrInvalidOption, req.Limit, req.Mode)
-	}
-	return nil
+	return dlock.ValidateMode(req)
 }
 
 // SupportsMode implements dlock.Sharer: every mode (see "Modes").

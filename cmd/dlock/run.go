@@ -570,10 +570,7 @@ func holderDetails(h dlock.LockInfo) string {
 // modeName is how the CLI names a holder's mode: "exclusive", "shared" or
 // "limited to N".
 func modeName(h dlock.LockInfo) string {
-	if h.Mode == dlock.ModeLimited {
-		return fmt.Sprintf("limited to %d", h.Limit)
-	}
-	return h.Mode.String()
+	return dlock.DescribeMode(h.Mode, h.Limit)
 }
 
 // statusLine is a one-line status on a terminal, rewritten in place. It is
