@@ -50,6 +50,10 @@ type Adapter struct {
 	// free periods that overlap any worker's pause, not only the waiter's.
 	PauseStallsStore bool
 
+	// Modes are the modes other than exclusive that the strategy grants
+	// (dlock.Sharer): a run with Config.ModeKeys adds a key for each.
+	Modes []dlock.Mode
+
 	// Known lists violation kinds that are known limitations of the
 	// strategy under a fault kind: they are reported (as known) but do not
 	// fail the run.
@@ -241,6 +245,7 @@ func adapterByName(name string) *Adapter {
 // and mysqllock then never acquires anything: see README.md, findings.)
 var mysqlLease = &Adapter{
 	Name:      "mysql-lease",
+	Modes:     bothModes,
 	Networked: true,
 	Pooled:    true,
 	Upstream:  mysqlStoreUpstream,
@@ -323,9 +328,12 @@ var (
 // faults: any other end of a session (a caller's deadline, a pool too small,
 // a pause) is a violation.
 var sessionEnds = map[string][]string{
-	FaultCut:       {vLateNotice, vNoNotice, vErrNilAfterEnd},
-	FaultDBRestart: {vLateNotice, vNoNotice, vErrNilAfterEnd},
+	FaultCut:       {vLateNotice, vNoNotice, vErrNilAfterEnd, vOverClaimed},
+	FaultDBRestart: {vLateNotice, vNoNotice, vErrNilAfterEnd, vOverClaimed},
 }
+
+// bothModes are the modes of a strategy that grants every one.
+var bothModes = []dlock.Mode{dlock.ModeShared, dlock.ModeLimited}
 
 func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend, error)) *Adapter {
 	return &Adapter{
@@ -467,6 +475,7 @@ func mysqlTable(tag string) string { return "torture_" + tag + "_locks" }
 // trigger sees the instant the statement used).
 var sqliteLease = &Adapter{
 	Name:   "sqlite-lease",
+	Modes:  bothModes,
 	Pooled: true,
 	// A paused worker may hold the database file's write lock.
 	PauseStallsStore: true,

@@ -3,6 +3,7 @@ package torture
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -92,6 +93,8 @@ type checkInput struct {
 	OffsetSkew int64 // spread of the offset samples, ns
 	Problems   []string
 	KnownRaces int // the workers' race reports that are knownRaces
+	// ModeKeys are the run's keys taken in other modes (workerConfig).
+	ModeKeys map[string]int
 }
 
 // hold is one acquisition as a worker saw it.
@@ -99,6 +102,8 @@ type hold struct {
 	worker    string
 	key       string
 	fence     uint64
+	mode      string // accessExclusive, accessShared, accessLimited
+	limit     int    // of a limited hold
 	acqStart  int64
 	acqOK     int64
 	doneAt    int64 // Done closed
@@ -205,6 +210,9 @@ type checker struct {
 	cutAcq  map[string][]wait
 	pool    map[string]int // worker → its store pool's size, if smallpool set it
 	clockOK bool
+	// The mode keys' holds and resource rows (splitModes).
+	modeHolds []*hold
+	modeLog   []logRow
 }
 
 // wait is an acquisition that ended in an error: the worker waited for key
@@ -313,10 +321,12 @@ func check(in checkInput) *RunReport {
 		c.inconclusive("the wall clock stepped by %s during the run: store-time vs worker-time checks (notification, staleness) are not conclusive", time.Duration(in.OffsetSkew))
 	}
 	c.buildHolds()
+	c.splitModes()
 	c.buildLeases()
 	c.matchHoldsLeases()
 	c.attributeFaults()
 	c.checkResource()
+	c.checkModes()
 	c.checkLinearizable()
 	c.checkNotification()
 	c.checkErrBeforeAccess()
@@ -338,7 +348,10 @@ func (c *checker) buildHolds() {
 		for _, e := range w.Events {
 			switch e.Ev {
 			case "acq":
-				h := &hold{worker: w.ID, key: e.K, fence: e.F, acqStart: e.T0, acqOK: e.T}
+				h := &hold{worker: w.ID, key: e.K, fence: e.F, mode: accessExclusive, limit: e.N, acqStart: e.T0, acqOK: e.T}
+				if e.M != "" {
+					h.mode = e.M
+				}
 				h.addClient(e.Cf)
 				if pool > 0 {
 					h.addClient(ClientSmallPool)
@@ -521,17 +534,18 @@ func (c *checker) matchHoldsLeases() {
 	}
 }
 
-// attributeFaults marks the holds each fault hit.
+// attributeFaults marks the holds each fault hit, the mode keys' too.
 func (c *checker) attributeFaults() {
+	all := append(slices.Clone(c.holds), c.modeHolds...)
 	byWorker := map[string][]*hold{}
-	for _, h := range c.holds {
+	for _, h := range all {
 		byWorker[h.worker] = append(byWorker[h.worker], h)
 	}
 	for i := range c.in.Faults {
 		f := &c.in.Faults[i]
 		switch f.Kind {
 		case FaultDBRestart:
-			for _, h := range c.holds {
+			for _, h := range all {
 				if e := h.end(); h.acqOK <= f.End && (e == 0 || e >= f.Start) {
 					h.restarted = f
 				}

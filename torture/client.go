@@ -114,9 +114,9 @@ func (l *lane) shortAcquire(ctx context.Context, key string) (*dlock.Lock, Event
 	var lk *dlock.Lock
 	var err error
 	if l.rng.IntN(2) == 0 {
-		lk, err = l.w.locker.TryAcquire(actx, key, dlock.WithTTL(l.w.cfg.TTL))
+		lk, err = l.w.locker.TryAcquire(actx, key, l.acquireOptions(key)...)
 	} else {
-		lk, err = l.w.locker.Acquire(actx, key, dlock.WithTTL(l.w.cfg.TTL))
+		lk, err = l.w.locker.Acquire(actx, key, l.acquireOptions(key)...)
 	}
 	if err != nil {
 		l.w.rec.rec(Event{T0: t0, Ev: "acqerr", K: key, Cf: ClientAcqDeadline, Dl: dlMono, Err: err.Error()})
@@ -173,7 +173,7 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 				}
 				return nil
 			}
-			l.hold(fctx, key, fence, plan, lost)
+			l.hold(fctx, accessExclusive, key, fence, plan, lost)
 			panicAt = Mono()
 			panic(errDoPanic)
 		}, dlock.WithTTL(ttl))

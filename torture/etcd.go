@@ -90,6 +90,7 @@ import (
 // the report; no check fails on them.
 var etcdLease = &Adapter{
 	Name:      "etcd-lease",
+	Modes:     bothModes,
 	Networked: true,
 	Upstream:  addrUpstream("Etcd", func(env *Env) string { return env.EtcdAddr }),
 	Prepare: func(ctx context.Context, env *Env) (string, error) {

@@ -37,6 +37,10 @@ type Event struct {
 	// Tok (slow acquire and wait): the owner token of the call's request
 	// (hex), which names the worker behind a grant no worker was told of.
 	Tok string `json:"tok,omitempty"`
+	// M (acq, op): the mode of the lock, accessShared or accessLimited;
+	// empty for an exclusive lock. N (acq): the limit of a limited lock.
+	M string `json:"m,omitempty"`
+	N int    `json:"n,omitempty"`
 }
 
 // recorder appends events to a worker's file. Each event is one write(2), so

@@ -54,6 +54,10 @@ type Config struct {
 	Duration   time.Duration // per strategy
 	Workers    int           // worker processes per strategy
 	Keys       int           // lock keys
+	// ModeKeys adds, for each strategy, a reader-writer key if it grants
+	// shared locks and a semaphore key if it grants limited ones (see
+	// modes.go), next to the Keys exclusive ones.
+	ModeKeys   bool
 	TTL        time.Duration // lease
 	Seed       uint64        // fault schedule and worker choices
 	Faults     []string      // holder fault kinds to inject
@@ -343,16 +347,17 @@ func directDSN(dsn string) (string, error) {
 
 // runner is the state of one mode's run.
 type runner struct {
-	cfg   Config
-	m     mode
-	env   *Env
-	store string
-	dir   string
-	keys  []string
-	fp    *faultProxies
-	rng   *rand.Rand    // fault choices; used by the scheduler goroutine only
-	ns    *namespaces   // with Config.Netns, for networked stores
-	rp    *faultProxies // the workers' way to the resource, in namespaces (never faulted)
+	cfg      Config
+	m        mode
+	env      *Env
+	store    string
+	dir      string
+	keys     []string
+	modeKeys map[string]int // keys taken in other modes (Config.ModeKeys)
+	fp       *faultProxies
+	rng      *rand.Rand    // fault choices; used by the scheduler goroutine only
+	ns       *namespaces   // with Config.Netns, for networked stores
+	rp       *faultProxies // the workers' way to the resource, in namespaces (never faulted)
 	// rec is the adapter's recording (Adapter.Record); collect stops it
 	// and clears stopRecord.
 	rec        *Recording
@@ -424,6 +429,14 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 	for i := range cfg.Keys {
 		r.keys = append(r.keys, fmt.Sprintf("k%d", i))
 	}
+	if cfg.ModeKeys {
+		r.modeKeys = modeKeys(m.adapter.Modes)
+		for _, k := range []string{rwKey, semKey} {
+			if _, ok := r.modeKeys[k]; ok {
+				r.keys = append(r.keys, k)
+			}
+		}
+	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := setupResource(sctx, db, tag, r.keys); err != nil {
@@ -473,8 +486,8 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 		}
 		defer r.fp.close()
 	}
-	fmt.Fprintf(cfg.Log, "== %s: %d workers × %d lanes, %d keys, ttl %s, %s, faults %v every ~%s%s, client faults %v, fencing %v\n",
-		m.name, cfg.Workers, r.lanes(), cfg.Keys, cfg.TTL, m.duration, m.faults, m.faultEvery,
+	fmt.Fprintf(cfg.Log, "== %s: %d workers × %d lanes, %d keys%s, ttl %s, %s, faults %v every ~%s%s, client faults %v, fencing %v\n",
+		m.name, cfg.Workers, r.lanes(), cfg.Keys, describeModeKeys(r.modeKeys), cfg.TTL, m.duration, m.faults, m.faultEvery,
 		map[bool]string{true: " + db restarts", false: ""}[m.dbRestart], m.client, !m.noFencing)
 
 	stopClock := make(chan struct{})
@@ -567,7 +580,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 		resAddr = r.rp.addr(slot)
 	}
 	wc := workerConfig{
-		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, TTL: r.cfg.TTL,
+		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, ModeKeys: r.modeKeys, TTL: r.cfg.TTL,
 		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
 		Lanes:        r.lanes(),
 		ClientFaults: r.m.client,

@@ -36,6 +36,7 @@ import (
 // sees the expiry move back for the same fence).
 var pgLease = &Adapter{
 	Name:      "pg-lease",
+	Modes:     bothModes,
 	Networked: true,
 	Pooled:    true,
 	Upstream:  pgUpstream,
@@ -105,6 +106,7 @@ var pgAdvisory = &Adapter{
 	Restart:     restartPG,
 	SessionHeld: true,
 	Known:       sessionEnds, // as for mysql-getlock
+	Modes:       []dlock.Mode{dlock.ModeShared},
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
 		return preparePG(ctx, env, "_session", `IF TG_OP = 'INSERT' OR NEW.fence <> OLD.fence THEN
     INSERT INTO %[1]s (name, fence, token, acquired_us, exp_us)

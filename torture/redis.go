@@ -34,7 +34,12 @@ import (
 // and frees the key once its clock is past that millisecond, so the recorded
 // expiry is the end of that millisecond.
 var redisLease = &Adapter{
-	Name:      "redis-lease",
+	Name:  "redis-lease",
+	Modes: bothModes,
+	// A Redis without persistence forgets every lease when it is killed;
+	// their holders cannot be told before (the exclusive checks leave such
+	// leases out), so the next holder may be told "held" while they are.
+	Known:     map[string][]string{FaultDBRestart: {vOverClaimed}},
 	Networked: true,
 	Pooled:    true,
 	Upstream:  addrUpstream("Redis", func(env *Env) string { return env.RedisAddr }),

@@ -72,6 +72,9 @@ type RunReport struct {
 	TakeoverTargetMs float64 `json:"takeover_target_ms"`
 	LivenessBoundMs  int64   `json:"liveness_bound_ms"`
 
+	// Modes: the figures of the mode keys (Config.ModeKeys).
+	Modes []*ModeStats `json:"modes,omitempty"`
+
 	Faults       []*FaultStats       `json:"faults"`
 	ClientFaults []*ClientFaultStats `json:"client_faults,omitempty"`
 
@@ -197,7 +200,7 @@ func (rep *Report) ExitCode() int {
 
 func reportConfig(c Config) map[string]any {
 	return map[string]any{
-		"strategies": c.Strategies, "duration": c.Duration.String(), "workers": c.Workers, "keys": c.Keys,
+		"strategies": c.Strategies, "duration": c.Duration.String(), "workers": c.Workers, "keys": c.Keys, "mode_keys": c.ModeKeys,
 		"ttl": c.TTL.String(), "seed": c.Seed, "faults": c.Faults, "fault_every": c.FaultEvery.String(),
 		"long_frac": c.LongFrac, "db_restart": c.DBRestart, "db_restart_every": c.DBRestartEvery.String(),
 		"no_fencing": c.NoFencing, "control": c.Control.String(), "tag": c.Tag,
@@ -257,6 +260,27 @@ func (rep *Report) Markdown(w io.Writer) {
 			for _, f := range r.ClientFaults {
 				fmt.Fprintf(w, "| %s | %s | %d | %d | %s | %s | %d | %d |\n", r.Name, f.Kind, f.Injected, f.Failed,
 					f.Late.String(), f.Freed.String(), r.CheckedAccesses, r.SkippedWrites)
+			}
+		}
+	}
+	modes := false
+	for _, r := range rep.Runs {
+		modes = modes || len(r.Modes) > 0
+	}
+	if modes {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Mode keys (a reader-writer key and a semaphore): acquisitions by mode; most holders told \"held\" at once; holds told \"held\" while another was; resource accesses taken / refused; semaphore spans over the limit made by an access checked before a newer grant (a pause; not fenceable); violations on the key.")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| run | key | shared / exclusive / limited | most at once | overlapping | ops ok / refused | after a pause | violations |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+		for _, r := range rep.Runs {
+			for _, m := range r.Modes {
+				key := m.Key
+				if m.Limit > 0 {
+					key = fmt.Sprintf("%s (limit %d)", m.Key, m.Limit)
+				}
+				fmt.Fprintf(w, "| %s | %s | %d / %d / %d | %d | %d | %d / %d | %d | %d |\n", r.Name, key, m.Shared, m.Exclusive, m.Limited,
+					m.MaxHolders, m.Overlapping, m.OpsAccepted, m.OpsRejected, m.AfterPause, m.Violations)
 			}
 		}
 	}

@@ -105,7 +105,7 @@ func TestShortRun(t *testing.T) {
 		tag = "ci"
 	}
 	cfg := Config{
-		Duration: d, Workers: 5, Keys: 2, TTL: time.Second, Seed: uint64(time.Now().UnixNano()),
+		Duration: d, Workers: 5, Keys: 2, ModeKeys: true, TTL: time.Second, Seed: uint64(time.Now().UnixNano()),
 		Faults:     slices.DeleteFunc(slices.Clone(holderFaults), func(f string) bool { return f == FaultPartition }),
 		FaultEvery: 2 * time.Second, LongFrac: 0.3,
 		// Lockers' clocks off by ±2 %: the default margin (TTL/10 + 100 ms)

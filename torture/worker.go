@@ -26,18 +26,22 @@ const workerEnv = "DLOCK_TORTURE_WORKER"
 
 // workerConfig is what the harness tells a worker process.
 type workerConfig struct {
-	ID        string        `json:"id"`        // w<slot>.<incarnation>
-	Strategy  string        `json:"strategy"`  // adapter name
-	Open      OpenArgs      `json:"open"`      // for Adapter.Open
-	Tag       string        `json:"tag"`       // resource table tag
-	Keys      []string      `json:"keys"`      // lock keys, also resource rows
-	TTL       time.Duration `json:"ttl"`       // lease
-	Seed      uint64        `json:"seed"`      // for the worker's choices
-	LongFrac  float64       `json:"long_frac"` // share of holds up to 2×TTL; the rest up to 50 ms
-	NoFencing bool          `json:"no_fencing"`
-	ClockRate float64       `json:"clock_rate"` // the Locker's clock rate (1: real time)
-	Events    string        `json:"events"`     // path of the JSON-lines record
-	Resource  string        `json:"resource"`   // host:port of the resource's MariaDB, if not the DSN's
+	ID       string   `json:"id"`       // w<slot>.<incarnation>
+	Strategy string   `json:"strategy"` // adapter name
+	Open     OpenArgs `json:"open"`     // for Adapter.Open
+	Tag      string   `json:"tag"`      // resource table tag
+	Keys     []string `json:"keys"`     // lock keys, also resource rows
+	// ModeKeys are keys (also in Keys) taken in other modes: 0 for a
+	// reader-writer key (shared holds, and a share of exclusive ones), n
+	// for a semaphore of n holders.
+	ModeKeys  map[string]int `json:"mode_keys,omitempty"`
+	TTL       time.Duration  `json:"ttl"`       // lease
+	Seed      uint64         `json:"seed"`      // for the worker's choices
+	LongFrac  float64        `json:"long_frac"` // share of holds up to 2×TTL; the rest up to 50 ms
+	NoFencing bool           `json:"no_fencing"`
+	ClockRate float64        `json:"clock_rate"` // the Locker's clock rate (1: real time)
+	Events    string         `json:"events"`     // path of the JSON-lines record
+	Resource  string         `json:"resource"`   // host:port of the resource's MariaDB, if not the DSN's
 	// Lanes is how many goroutines run the worker's loop on its one Locker
 	// (and so on its store sessions): a worker then holds up to Lanes
 	// locks at once.
@@ -92,6 +96,9 @@ func runWorker(cfg workerConfig) error {
 	}
 	if closeB != nil {
 		defer closeB()
+	}
+	if err := supportsModes(b, cfg.ModeKeys); err != nil {
+		return err
 	}
 	var clock dlock.Clock // nil: the system clock
 	if cfg.ClockRate != 0 && cfg.ClockRate != 1 {
@@ -178,13 +185,14 @@ func (l *lane) loop(ctx context.Context) {
 				continue
 			}
 		}
-		if l.clientFault(ClientDoPanic) && l.rng.Float64() < pDoPanic {
+		_, isMode := w.cfg.ModeKeys[key]
+		if !isMode && l.clientFault(ClientDoPanic) && l.rng.Float64() < pDoPanic {
 			l.doPanic(ctx, key)
 			continue
 		}
 		t0 := Mono()
 		actx, cancel := context.WithTimeout(ctx, 10*ttl)
-		lk, err := w.locker.Acquire(actx, key, dlock.WithTTL(ttl))
+		lk, err := w.locker.Acquire(actx, key, l.acquireOptions(key)...)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -216,7 +224,11 @@ func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool)
 	w, key := l.w, acq.K
 	plan := l.plan()
 	fence := lk.Fence()
+	mode := accessOf(lk.Mode())
 	acq.Ev, acq.F, acq.Plan = "acq", fence, int64(plan)
+	if mode != accessExclusive {
+		acq.M, acq.N = mode, w.cfg.ModeKeys[key]
+	}
 	w.rec.rec(acq)
 	w.say("H %s %d %d", key, fence, plan.Milliseconds())
 	watched := make(chan struct{})
@@ -232,15 +244,15 @@ func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool)
 		for other == key {
 			other = keys[l.rng.IntN(len(keys))]
 		}
-		l.hold(ctx, key, fence, plan/2, lk.Err)
+		l.hold(ctx, mode, key, fence, plan/2, lk.Err)
 		if lk.Err() == nil && ctx.Err() == nil {
 			if lk2, acq2 := l.shortAcquire(ctx, other); lk2 != nil {
 				l.held(ctx, lk2, acq2, true)
 			}
-			l.hold(ctx, key, fence, plan-plan/2, lk.Err)
+			l.hold(ctx, mode, key, fence, plan-plan/2, lk.Err)
 		}
 	} else {
-		l.hold(ctx, key, fence, plan, lk.Err)
+		l.hold(ctx, mode, key, fence, plan, lk.Err)
 	}
 	t1 := Mono()
 	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -259,24 +271,29 @@ func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool)
 	w.say("E %s", key)
 }
 
-// hold works on the resource under the lock for plan: cycles of read (which
-// presents the fence), compute, write. Before each access it asks
+// hold works on the resource under the lock (of mode) for plan: cycles of
+// read (which presents the fence), compute, write; a shared holder reads
+// twice instead. Before each access it asks
 // lost (the Lock's Err, or for Do the cause of its context) and stops if the
 // lock is gone, as an application would; the instant of the check goes into
 // the access's record. A pause after the check is what the fence is
 // for. In a positive control (NoFencing) only reads are checked, so that a
 // pause while computing leads to a write.
-func (l *lane) hold(ctx context.Context, key string, fence uint64, plan time.Duration, lost func() error) {
+func (l *lane) hold(ctx context.Context, mode, key string, fence uint64, plan time.Duration, lost func() error) {
 	end := Mono() + int64(plan)
 	writeCheck := lost
 	if l.w.cfg.NoFencing {
 		writeCheck = nil
 	}
+	second := "w"
+	if mode == accessShared {
+		second = "r"
+	}
 	for first := true; ; first = false {
 		if ctx.Err() != nil || (!first && Mono() >= end) {
 			return
 		}
-		v, ok := l.op(ctx, "r", key, fence, 0, lost)
+		v, ok := l.op(ctx, "r", mode, key, fence, 0, lost)
 		if !ok {
 			return
 		}
@@ -285,7 +302,7 @@ func (l *lane) hold(ctx context.Context, key string, fence uint64, plan time.Dur
 			compute = max(left, time.Millisecond)
 		}
 		time.Sleep(compute)
-		if _, ok := l.op(ctx, "w", key, fence, v, writeCheck); !ok {
+		if _, ok := l.op(ctx, second, mode, key, fence, v, writeCheck); !ok {
 			return
 		}
 	}
@@ -295,7 +312,7 @@ func (l *lane) hold(ctx context.Context, key string, fence uint64, plan time.Dur
 // nil): a lost lock ends the hold without the access (a skipped write is
 // recorded as such). ok is false when the access was skipped, the resource
 // refused the token or the access failed.
-func (l *lane) op(ctx context.Context, op, key string, fence uint64, readValue int64, lost func() error) (int64, bool) {
+func (l *lane) op(ctx context.Context, op, mode, key string, fence uint64, readValue int64, lost func() error) (int64, bool) {
 	w := l.w
 	var chk int64
 	if lost != nil {
@@ -303,7 +320,7 @@ func (l *lane) op(ctx context.Context, op, key string, fence uint64, readValue i
 		chk = Mono()
 		if lost() != nil {
 			if op == "w" {
-				w.rec.rec(Event{Ev: "skip", Op: op, K: key, F: fence})
+				w.rec.rec(Event{Ev: "skip", Op: op, K: key, F: fence, M: modeField(mode)})
 			}
 			return 0, false
 		}
@@ -314,12 +331,13 @@ func (l *lane) op(ctx context.Context, op, key string, fence uint64, readValue i
 	var v int64
 	var ok bool
 	var err error
+	a := access{mode: mode, key: key, fence: fence, worker: w.cfg.ID, chk: chk}
 	if op == "r" {
-		v, ok, err = w.res.Read(octx, key, fence, w.cfg.ID)
+		v, ok, err = w.res.Read(octx, a)
 	} else {
-		ok, err = w.res.Write(octx, key, fence, w.cfg.ID, readValue)
+		ok, err = w.res.Write(octx, a, readValue)
 	}
-	w.rec.rec(Event{T0: t0, Ev: "op", Op: op, K: key, F: fence, OK: ok, V: v, Err: errString(err), Chk: chk})
+	w.rec.rec(Event{T0: t0, Ev: "op", Op: op, K: key, F: fence, OK: ok, V: v, Err: errString(err), Chk: chk, M: modeField(mode)})
 	return v, ok && err == nil
 }
 

@@ -71,6 +71,7 @@ import (
 // store checks are inconclusive.
 var zkLease = &Adapter{
 	Name:      "zk-lease",
+	Modes:     bothModes,
 	Networked: true,
 	Upstream:  addrUpstream("ZK", func(env *Env) string { return env.ZKAddr }),
 	Prepare:   prepareZK,

@@ -63,6 +63,7 @@ func run() int {
 	flag.DurationVar(&cfg.Duration, "duration", 60*time.Second, "run time per strategy")
 	flag.IntVar(&cfg.Workers, "workers", 5, "worker processes per strategy")
 	flag.IntVar(&cfg.Keys, "keys", 2, "lock keys the workers contend for")
+	flag.BoolVar(&cfg.ModeKeys, "modes", true, "also a reader-writer key and a semaphore key (limit 2) on every strategy that grants those modes")
 	flag.DurationVar(&cfg.TTL, "ttl", time.Second, "lease TTL")
 	flag.Uint64Var(&cfg.Seed, "seed", uint64(time.Now().UnixNano()), "seed of the fault schedule and the workers' choices")
 	flag.StringVar(&faults, "faults", "kill,stop,blackhole,cut,latency", "holder faults to inject (network ones only on networked stores)")
