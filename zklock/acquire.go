@@ -150,7 +150,7 @@ func (b *Backend) mark(n *node, req dlock.Request, fence int64) error {
 		return nil
 	}
 	n.data, n.version, n.mtime, n.ttl = data, st.Version, st.Mtime, dlock.WriterMark
-	b.park(n, fence)
+	b.parkMark(n, fence)
 	return nil
 }
 
@@ -169,7 +169,6 @@ func (b *Backend) remark(req dlock.Request) bool {
 	if p == nil || !b.unpark(p) {
 		return false
 	}
-	p.timer.Stop()
 	data := encodeMark(req)
 	st, err := b.c.Set(p.n.path, data, p.n.version)
 	switch {
@@ -183,13 +182,13 @@ func (b *Backend) remark(req dlock.Request) bool {
 		return false
 	}
 	p.n.data, p.n.version, p.n.mtime = data, st.Version, st.Mtime
-	b.park(p.n, p.fence)
+	b.parkMark(p.n, p.fence)
 	return true
 }
 
 // AcquireWait implements dlock.Waiter: see "Waiting" in the package doc. It
 // returns Acquired=false and a nil error when ctx ends (the node is deleted)
-// and after a third of the TTL (the node stays queued for the next call).
+// and after a third of the TTL (the node is parked for the next call).
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if err := b.checkRequest(req); err != nil {
 		return dlock.Result{}, err
@@ -290,7 +289,7 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 		case <-lease.C:
 		case <-chunk.C:
 			stop()
-			b.park(n, fence)
+			b.parkWaiter(n, fence, srvNow, at)
 			return attempt{res: dlock.Result{Holder: holder}}, nil
 		case <-ctx.Done():
 		}
@@ -298,28 +297,103 @@ func (b *Backend) wait(ctx context.Context, req dlock.Request, began time.Time) 
 	}
 }
 
+// parkTimeout is how long a waiting node is parked for the next
+// AcquireWait of its key. The Locker calls again at once, so a waiter that
+// is still there comes back well within it; one whose caller left in
+// between (its context ended) must not keep its place, ahead of later
+// waiters, any longer.
+const parkTimeout = time.Second
+
 // parkedNode is a queued node kept between two AcquireWait calls.
 type parkedNode struct {
-	n     *node
-	fence int64
-	timer *time.Timer
+	n       *node
+	fence   int64
+	timer   *time.Timer        // deletes the node unless a call takes it up
+	unwatch context.CancelFunc // ends the watch of a waiting node, or nil
 }
 
-// park keeps n queued for the next AcquireWait of its key, and deletes it
-// if no call takes it up within its TTL.
-func (b *Backend) park(n *node, fence int64) {
-	p := &parkedNode{n: n, fence: fence}
+// parkMark keeps the writer mark n for the next AcquireWait of its key
+// (or the next exclusive attempt that renews it), and deletes it when its
+// lease ends if neither takes it up. A mark never holds the key, so it
+// needs no watch.
+func (b *Backend) parkMark(n *node, fence int64) {
+	b.park(&parkedNode{n: n, fence: fence}, n.ttl)
+}
+
+// parkWaiter keeps the waiting node n queued for the next AcquireWait of
+// its key. It deletes n if no call takes it up within the park timeout,
+// or at once if n's turn comes first (see watchParked). The leader's clock
+// read srvNow at the local instant at.
+func (b *Backend) parkWaiter(n *node, fence int64, srvNow int64, at time.Time) {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &parkedNode{n: n, fence: fence, unwatch: cancel}
+	b.mu.Lock()
+	d := min(b.parkFor, n.ttl)
+	b.mu.Unlock()
+	b.park(p, d)
+	go b.watchParked(ctx, p, srvNow, at)
+}
+
+// park records p and deletes its node after d unless a call takes it up.
+func (b *Backend) park(p *parkedNode, d time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	p.timer = time.AfterFunc(n.ttl, func() {
-		if b.unpark(p) {
-			b.deleteQuietly(n.path)
-		}
-	})
-	b.parked[n.key] = append(b.parked[n.key], p)
+	p.timer = time.AfterFunc(d, func() { b.drop(p) })
+	b.parked[p.n.key] = append(b.parked[p.n.key], p)
 }
 
-// unpark removes p from the parked nodes; false if it was not there.
+// watchParked deletes the node of p as soon as its turn comes while it is
+// parked: it would hold the key (or a slot of it) for nobody, and a
+// shared or limited one taken up afterwards would be granted under a
+// fence smaller than those of nodes granted behind it meanwhile. So does
+// a node of another class at the head, which the next call would withdraw,
+// and which keeps the nodes of that class behind it waiting. It watches
+// what blocks the node, as its waiter did, until ctx ends (the node is
+// taken up or deleted); on an error it leaves the node to its park timer.
+func (b *Backend) watchParked(ctx context.Context, p *parkedNode, srvNow int64, at time.Time) {
+	dir := b.dir(p.n.key)
+	lease := time.NewTimer(time.Hour)
+	defer lease.Stop()
+	for ctx.Err() == nil {
+		q, err := b.queue(dir)
+		if err != nil {
+			return
+		}
+		i := indexOf(q, name(p.n.path))
+		if i < 0 { // gone: the next call queues anew
+			return
+		}
+		now := srvNow + time.Since(at).Milliseconds()
+		v := b.newView(dir, q, now)
+		v.watch = true
+		vd, err := v.judge(i, false)
+		if err != nil {
+			return
+		}
+		if vd.granted || vd.mismatch >= 0 || len(vd.block) == 0 {
+			b.drop(p)
+			return
+		}
+		lease.Reset(time.Duration(v.seen[v.soonest(vd.block)].end-now)*time.Millisecond + time.Millisecond)
+		woke, stop := v.wake(vd.block)
+		select {
+		case <-woke:
+		case <-lease.C:
+		case <-ctx.Done():
+		}
+		stop()
+	}
+}
+
+// drop deletes the node of p if it is still parked.
+func (b *Backend) drop(p *parkedNode) {
+	if b.unpark(p) {
+		b.deleteQuietly(p.n.path)
+	}
+}
+
+// unpark removes p from the parked nodes and stops its timer and watch;
+// false if it was not there. Whoever unparks p owns its node.
 func (b *Backend) unpark(p *parkedNode) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -333,6 +407,10 @@ func (b *Backend) unpark(p *parkedNode) bool {
 		delete(b.parked, p.n.key)
 	} else {
 		b.parked[p.n.key] = list
+	}
+	p.timer.Stop()
+	if p.unwatch != nil {
+		p.unwatch()
 	}
 	return true
 }
@@ -353,7 +431,6 @@ func (b *Backend) adopt(req dlock.Request) (*node, int64) {
 	if !b.unpark(p) {
 		return nil, 0
 	}
-	p.timer.Stop()
 	data := encode(req)
 	st, err := b.c.Set(p.n.path, data, p.n.version)
 	if err != nil {
@@ -369,5 +446,27 @@ func (b *Backend) adopt(req dlock.Request) (*node, int64) {
 		_ = b.c.Delete(p.n.path, st.Version)
 		return nil, 0
 	}
+	if req.Mode != dlock.ModeExclusive && b.turnCame(req.Key, p.n.path, st.Mtime) {
+		// Its watch had no time to delete it: nodes behind it may have been
+		// granted meanwhile, with larger fences. Queue anew.
+		_ = b.c.Delete(p.n.path, st.Version)
+		return nil, 0
+	}
 	return &node{key: req.Key, path: p.n.path, data: data, version: st.Version, mtime: st.Mtime, ttl: req.TTL}, st.Czxid
+}
+
+// turnCame reports whether the node at path of key holds the key by the
+// rules at the leader's time now, or cannot tell (an error).
+func (b *Backend) turnCame(key, path string, now int64) bool {
+	dir := b.dir(key)
+	q, err := b.queue(dir)
+	if err != nil {
+		return true
+	}
+	i := indexOf(q, name(path))
+	if i < 0 {
+		return true
+	}
+	vd, err := b.newView(dir, q, now).judge(i, true)
+	return err != nil || vd.granted
 }

@@ -10,13 +10,11 @@ import (
 )
 
 // A writer that gives up holds readers back for at most dlock.WriterMark
-// (the Sharer contract). An exclusive AcquireWait that ends by its own
-// bound (a third of the TTL) parks its node for the Locker's next call;
-// the Locker makes no next call when its context ends in between, so the
-// writer has given up, yet its parked node stays in the queue, ahead of
-// every new reader, until its lease runs out: two thirds of the TTL later.
+// (the Sharer contract), also when it gives up between two AcquireWait
+// calls: an exclusive AcquireWait that ends by its own bound (a third of
+// the TTL) parks its node for the Locker's next call, which never comes
+// when the caller's context ends in between.
 func TestAdvParkedWriterHoldsReadersBackPastWriterMark(t *testing.T) {
-	t.Skip("known limit (docs/modes.md): a waiter whose context ends between two AcquireWait calls leaves its parked node in the queue for up to two thirds of its TTL")
 	addrs := sharedAddrs(t)
 	ctx := ctxT(t, 60*time.Second)
 	k := locktest.UniqueKey("adv-parked-writer")
@@ -54,10 +52,7 @@ func TestAdvParkedWriterHoldsReadersBackPastWriterMark(t *testing.T) {
 
 // A limited waiter that gives up between two AcquireWait calls must not
 // keep a slot: when the holder leaves, the semaphore is free for others.
-// A parked zk node whose turn comes while parked counts as a holder until
-// its lease runs out (etcdlock removes such an entry at once).
 func TestAdvParkedLimitedWaiterKeepsNoSlot(t *testing.T) {
-	t.Skip("known limit (docs/modes.md): a parked limited waiter keeps its place for up to two thirds of its TTL after its caller left")
 	addrs := sharedAddrs(t)
 	ctx := ctxT(t, 60*time.Second)
 	k := locktest.UniqueKey("adv-parked-sem")

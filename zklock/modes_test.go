@@ -65,7 +65,7 @@ func TestWriterMarkEndsWithItsLease(t *testing.T) {
 		t.Fatalf("writer's TryAcquire with a reader holding: %v", err)
 	}
 	marked := time.Now()
-	wb.StopParkTimers(k) // as in a stalled process
+	wb.StallParked(k) // as in a stalled process
 	if lk, err := late.TryAcquire(ctx, k, dlock.Shared()); err == nil {
 		lk.Release(context.Background())
 		t.Fatal("rule: an exclusive attempt that finds readers keeps new readers out; a reader got in")

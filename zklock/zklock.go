@@ -127,15 +127,22 @@
 // waiter holds the queue up for at most its TTL, not until its session
 // ends. Because the Locker measures a granted lease from the
 // moment it called AcquireWait, each call waits at most a third of the TTL
-// and then returns without the lock, leaving the node queued for the
-// Locker's next call (which rewrites it with the new token, and so also
-// keeps a live waiter's node from looking abandoned). A
-// node not taken up again within its TTL is deleted. A call that takes a
-// node up only after its lease ran out (its write lands a TTL or more after
-// the previous one) deletes it and queues a new node instead: if the node
-// had reached the head meanwhile, it held the key until its lease ended,
-// and it must not hold it again under the same fence. When the caller's
-// context ends, the waiter's node is deleted at once.
+// and then returns without the lock, leaving the node queued (parked) for
+// the Locker's next call, which rewrites it with the new token (and so
+// also keeps a live waiter's node from looking abandoned) and keeps its
+// place. The Locker calls again at once; a parked node that no call takes
+// up within a second (its caller's context ended between two calls) is
+// deleted, and so is one whose turn comes while it is parked (each parked
+// node keeps watching what blocks it): it would hold the key, or a slot,
+// for nobody, so the next waiter proceeds at once. A call that takes up a
+// shared or limited node whose turn has come all the same (the watch had
+// no time to fire) deletes it and queues a new node: nodes behind it may
+// hold the key already, with larger fences. A call that takes a node up
+// only after its lease ran out (its write lands a TTL or more after the
+// previous one) deletes it and queues a new node too: if the node had
+// reached the head meanwhile, it held the key until its lease ended, and
+// it must not hold it again under the same fence. When the caller's
+// context ends during a call, the waiter's node is deleted at once.
 //
 // TryAcquire (Backend.Acquire) does not queue: it creates its node, and
 // deletes it again unless the rules grant it (or leaves it as a writer
@@ -227,10 +234,11 @@ type Backend struct {
 	acl     []zk.ACL
 	session time.Duration
 
-	mu     sync.Mutex
-	held   map[dlock.Token]*node    // nodes this Backend holds, by token
-	parked map[string][]*parkedNode // waiting nodes between two AcquireWait calls, by key
-	rooted bool                     // the root exists
+	mu      sync.Mutex
+	held    map[dlock.Token]*node    // nodes this Backend holds, by token
+	parked  map[string][]*parkedNode // waiting nodes between two AcquireWait calls, by key
+	rooted  bool                     // the root exists
+	parkFor time.Duration            // how long a waiting node is parked: parkTimeout
 }
 
 var (
@@ -267,8 +275,9 @@ func New(c Conn, opts *Options) (*Backend, error) {
 	}
 	return &Backend{
 		c: c, root: root, acl: acl, session: opts.SessionTimeout,
-		held:   make(map[dlock.Token]*node),
-		parked: make(map[string][]*parkedNode),
+		held:    make(map[dlock.Token]*node),
+		parked:  make(map[string][]*parkedNode),
+		parkFor: parkTimeout,
 	}, nil
 }
 

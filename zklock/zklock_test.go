@@ -314,7 +314,7 @@ func TestParkedHeadIsNotRevived(t *testing.T) {
 	if err != nil || res.Acquired {
 		t.Fatalf("AcquireWait: %+v %v", res, err)
 	}
-	w.StopParkTimers(k)
+	w.StallParked(k)
 	// The parked node's fence: its czxid.
 	admin := newConn(t, addrs...)
 	names, _, err := admin.Children(b.Dir(k))
@@ -345,6 +345,133 @@ func TestParkedHeadIsNotRevived(t *testing.T) {
 	}
 }
 
+// TestParkedNodeWhoseTurnCameIsDeleted: a waiting node parked between two
+// AcquireWait calls whose turn comes before a call takes it up (its waiter
+// gave up between two calls) is deleted at once, in every mode, so that
+// the next waiter gets the key (or the slot) while the parked node's lease
+// still runs, not when it runs out.
+func TestParkedNodeWhoseTurnCameIsDeleted(t *testing.T) {
+	addrs := sharedAddrs(t)
+	admin := newConn(t, addrs...)
+	for _, c := range []struct {
+		name                   string
+		holder, parked, waiter dlock.Mode
+		limit                  int
+	}{
+		{"exclusive", dlock.ModeExclusive, dlock.ModeExclusive, dlock.ModeExclusive, 0},
+		{"shared", dlock.ModeExclusive, dlock.ModeShared, dlock.ModeExclusive, 0},
+		{"limited", dlock.ModeLimited, dlock.ModeLimited, dlock.ModeLimited, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			limit := func(m dlock.Mode) int {
+				if m == dlock.ModeLimited {
+					return c.limit
+				}
+				return 0
+			}
+			holder, parker, waiter := newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...))
+			parker.SetParkTimeout(time.Hour) // only its turn may delete the node
+			k := locktest.UniqueKey("parkturn")
+			ctx := ctxT(t, 30*time.Second)
+			hold := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: c.holder, Limit: limit(c.holder)}
+			if r, err := holder.Acquire(ctx, hold); err != nil || !r.Acquired {
+				t.Fatalf("Acquire: %+v %v", r, err)
+			}
+			// A third of the TTL: the call parks its node and returns.
+			pr := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 6 * time.Second, Mode: c.parked, Limit: limit(c.parked)}
+			if res, err := parker.AcquireWait(ctx, pr); err != nil || res.Acquired {
+				t.Fatalf("AcquireWait: %+v %v, want a parked node", res, err)
+			}
+			names, _, err := admin.Children(parker.Dir(k))
+			if err != nil || len(names) != 2 {
+				t.Fatalf("queue: %v %v, want the holder and the parked node", names, err)
+			}
+			slices.SortFunc(names, func(a, b string) int { return strings.Compare(a[len(a)-10:], b[len(b)-10:]) })
+			_, st, err := admin.Get(parker.Dir(k) + "/" + names[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			parkedEnd := st.Mtime + pr.TTL.Milliseconds() // its lease, on the leader's clock
+			got := make(chan dlock.Request, 1)
+			go func() {
+				defer close(got)
+				for ctx.Err() == nil {
+					w := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 6 * time.Second, Mode: c.waiter, Limit: limit(c.waiter)}
+					res, err := waiter.AcquireWait(ctx, w)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res.Acquired {
+						got <- w
+						return
+					}
+				}
+			}()
+			waitQueueLen(t, admin, parker, k, 3, 10*time.Second)
+			if err := holder.Release(ctx, k, hold.Token); err != nil {
+				t.Fatal(err)
+			}
+			w, ok := <-got
+			if !ok {
+				t.Fatalf("rule: a parked node whose turn came does not hold the key; the next waiter never got it")
+			}
+			defer waiter.Release(context.Background(), k, w.Token)
+			names, _, err = admin.Children(parker.Dir(k))
+			if err != nil || len(names) != 1 {
+				t.Fatalf("queue: %v %v, want the waiter's node alone", names, err)
+			}
+			// The waiter's grant renewed its node: the leader's time of it.
+			_, st, err = admin.Get(parker.Dir(k) + "/" + names[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Mtime >= parkedEnd {
+				t.Errorf("rule: a parked node whose turn came is deleted at once; the next waiter got the key %d ms after the parked node's lease ended", st.Mtime-parkedEnd)
+			}
+		})
+	}
+}
+
+// TestParkedReaderWhoseTurnCameIsNotTakenUp: a shared node parked between
+// two AcquireWait calls whose turn comes while it is parked (here its
+// watch is stopped, as in a stalled process) is not taken up by the next
+// call: a reader queued behind it got the key meanwhile with a larger
+// fence, and the next call must get a larger one still.
+func TestParkedReaderWhoseTurnCameIsNotTakenUp(t *testing.T) {
+	addrs := sharedAddrs(t)
+	writer, reader, parker := newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...)), newBackend(t, newConn(t, addrs...))
+	k := locktest.UniqueKey("parkedreader")
+	ctx := ctxT(t, 20*time.Second)
+	w := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second}
+	if r, err := writer.Acquire(ctx, w); err != nil || !r.Acquired {
+		t.Fatalf("Acquire: %+v %v", r, err)
+	}
+	r := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 6 * time.Second, Mode: dlock.ModeShared}
+	if res, err := parker.AcquireWait(ctx, r); err != nil || res.Acquired {
+		t.Fatalf("AcquireWait behind a writer: %+v %v, want a parked node", res, err)
+	}
+	parker.StallParked(k)
+	if err := writer.Release(ctx, k, w.Token); err != nil {
+		t.Fatal(err)
+	}
+	o := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeShared}
+	other, err := reader.Acquire(ctx, o)
+	if err != nil || !other.Acquired {
+		t.Fatalf("reader's Acquire after the writer left: %+v %v", other, err)
+	}
+	defer reader.Release(context.Background(), k, o.Token)
+	r.Token = dlock.NewToken()
+	res, err := parker.AcquireWait(ctx, r)
+	if err != nil || !res.Acquired {
+		t.Fatalf("AcquireWait after the writer left: %+v %v", res, err)
+	}
+	defer parker.Release(context.Background(), k, r.Token)
+	if res.Fence <= other.Fence {
+		t.Errorf("rule: fences increase in grant order; the reader after got %d, after %d", res.Fence, other.Fence)
+	}
+}
+
 // TestStalledWaiterDoesNotHoldUpTheQueue: a waiter whose process stalls
 // (paused, partitioned) with its node next in line keeps its session, and
 // its node outlives the holder's lease; the waiter behind it must not wait
@@ -365,7 +492,7 @@ func TestStalledWaiterDoesNotHoldUpTheQueue(t *testing.T) {
 	if res, err := stalled.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl}); err != nil || res.Acquired {
 		t.Fatalf("AcquireWait: %+v %v", res, err)
 	}
-	stalled.StopParkTimers(k)
+	stalled.StallParked(k)
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for {
