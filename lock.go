@@ -39,7 +39,9 @@ type lease struct {
 	mode             Mode
 	limit            int
 	ttl, margin      time.Duration
-	acquiredAt       time.Time
+	acquiredAt       time.Time     // when the acquisition was sent
+	grantRTT         time.Duration // from then to the grant's arrival
+	minHold          time.Duration // WithMinHold
 
 	handles  map[*Lock]struct{} // live Locks
 	ended    bool               // released, lost or closed
@@ -181,10 +183,11 @@ func (k *Lock) Release(ctx context.Context) error {
 		l.wakeLocked(ls.key)
 		l.mu.Unlock()
 	}
+	keep := l.keepFor(ls)
 	_, err := await(l, ctx, func() (struct{}, error) {
-		return struct{}{}, l.b.Release(ctx, ls.key, ls.token)
+		return struct{}{}, l.letGo(ctx, ls, keep)
 	}, func(_ struct{}, err error) {
-		if err != nil && !errors.Is(err, ErrNotHeld) {
+		if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
 			l.releaseLater(ls.key, ls.token)
 		}
 		wake()
@@ -193,13 +196,43 @@ func (k *Lock) Release(ctx context.Context) error {
 	switch {
 	case errors.Is(err, errAbandoned):
 		err = ctx.Err()
-	case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil:
+	case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil && keep == 0:
 		l.releaseLater(ls.key, ls.token)
 	}
 	if err != nil {
 		return fmt.Errorf("dlock: release %q: %w", ls.key, err)
 	}
 	return nil
+}
+
+// keepFor is how long the store must still keep ls's key when it is let
+// go now, for its minimum hold (WithMinHold), or 0 when nothing of it is
+// left. The rest of the hold is counted from the acquisition's sending;
+// the grant, which the store timed, came at most a round trip later, and
+// the lease's margin covers a clock that runs slow.
+func (l *Locker) keepFor(ls *lease) time.Duration {
+	if ls.minHold <= 0 {
+		return 0
+	}
+	left := ls.minHold - l.clock.Now().Sub(ls.acquiredAt)
+	if left <= 0 {
+		return 0
+	}
+	return max(left+ls.grantRTT+ls.margin, MinTTL)
+}
+
+// letGo ends ls in the store: a release, or, with keep left of its minimum
+// hold, a last extension of its lease to keep. When that extension fails
+// the lease runs out by its TTL: never released early.
+func (l *Locker) letGo(ctx context.Context, ls *lease, keep time.Duration) error {
+	if keep == 0 {
+		return l.b.Release(ctx, ls.key, ls.token)
+	}
+	errs, err := l.b.Extend(ctx, []Lease{{Key: ls.key, Token: ls.token, TTL: keep}})
+	if err == nil && len(errs) > 0 {
+		err = errs[0]
+	}
+	return err
 }
 
 // endLocked closes the Lock with err.

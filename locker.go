@@ -212,11 +212,12 @@ func (l *Locker) Close(ctx context.Context) error {
 
 	var errs []error
 	for _, ls := range leases {
+		keep := l.keepFor(ls)
 		l.wg.Add(1)
 		_, err := await(l, ctx, func() (struct{}, error) {
-			return struct{}{}, l.b.Release(ctx, ls.key, ls.token)
+			return struct{}{}, l.letGo(ctx, ls, keep)
 		}, func(_ struct{}, err error) {
-			if err != nil && !errors.Is(err, ErrNotHeld) {
+			if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
 				l.wg.Add(1) // this goroutine still counts: before any Wait ends
 				go l.releaseBounded(ls.key, ls.token)
 			}
@@ -224,7 +225,7 @@ func (l *Locker) Close(ctx context.Context) error {
 		switch {
 		case errors.Is(err, errAbandoned):
 			err = ctx.Err()
-		case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil:
+		case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil && keep == 0:
 			// Cut short by ctx: release in the background all the same,
 			// rather than leave the key to its TTL.
 			l.wg.Add(1)
@@ -429,7 +430,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		}
 		return nil, out, nil
 	case res.Acquired:
-		k, err := l.register(ctx, req, res.Fence, sent)
+		k, err := l.register(ctx, req, res.Fence, sent, cfg.minHold)
 		if errors.Is(err, errTooLate) || errors.Is(err, errLostEarly) {
 			// Not "held by someone": nobody may hold the key.
 			err = fmt.Errorf("dlock: acquire %q: %w", key, err)

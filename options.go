@@ -48,6 +48,7 @@ type acquireConfig struct {
 	shared   bool
 	limit    int
 	limitSet bool
+	minHold  time.Duration
 }
 
 // mode returns the acquisition's Mode.
@@ -113,6 +114,22 @@ func WithMetadata(s string) AcquireOption {
 	return func(c *acquireConfig) { c.metadata = &s }
 }
 
+// WithMinHold keeps the key held for at least d from its acquisition,
+// however soon the Lock is released: a release (or Close) before then does
+// not free the key but sets its lease in the store to what is left of d,
+// by the store's clock, and stops renewing it; the key is then free when
+// that lease runs out. The rest is counted from the sending of the
+// acquisition, with the acquisition's round trip and the lease's margin
+// added, so the key stays held at least until the store's grant plus d,
+// and at most about that margin longer. A job that runs on several hosts
+// from clocks that disagree then runs once per d, however fast it is (the
+// lockAtLeastFor of scheduled jobs). The store must accept a lease as
+// long as d. A reentrant acquisition keeps the first one's minimum hold.
+// d must not be negative; 0 (the default) frees the key at its release.
+func WithMinHold(d time.Duration) AcquireOption {
+	return func(c *acquireConfig) { c.minHold = d }
+}
+
 // ValidateKey reports whether key is acceptable: 1..MaxKeyLen bytes of valid
 // UTF-8 without NUL bytes. The error wraps ErrInvalidKey.
 func ValidateKey(key string) error {
@@ -170,6 +187,9 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 	}
 	if err := validateText("owner", c.owner, MaxOwnerLen); err != nil {
 		return c, err
+	}
+	if c.minHold < 0 {
+		return c, fmt.Errorf("%w: minimum hold %s is negative", ErrInvalidOption, c.minHold)
 	}
 	switch {
 	case c.shared && c.limitSet:

@@ -12,11 +12,12 @@ import (
 
 // register records a lease the backend granted at sent, and schedules its
 // renewal and its deadline.
-func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent time.Time) (*Lock, error) {
+func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent time.Time, minHold time.Duration) (*Lock, error) {
 	margin := l.marginFor(req.TTL)
 	ls := &lease{
 		key: req.Key, owner: req.Owner, meta: req.Metadata, token: req.Token, fence: fence,
 		mode: req.Mode, limit: req.Limit, ttl: req.TTL, margin: margin, acquiredAt: sent,
+		grantRTT: max(l.clock.Now().Sub(sent), 0), minHold: minHold,
 		handles:  make(map[*Lock]struct{}),
 		renewAt:  sent.Add(req.TTL / 3),
 		deadline: sent.Add(req.TTL - margin),
@@ -104,7 +105,7 @@ func deadlineLoss(ls *lease) error {
 func (l *Locker) loseLocked(ls *lease, cause error, release bool) {
 	l.log.Warn("dlock: lock lost", "key", ls.key, "fence", ls.fence, "err", cause)
 	l.endLocked(ls, cause)
-	if release && !l.closed {
+	if release && !l.closed && l.keepFor(ls) == 0 { // a minimum hold keeps it to its TTL
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()

@@ -113,6 +113,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"LongTTLsHoldOrAreRefused", s.longTTLs},
 		{"KeysThatNestOrFillTheLimitAreDistinct", s.nestedKeys},
 		{"ConcurrentAcquisitionsOfOneOwnerShareTheLock", s.concurrentReentrancy},
+		{"MinHoldOutlastsAnEarlyRelease", s.minHold},
 	}
 	cases = append(cases, s.modeCases()...)
 	for _, c := range cases {
@@ -204,12 +205,13 @@ func (s *suite) invalidInput(t *testing.T) {
 	}
 	k := key(t, "k")
 	for name, opt := range map[string]dlock.AcquireOption{
-		"ttl below MinTTL": dlock.WithTTL(dlock.MinTTL - time.Millisecond),
-		"zero ttl":         dlock.WithTTL(0),
-		"negative ttl":     dlock.WithTTL(-time.Second),
-		"long owner":       dlock.WithOwner(strings.Repeat("o", dlock.MaxOwnerLen+1)),
-		"bad owner":        dlock.WithOwner("\xff"),
-		"long metadata":    dlock.WithMetadata(strings.Repeat("m", dlock.MaxMetadataLen+1)),
+		"ttl below MinTTL":  dlock.WithTTL(dlock.MinTTL - time.Millisecond),
+		"zero ttl":          dlock.WithTTL(0),
+		"negative ttl":      dlock.WithTTL(-time.Second),
+		"negative min hold": dlock.WithMinHold(-time.Second),
+		"long owner":        dlock.WithOwner(strings.Repeat("o", dlock.MaxOwnerLen+1)),
+		"bad owner":         dlock.WithOwner("\xff"),
+		"long metadata":     dlock.WithMetadata(strings.Repeat("m", dlock.MaxMetadataLen+1)),
 	} {
 		if _, err := l.TryAcquire(ctx, k, opt); !errors.Is(err, dlock.ErrInvalidOption) {
 			t.Errorf("%s: got %v, want ErrInvalidOption", name, err)
