@@ -21,10 +21,11 @@ import (
 // Exit codes of dlock itself; a command run by `dlock run` passes its own
 // through.
 const (
-	exitUsage    = 64 // bad flags or arguments (EX_USAGE)
-	exitFailure  = 70 // the store failed or another error (EX_SOFTWARE)
-	exitConflict = 75 // default for "lock held by someone else" (EX_TEMPFAIL)
-	exitLockLost = 76 // the lock was lost while the command ran, or found lost at release
+	exitUsage    = 64  // bad flags or arguments (EX_USAGE)
+	exitFailure  = 70  // the store failed or another error (EX_SOFTWARE)
+	exitConflict = 75  // default for "lock held by someone else" (EX_TEMPFAIL)
+	exitLockLost = 76  // the lock was lost while the command ran, or found lost at release
+	exitMaxTime  = 124 // COMMAND ran past --max-time (as timeout(1))
 )
 
 // DefaultTimeout bounds each store call that does not wait for a holder.

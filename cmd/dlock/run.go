@@ -36,6 +36,8 @@ type runCmd struct {
 	shared       bool   // --shared
 	limit        int    // --limit N, when limitSet
 	limitSet     bool
+	atLeast      time.Duration // --at-least: the key's minimum hold
+	maxTime      time.Duration // --max-time: COMMAND's longest run (0: none)
 }
 
 // waitFlag is --wait/-w: a duration (1m30s) or, as with flock(1), a plain
@@ -98,7 +100,8 @@ Exit status: COMMAND's (128+N if signal N killed it); 75 (or -E,
 --conflict-exit-code) when the store said KEY was held until --wait ran out;
 127 when COMMAND is not found, 126 when it cannot be executed;
 128+N when signal N ended dlock before COMMAND started; 76 when the lock was
-lost while COMMAND ran, also when that is found only at the release; 64 on
+lost while COMMAND ran, also when that is found only at the release; 124
+when COMMAND ran past --max-time and was stopped; 64 on
 bad usage (and for a key used with another strategy, held with another
 --limit, or a store that cannot take --shared or --limit locks); 70 when the
 store failed, did not answer within --timeout, or never answered during --wait.
@@ -107,7 +110,14 @@ With --shared, any number of --shared runs of KEY hold it at once, and a run
 without --shared waits until none does; once such a run waits, new --shared
 runs wait behind it, so that readers cannot starve a writer. With --limit N,
 at most N runs hold KEY at once; every run of KEY gives the same N (another
-N, or a run without --limit while KEY is held with one, exits 64).`,
+N, or a run without --limit while KEY is held with one, exits 64).
+
+With --at-least D, KEY stays held for D from its acquisition even when
+COMMAND ends sooner: the release leaves the rest of D on the lease, by the
+store's clock, so that a job started by several hosts' cron, whose clocks
+disagree by less than D, runs once per period. With --max-time D, COMMAND
+gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
+124 once it has ended and KEY is released.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
   # (-q: a run skipped because another machine has the lock sends no mail)
   */5 * * * * dlock run -q -n nightly-report -- /usr/local/bin/report
@@ -123,7 +133,10 @@ N, or a run without --limit while KEY is held with one, exits 64).`,
   dlock run schema -- ./migrate.sh
 
   # at most 3 encoders at once on this store
-  dlock run --limit 3 encoder -- ./encode.sh`,
+  dlock run --limit 3 encoder -- ./encode.sh
+
+  # every host's cron starts it; it runs once per 5 minutes, for at most 4
+  */5 * * * * dlock run -q -n --at-least 4m --max-time 4m rollup -- ./rollup.sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			_, _, err := r.splitArgs(cmd.ArgsLenAtDash(), args)
 			return err
@@ -159,6 +172,8 @@ N, or a run without --limit while KEY is held with one, exits 64).`,
 	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no message when the lock is not obtained")
 	f.BoolVar(&r.shared, "shared", false, "hold KEY shared: any number of --shared runs at once, never with a run without it (which waits for them; new --shared runs wait behind it)")
 	f.IntVar(&r.limit, "limit", 0, "at most `N` runs hold KEY at once (a semaphore); every run of KEY must give the same N")
+	f.DurationVar(&r.atLeast, "at-least", 0, "keep KEY held at least this long from its acquisition, however soon COMMAND ends (a job run from several hosts' clocks runs once)")
+	f.DurationVar(&r.maxTime, "max-time", 0, "stop COMMAND (SIGTERM, then SIGKILL after --grace) when it has run this long, then release KEY, and exit 124 (default: no limit)")
 	return cmd
 }
 
@@ -203,6 +218,10 @@ func (r *runCmd) run(key string, argv []string) error {
 		return usageError("--shared and --limit are exclusive")
 	case r.limitSet && (r.limit < 1 || r.limit > dlock.MaxLimit):
 		return usageError("--limit %d is not in 1..%d", r.limit, dlock.MaxLimit)
+	case r.atLeast < 0:
+		return usageError("--at-least %s is negative", r.atLeast)
+	case r.maxTime < 0:
+		return usageError("--max-time %s is negative", r.maxTime)
 	}
 	if err := dlock.ValidateKey(key); err != nil {
 		return usageError("%w", err)
@@ -287,7 +306,7 @@ func (a *app) storeErr(s *store, err error) error {
 // runs out while the store fails, or before the store ever answered, is a
 // failure, not a conflict.
 func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, key string) (*dlock.Lock, error) {
-	opts := append([]dlock.AcquireOption{dlock.WithOwner(r.owner)}, r.modeOptions()...)
+	opts := append([]dlock.AcquireOption{dlock.WithOwner(r.owner), dlock.WithMinHold(r.atLeast)}, r.modeOptions()...)
 	if r.wait == 0 {
 		lk, err := locker.TryAcquire(ctx, key, opts...)
 		var he *dlock.HeldError
@@ -436,11 +455,16 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 		_ = syscall.Kill(-child.Process.Pid, sig)
 	}
 
-	var lost, termed bool
+	var lost, termed, overran bool
 	var termAt time.Time
-	var kill <-chan time.Time
+	var kill, overrun <-chan time.Time
 	var waitErr error
 	done := lk.Done()
+	if r.maxTime > 0 {
+		t := time.NewTimer(r.maxTime)
+		defer t.Stop()
+		overrun = t.C
+	}
 loop:
 	for {
 		select {
@@ -462,6 +486,14 @@ loop:
 			signalJob(syscall.SIGTERM)
 			termed, termAt = true, time.Now()
 			kill = time.After(r.grace)
+		case <-overrun:
+			overran = true
+			fmt.Fprintf(r.a.stderr, "dlock: the command has run for --max-time %s: stopping it\n", r.maxTime)
+			signalJob(syscall.SIGTERM)
+			if !termed {
+				termed, termAt = true, time.Now()
+				kill = time.After(r.grace)
+			}
 		case <-kill:
 			signalJob(syscall.SIGKILL)
 		}
@@ -483,6 +515,9 @@ loop:
 	if time.Now().After(lk.Deadline()) {
 		// The lease ran out before its loss was noticed.
 		return &exitError{code: exitLockLost, err: fmt.Errorf("lock %q lost while the command ran (its lease ran out unrenewed); the command exited %d", lk.Key(), code)}
+	}
+	if overran {
+		code = exitMaxTime
 	}
 	err := lk.Release(r.a.ctx)
 	switch {
