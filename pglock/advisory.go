@@ -57,7 +57,13 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     seconds. None of them is a connection of the pool, so the pool may
 //     have any size, 1 included.
 //   - Waiting happens in the server (pg_advisory_lock), which hands the lock
-//     to the first waiter the moment it is released.
+//     to the first waiter the moment it is released. The server also bounds
+//     each exclusive wait (lock_timeout, set for the wait's statement only),
+//     so that a writer whose process is frozen cannot keep readers out: a
+//     wait that starts while the key has readers ends after 2 s, and a live
+//     writer renews its writer mark and waits again, at the back of the
+//     queue (each end is an error in the server's log); other waits keep
+//     their place for 30 s.
 //   - Advisory locks are re-entrant per session, so the Advisory itself
 //     refuses a second grant of a lock its sessions already hold.
 //   - Fencing tokens come from a per-key counter row (the "_session" table)
@@ -70,7 +76,10 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     server, PostgreSQL refuses new shared requests, and an exclusive
 //     attempt that the server refuses while readers hold the key leaves a
 //     writer mark (dlock.WriterMark) in the counter row that refuses new
-//     shared requests until the writer waits in the server or gives up.
+//     shared requests until the writer waits in the server or gives up; a
+//     writer whose wait the server ended renews it before waiting again. A
+//     writer whose process stops while it waits among readers holds them
+//     back for dlock.WriterMark at most.
 //     Each shared holder is also a row of the "_readers" table, for List.
 //     Limited acquisitions are not supported: PostgreSQL has no counting
 //     advisory lock.
@@ -196,6 +205,26 @@ type advisoryQueries struct {
 	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list string
 }
 
+// Bounds of an exclusive wait in the server (lock_timeout, local to the
+// wait's statement), which end it even when its client can no longer
+// cancel it (a process stopped by SIGSTOP, a debugger, a VM pause), while
+// the session, busy with the statement, is never idle.
+//
+// A waiting writer keeps new readers out, so a wait that starts while the
+// key has shared holders or shared waiters ends after waitBound. A live
+// writer then renews its writer mark (dlock.WriterMark, which outlasts
+// waitBound, so that the mark covers the gap) and waits again, at the back
+// of the server's queue; a frozen one holds readers back for at most
+// dlock.WriterMark. A wait that starts without them keeps its place in the
+// queue for up to waitAlone: readers that come later queue behind it and
+// are no reason to end it. (Only a reader granted in the instant between
+// the wait's look at the key and its request would let a frozen writer
+// hold new readers back for waitAlone.)
+const (
+	waitBound = dlock.WriterMark * 2 / 3
+	waitAlone = maxWait
+)
+
 // The grant statements take the lock and, only if they got it, bump the
 // key's fencing row in the same statement, whose transaction commits
 // durably (set_config of synchronous_commit, local to the transaction):
@@ -210,14 +239,15 @@ type advisoryQueries struct {
 // writer mark lasts; an exclusive try that the server refuses while shared
 // holders hold the lock leaves the mark ($8), and an exclusive grant clears
 // it. While an exclusive request waits in the server, PostgreSQL itself
-// refuses new shared requests.
+// refuses new shared requests; the exclusive wait sets lock_timeout for its
+// own transaction (waitBound or waitAlone) before it asks for the lock (k).
 func newAdvisoryQueries(tb tables) advisoryQueries {
 	s, r := tb.session, tb.readers
 	const ours = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 	const keyLock = `l.classid = ((s.lock_id >> 32) & 4294967295)::oid AND l.objid = (s.lock_id & 4294967295)::oid`
-	grant := func(lock string, shared, marks bool) string {
-		ok, bump, extra, markUs := lock, `, writer_until = '-infinity'`, ``, `0::bigint`
+	grant := func(lock string, shared, marks, bounded bool) string {
+		ok, bump, extra, markUs, bound := lock, `, writer_until = '-infinity'`, ``, `0::bigint`, ``
 		if shared {
 			ok = `CASE WHEN k.wu > k.now THEN false ELSE ` + lock + ` END`
 			bump = ``
@@ -232,6 +262,13 @@ gone AS (
 )`
 			markUs = `CASE WHEN NOT l.ok AND k.wu > k.now THEN (extract(epoch FROM k.wu - k.now) * 1000000)::bigint ELSE 0 END`
 		}
+		if bounded {
+			bound = fmt.Sprintf(`,
+  set_config('lock_timeout', CASE WHEN EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 2
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND l.mode = 'ShareLock' AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid)
+  THEN '%d' ELSE '%d' END, true) AS lt`, waitBound.Milliseconds(), waitAlone.Milliseconds())
+		}
 		if marks {
 			extra = `,
 m AS (
@@ -240,7 +277,7 @@ m AS (
     AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND ` + keyLock + `)
 )`
 		}
-		return `WITH k AS MATERIALIZED (SELECT clock_timestamp() AS now, (SELECT writer_until FROM ` + s + ` WHERE name = $3) AS wu),
+		return `WITH k AS MATERIALIZED (SELECT clock_timestamp() AS now, (SELECT writer_until FROM ` + s + ` WHERE name = $3) AS wu` + bound + `),
 l AS MATERIALIZED (SELECT ` + ok + ` AS ok, set_config('synchronous_commit', 'on', true) AS sc FROM k),
 g AS (
   INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata)
@@ -256,10 +293,10 @@ SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchrono
 		wait = `(SELECT true FROM (SELECT pg_advisory_lock%s($1::int4, $2::int4)) w)`
 	)
 	return advisoryQueries{
-		try:        grant(fmt.Sprintf(try, ""), false, true),
-		wait:       grant(fmt.Sprintf(wait, ""), false, false),
-		tryShared:  grant(fmt.Sprintf(try, "_shared"), true, false),
-		waitShared: grant(fmt.Sprintf(wait, "_shared"), true, false),
+		try:        grant(fmt.Sprintf(try, ""), false, true, false),
+		wait:       grant(fmt.Sprintf(wait, ""), false, false, true),
+		tryShared:  grant(fmt.Sprintf(try, "_shared"), true, false, false),
+		waitShared: grant(fmt.Sprintf(wait, "_shared"), true, false, false),
 		unlock:     `SELECT pg_advisory_unlock($1::int4, $2::int4), pg_backend_pid()`,
 		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $4)
 SELECT pg_advisory_unlock_shared($1::int4, $2::int4), pg_backend_pid()`,
@@ -719,7 +756,17 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 		if _, uerr := a.unlock(ctx, ss, id, req.Key, req.Token, shared); uerr != nil {
 			return dlock.Join(err, uerr)
 		}
-		return err
+		if q != a.q.wait || !lockTimedOut(err) {
+			return err
+		}
+		// The wait reached its bound: not acquired yet. The mark keeps new
+		// readers out until the caller waits again.
+		if _, err := ss.conn.Exec(ctx, a.q.mark, []byte(req.Key), us(dlock.WriterMark)); sessionLost(err) {
+			return err
+		} else if err != nil && !cancelled(err) {
+			a.log.Warn("pglock: could not renew the writer mark", "key", req.Key, "err", err)
+		}
+		return nil
 	}
 	if res.ok {
 		res.fence = uint64(*fence)
@@ -812,9 +859,11 @@ const markRecheck = 100 * time.Millisecond
 // ctx ends first the wait is cancelled with a cancel request, and a grant
 // that raced with the cancellation is unlocked. While an exclusive request
 // waits in the server, PostgreSQL refuses new shared requests, waiting or
-// not; a shared request that meets the writer mark of an exclusive attempt
-// sleeps until the mark ends, or markRecheck at most (or until ctx ends),
-// and returns without the key.
+// not; the server ends an exclusive wait by itself (see waitBound), which
+// renews the writer mark and returns without the key, nor an error, for
+// the caller to wait again. A shared request that meets the writer mark of
+// an exclusive attempt sleeps until the mark ends, or markRecheck at most
+// (or until ctx ends), and returns without the key.
 func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	began := time.Now()
 	if err := checkAdvisoryMode(req); err != nil {
@@ -837,7 +886,8 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 		return dlock.Result{}, a.wrap("advisory acquire", err)
 	}
 	id := hashKey(req.Key)
-	wctx, cancel := context.WithTimeout(ctx, maxWait)
+	// The server ends an exclusive wait first (waitAlone).
+	wctx, cancel := context.WithTimeout(ctx, maxWait+waitBound)
 	defer cancel()
 	var res grantResult
 	err = ss.do(wctx, maxWait+statementBound, false, func(jctx context.Context, j *job) error {

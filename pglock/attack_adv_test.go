@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/locktest"
-	"github.com/dlock-dev/dlock/pglock"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -59,16 +60,13 @@ func TestAdvWriterWaitsLong(t *testing.T) {
 }
 
 // A writer process that freezes (SIGSTOP, a debugger, a VM pause) while it
-// waits in pg_advisory_lock keeps its place in the server's queue: the
-// statement is not idle, so idle_session_timeout does not end the session,
-// and the Advisory turned statement_timeout off. PostgreSQL then refuses
-// every new reader for as long as the current readers hold, without bound,
-// whereas on every other store a waiter that stops asking holds readers
-// back for at most dlock.WriterMark (a mark) or its TTL (a queue entry).
-// The frozen writer is played by a connection whose wait the test never
-// cancels (what a stopped process's session does), on the same lock.
+// waits in pg_advisory_lock must hold new readers back for a bounded time,
+// as a writer that gives up does (dlock.WriterMark), not for as long as the
+// current readers hold: its session is not idle, so idle_session_timeout
+// does not end it, and its frozen client cannot cancel the wait. The writer
+// is a helper process (TestAdvFrozenWriterHelper) stopped once it waits in
+// the server.
 func TestAdvFrozenAdvisoryWriterHoldsReadersBack(t *testing.T) {
-	t.Skip("known limit (docs/modes.md): a waiting advisory writer whose process is frozen keeps new readers out while the current readers hold, with no bound of its own; the wait needs a server-side bound")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	k := locktest.UniqueKey("adv-frozen-writer")
@@ -81,22 +79,22 @@ func TestAdvFrozenAdvisoryWriterHoldsReadersBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Release(context.Background())
-	conn, err := pgx.Connect(ctx, dsn())
-	if err != nil {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAdvFrozenWriterHelper$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envFrozenWriter+"="+k)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(context.Background())
-	k1, k2 := pglock.AdvisoryKeys(k)
-	frozen, thaw := context.WithTimeout(ctx, 15*time.Second) // the process resumes after 15 s
-	defer thaw()
-	waited := make(chan error, 1)
-	go func() {
-		_, err := conn.Exec(frozen, `SELECT pg_advisory_lock($1::int4, $2::int4)`, k1, k2)
-		waited <- err
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 	}()
-	time.Sleep(500 * time.Millisecond) // the writer waits in the server
+	waitsInServer(t, k)
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	froze := time.Now()
-	const bound = 10 * time.Second // past the mark, and past a TTL of 10 s
+	const bound = 10 * time.Second // past the mark (3 s), with room for a loaded machine
 	for {
 		lk, err := ll.TryAcquire(ctx, k, dlock.Shared())
 		if err == nil {
@@ -108,13 +106,32 @@ func TestAdvFrozenAdvisoryWriterHoldsReadersBack(t *testing.T) {
 			t.Fatal(err)
 		}
 		if d := time.Since(froze); d > bound {
-			t.Errorf("a frozen waiting writer has kept new readers out for %s (and does until it thaws or the readers leave)", d.Round(time.Millisecond))
-			break
+			t.Fatalf("a frozen waiting writer has kept new readers out for %s (and does until it thaws or the readers leave)", d.Round(time.Millisecond))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	thaw()
-	<-waited
+}
+
+// envFrozenWriter names the key that TestAdvFrozenWriterHelper waits for.
+const envFrozenWriter = "DLOCK_PGLOCK_FROZEN_WRITER"
+
+// TestAdvFrozenWriterHelper is the writer process of
+// TestAdvFrozenAdvisoryWriterHoldsReadersBack: it waits for the key
+// exclusively, through a Locker over the advisory strategy, until stopped.
+func TestAdvFrozenWriterHelper(t *testing.T) {
+	k := os.Getenv(envFrozenWriter)
+	if k == "" {
+		t.Skip("the helper process of TestAdvFrozenAdvisoryWriterHoldsReadersBack")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l := dlock.New(newAdvisory(t, nil), nil)
+	defer l.Close(context.Background())
+	lk, err := l.Acquire(ctx, k, dlock.WithTTL(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Release(context.Background())
 }
 
 func TestAdvWriterWokenByLastReader(t *testing.T) {

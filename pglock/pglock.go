@@ -46,10 +46,11 @@
 // Session-level advisory locks (pg_try_advisory_lock, pg_advisory_lock) held
 // by server sessions that the Advisory opens itself. It grants exclusive and
 // shared acquisitions (pg_advisory_lock_shared), not limited ones (see
-// Advisory.SupportsMode). See Advisory for its
-// guarantees: a crashed holder's locks are freed the moment the server sees
-// its connection close, a session that ends is reported at once, waiting
-// happens in the server (first come, first served), but it needs a real
+// Advisory.SupportsMode). See Advisory for its guarantees: a crashed
+// holder's locks are freed the moment the server sees its connection close,
+// a session that ends is reported at once, waiting happens in the server
+// (first come, first served; a writer waiting among readers asks again every
+// 2 s, so that a frozen one cannot keep them out), but it needs a real
 // session: it is unsafe behind a pooler in transaction or statement mode
 // (PgBouncer's default for many deployments), which pglock detects where it
 // can.
@@ -285,6 +286,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables, log *slog.Logge
 const (
 	codeUndefinedTable = "42P01"
 	codeQueryCanceled  = "57014"
+	codeLockTimeout    = "55P03" // lock_not_available: lock_timeout ran out
 )
 
 // wrapErr adds context and maps a missing table to dlock.ErrNoSchema.

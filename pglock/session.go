@@ -218,6 +218,13 @@ func cancelled(err error) bool {
 	return errors.As(err, &pe) && pe.Code == codeQueryCanceled
 }
 
+// lockTimedOut reports whether a statement ended because a lock wait ran
+// past lock_timeout; the session stays usable.
+func lockTimedOut(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == codeLockTimeout
+}
+
 // errLeft marks the error of a caller that stopped waiting for its job.
 var errLeft = errors.New("pglock: stopped waiting")
 
