@@ -53,7 +53,8 @@ import (
 // LossReporter. Use Join for errors that combine several.
 //
 // Optional capabilities are separate interfaces found by type assertion:
-// Lister, ForceReleaser, Waiter, LossReporter, Sharer.
+// Lister, ForceReleaser, Waiter, LossReporter, Sharer, Watcher,
+// MetadataSetter.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -86,6 +87,37 @@ type Waiter interface {
 	// ErrUnsupported: the backend cannot wait here (it took nothing) and the
 	// Locker falls back to its backoff for this acquisition.
 	AcquireWait(ctx context.Context, req Request) (Result, error)
+}
+
+// Watcher is implemented by backends whose store can notify a change of a
+// key's holders: an Election's observers are then woken by the store
+// instead of looking again after a backoff.
+type Watcher interface {
+	// Watch starts watching key and returns a channel that receives after
+	// every change of the key's holders that the store applies after Watch
+	// returns: a grant, a release, a metadata change (MetadataSetter), and
+	// an expiry or ended session where the store itself notices one (a
+	// store that never notices expiries needs not report them: the caller
+	// also looks again at the holder's ExpiresAt). The channel is buffered:
+	// changes that come faster than they are read merge into one receive,
+	// and a receive may come without a change. The channel is closed when
+	// ctx ends or when the watch can no longer see every change (a broken
+	// connection): the caller then lists the key again and watches anew.
+	// Watch must not block longer than ctx allows.
+	Watch(ctx context.Context, key string) (<-chan struct{}, error)
+}
+
+// MetadataSetter is implemented by backends that can change the metadata of
+// a held lease (what Lister shows and an Election's observers read as the
+// leader's value).
+type MetadataSetter interface {
+	// SetMetadata replaces the metadata of key's lease held by token, if
+	// that lease is still held and unexpired, and returns ErrNotHeld
+	// (changing nothing) otherwise. metadata is validated by the caller
+	// (at most MaxMetadataLen bytes of UTF-8 without NUL). A watch of key
+	// (Watcher) sees the change. An error other than ErrNotHeld means the
+	// outcome is unknown.
+	SetMetadata(ctx context.Context, key string, token Token, metadata string) error
 }
 
 // LossReporter is implemented by backends that can learn by themselves that
