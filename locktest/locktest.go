@@ -114,6 +114,8 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"KeysThatNestOrFillTheLimitAreDistinct", s.nestedKeys},
 		{"ConcurrentAcquisitionsOfOneOwnerShareTheLock", s.concurrentReentrancy},
 		{"MinHoldOutlastsAnEarlyRelease", s.minHold},
+		{"WatchSeesEveryChange", s.watch},
+		{"SetMetadataOnlyByTheHolder", s.setMetadata},
 	}
 	cases = append(cases, s.modeCases()...)
 	for _, c := range cases {

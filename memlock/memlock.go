@@ -16,15 +16,18 @@ import (
 
 // Backend keeps leases in a map. The zero value is not usable; call New.
 type Backend struct {
-	mu   sync.Mutex
-	keys map[string]*entry
+	mu       sync.Mutex
+	keys     map[string]*entry
+	watchers map[string]map[chan struct{}]struct{} // Watch's channels by key
 }
 
 var (
-	_ dlock.Backend       = (*Backend)(nil)
-	_ dlock.Lister        = (*Backend)(nil)
-	_ dlock.ForceReleaser = (*Backend)(nil)
-	_ dlock.Sharer        = (*Backend)(nil)
+	_ dlock.Backend        = (*Backend)(nil)
+	_ dlock.Lister         = (*Backend)(nil)
+	_ dlock.ForceReleaser  = (*Backend)(nil)
+	_ dlock.Sharer         = (*Backend)(nil)
+	_ dlock.Watcher        = (*Backend)(nil)
+	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
 // entry is one key. It is kept after its holders leave so that the fencing
@@ -43,7 +46,9 @@ type holder struct {
 }
 
 // New returns an empty Backend.
-func New() *Backend { return &Backend{keys: make(map[string]*entry)} }
+func New() *Backend {
+	return &Backend{keys: make(map[string]*entry), watchers: make(map[string]map[chan struct{}]struct{})}
+}
 
 // SupportsMode implements dlock.Sharer: every mode.
 func (b *Backend) SupportsMode(dlock.Mode) bool { return true }
@@ -118,6 +123,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		expires: now.Add(req.TTL),
 	}
 	hs[req.Token] = h
+	b.changedLocked(req.Key)
 	return dlock.Result{Acquired: true, Fence: e.fence}, nil
 }
 
@@ -162,6 +168,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 		return dlock.ErrNotHeld
 	}
 	delete(b.keys[key].holders, token)
+	b.changedLocked(key)
 	return nil
 }
 
@@ -203,5 +210,59 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 		return dlock.ErrNotHeld
 	}
 	clear(e.holders)
+	b.changedLocked(key)
 	return nil
+}
+
+// SetMetadata implements dlock.MetadataSetter.
+func (b *Backend) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h := b.holder(key, token, time.Now())
+	if h == nil {
+		return dlock.ErrNotHeld
+	}
+	h.info.Metadata = metadata
+	b.changedLocked(key)
+	return nil
+}
+
+// Watch implements dlock.Watcher. Expiries are not reported: nothing here
+// notices them as they happen.
+func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ch := make(chan struct{}, 1)
+	b.mu.Lock()
+	ws := b.watchers[key]
+	if ws == nil {
+		ws = make(map[chan struct{}]struct{})
+		b.watchers[key] = ws
+	}
+	ws[ch] = struct{}{}
+	b.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(ws, ch)
+		if len(ws) == 0 && b.watchers[key] != nil && len(b.watchers[key]) == 0 {
+			delete(b.watchers, key)
+		}
+		close(ch)
+	})
+	return ch, nil
+}
+
+// changedLocked tells key's watchers of a change.
+func (b *Backend) changedLocked(key string) {
+	for ch := range b.watchers[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }
