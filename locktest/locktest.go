@@ -116,6 +116,8 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"MinHoldOutlastsAnEarlyRelease", s.minHold},
 		{"WatchSeesEveryChange", s.watch},
 		{"SetMetadataOnlyByTheHolder", s.setMetadata},
+		{"ElectionHasOneLeaderAtATime", s.electionTerms},
+		{"ElectionObserversSeeEveryChange", s.electionObserved},
 	}
 	cases = append(cases, s.modeCases()...)
 	for _, c := range cases {

@@ -229,7 +229,7 @@ embedded store.`,
 	root.PersistentFlags().StringVar(&a.logFormat, "log-format", "text", "format of -v's log lines: text or json (one JSON object a line)")
 	root.Version = versionString()
 	root.SetVersionTemplate("dlock {{.Version}}\n")
-	root.AddCommand(a.runCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.doctorCmd(), a.versionCmd())
+	root.AddCommand(a.runCmd(), a.leaderCmd(), a.listCmd(), a.releaseCmd(), a.migrateCmd(), a.doctorCmd(), a.versionCmd())
 	return root
 }
 

@@ -1,0 +1,280 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// ErrNoLeader is returned by Election.Leader when nobody leads.
+var ErrNoLeader = errors.New("dlock: no leader")
+
+// An Election chooses one leader at a time among the processes that
+// campaign on its key, each through its own Locker. A term is an exclusive
+// lock of the key: it has the lock's lease, renewal, loss notice and fence,
+// so a term's fence is strictly greater than every earlier term's, and a
+// resource that checks fences refuses a deposed leader. The leader's value
+// (an address, say) is the lock's metadata, which every process can read
+// (Leader) and follow (Observe). Its methods are safe for concurrent use.
+type Election struct {
+	l   *Locker
+	key string
+}
+
+// NewElection returns the election held on key through l. The key is
+// checked at each call (ErrInvalidKey).
+func NewElection(l *Locker, key string) *Election { return &Election{l: l, key: key} }
+
+// Leader describes a term: who leads, as far as the store tells.
+type Leader struct {
+	Value     string    // the value the leader published (Campaign, Proclaim)
+	Fence     uint64    // the term's fence; 0 in Observe's report that nobody leads
+	Since     time.Time // when the term began, as the store reports it
+	ExpiresAt time.Time // the end of the leader's current lease, if the store has one
+}
+
+// A Term is one leadership: the Lock of the election's key (Fence, Done,
+// Err, Context and Deadline mean what they mean for a Lock; Release ends
+// the term, as Resign does).
+type Term struct {
+	*Lock
+	mu    sync.Mutex
+	value string
+}
+
+// Campaign waits until this process leads, or ctx ends (then an error
+// matching ErrNotAcquired), and returns the term. value is published as
+// the leader's value: at most MaxMetadataLen bytes of UTF-8 without NUL.
+// opts may set the lease (WithTTL), an owner or a minimum hold; a mode
+// other than exclusive is ErrInvalidOption. Waiting is the Locker's: woken
+// by the store's release where it can tell.
+func (e *Election) Campaign(ctx context.Context, value string, opts ...AcquireOption) (*Term, error) {
+	cfg, err := e.l.config(e.key, opts)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.mode() != ModeExclusive {
+		return nil, fmt.Errorf("%w: an election's terms are exclusive", ErrInvalidOption)
+	}
+	if err := validateText("value", value, MaxMetadataLen); err != nil {
+		return nil, err
+	}
+	lk, err := e.l.Acquire(ctx, e.key, append(opts[:len(opts):len(opts)], WithMetadata(value))...)
+	if err != nil {
+		return nil, err
+	}
+	return &Term{Lock: lk, value: value}, nil
+}
+
+// Resign ends the term (Lock.Release).
+func (t *Term) Resign(ctx context.Context) error { return t.Release(ctx) }
+
+// Value returns the value the term last published.
+func (t *Term) Value() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.value
+}
+
+// Proclaim publishes value as the leader's value while the term lasts. It
+// returns an error matching ErrNotHeld if the term has ended (nothing is
+// changed), ErrUnsupported if the store cannot change a lease's metadata
+// (dlock.MetadataSetter), ErrInvalidOption for a value Campaign would
+// refuse, or the store's error (the value may or may not have changed).
+func (t *Term) Proclaim(ctx context.Context, value string) error {
+	ms, ok := t.l.b.(MetadataSetter)
+	if !ok {
+		return fmt.Errorf("%w: the store cannot change a leader's value", ErrUnsupported)
+	}
+	if err := validateText("value", value, MaxMetadataLen); err != nil {
+		return err
+	}
+	if err := t.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotHeld, err)
+	}
+	_, err := storeCall(t.l, ctx, func() (struct{}, error) {
+		return struct{}{}, ms.SetMetadata(ctx, t.ls.key, t.ls.token, value)
+	})
+	if err != nil {
+		return fmt.Errorf("dlock: proclaim %q: %w", t.ls.key, err)
+	}
+	t.mu.Lock()
+	t.value = value
+	t.mu.Unlock()
+	return nil
+}
+
+// Leader returns the current leader, or ErrNoLeader. It needs a store that
+// lists holders (dlock.Lister; otherwise ErrUnsupported).
+func (e *Election) Leader(ctx context.Context) (Leader, error) {
+	if err := ValidateKey(e.key); err != nil {
+		return Leader{}, err
+	}
+	lister, ok := e.l.b.(Lister)
+	if !ok {
+		return Leader{}, fmt.Errorf("%w: the store cannot list holders", ErrUnsupported)
+	}
+	infos, err := storeCall(e.l, ctx, func() ([]LockInfo, error) { return lister.List(ctx, e.key) })
+	if err != nil {
+		return Leader{}, fmt.Errorf("dlock: leader of %q: %w", e.key, err)
+	}
+	var best *LockInfo
+	for i, in := range infos {
+		if in.Key == e.key && in.Mode == ModeExclusive && (best == nil || in.Fence > best.Fence) {
+			best = &infos[i]
+		}
+	}
+	if best == nil {
+		return Leader{}, ErrNoLeader
+	}
+	return Leader{Value: best.Metadata, Fence: best.Fence, Since: best.AcquiredAt, ExpiresAt: best.ExpiresAt}, nil
+}
+
+// Observe reports the election's leader on the returned channel: first the
+// current one (a Leader with Fence 0 when nobody leads), then every change
+// it sees of the leader or its value, until ctx ends (then the channel is
+// closed). A new term is reported only with a fence greater than every
+// term reported before, so a report never goes back to an earlier leader;
+// terms that begin and end between two reads are not seen. Observe reads
+// again when the store notifies a change (dlock.Watcher) and when the
+// leader's lease is due to end; on a store that cannot notify, it looks
+// again after a backoff of up to a second. Store errors are retried with
+// backoff. The channel is unbuffered: a slow reader delays the next read.
+func (e *Election) Observe(ctx context.Context) <-chan Leader {
+	out := make(chan Leader)
+	go e.observe(ctx, out)
+	return out
+}
+
+func (e *Election) observe(ctx context.Context, out chan<- Leader) {
+	defer close(out)
+	watcher, canWatch := e.l.b.(Watcher)
+	var (
+		lastFence uint64 // of the newest term reported
+		lastValue string
+		none      bool // the last report said nobody leads
+		sent      bool
+		changes   <-chan struct{}
+		stop      = func() {}
+		bo        Backoff
+		poll      = 50 * time.Millisecond
+	)
+	defer func() { stop() }()
+	for ctx.Err() == nil {
+		if canWatch && changes == nil {
+			stop()
+			wctx, cancel := context.WithCancel(ctx)
+			stop = cancel
+			ch, err := watcher.Watch(wctx, e.key)
+			if err != nil {
+				e.l.log.Debug("dlock: watch of an election failed", "key", e.key, "err", err)
+				if !sleepCtx(ctx, bo.Next(0)) {
+					return
+				}
+				continue
+			}
+			changes = ch
+		}
+		cur, err := e.Leader(ctx)
+		switch {
+		case errors.Is(err, ErrNoLeader):
+			cur, err = Leader{}, nil
+		case errors.Is(err, ErrClosed):
+			return
+		case err != nil:
+			e.l.log.Debug("dlock: election leader read failed", "key", e.key, "err", err)
+			if !sleepCtx(ctx, bo.Next(0)) {
+				return
+			}
+			continue
+		}
+		bo = Backoff{}
+		var report bool
+		switch {
+		case !sent:
+			report = true
+		case cur.Fence == 0:
+			report = !none
+		case cur.Fence > lastFence:
+			report = true
+		case cur.Fence == lastFence:
+			report = !none && cur.Value != lastValue
+		}
+		if report {
+			select {
+			case out <- cur:
+			case <-ctx.Done():
+				return
+			}
+			sent, none = true, cur.Fence == 0
+			if !none {
+				lastFence, lastValue = cur.Fence, cur.Value
+			}
+			poll = 50 * time.Millisecond
+		}
+		if !e.waitChange(ctx, cur, &changes, canWatch, poll) {
+			return
+		}
+		poll = min(2*poll, time.Second)
+	}
+}
+
+// waitChange waits for the store's notice of a change (a closed watch
+// clears *changes), the end of cur's lease, a poll of poll when the store
+// cannot notify, or ctx; it reports whether ctx is still live.
+func (e *Election) waitChange(ctx context.Context, cur Leader, changes *<-chan struct{}, canWatch bool, poll time.Duration) bool {
+	var due, tick <-chan time.Time
+	if !cur.ExpiresAt.IsZero() {
+		t := time.NewTimer(max(time.Until(cur.ExpiresAt), 0) + 50*time.Millisecond)
+		defer t.Stop()
+		due = t.C
+	}
+	if !canWatch {
+		t := time.NewTimer(poll)
+		defer t.Stop()
+		tick = t.C
+	}
+	select {
+	case _, open := <-*changes:
+		if !open {
+			*changes = nil
+		}
+	case <-due:
+	case <-tick:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// sleepCtx waits d or until ctx ends, and reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// storeCall runs call as await does, counted by Close: it returns by ctx's
+// end whatever the store does, and ErrClosed after Close.
+func storeCall[T any](l *Locker, ctx context.Context, call func() (T, error)) (T, error) {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		var zero T
+		return zero, ErrClosed
+	}
+	l.wg.Add(1)
+	l.mu.Unlock()
+	v, err := await(l, ctx, call, nil)
+	if errors.Is(err, errAbandoned) {
+		err = ctx.Err()
+	}
+	return v, err
+}

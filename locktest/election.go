@@ -1,0 +1,139 @@
+package locktest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// electionTerms checks that an election has one leader at a time: three
+// processes campaign in turn, each term's fence is greater than the one
+// before, terms never overlap, and Leader names the term while it lasts.
+func (s *suite) electionTerms(t *testing.T) {
+	k := key(t, "election")
+	type term struct {
+		from, to time.Time
+		fence    uint64
+		who      string
+	}
+	var mu sync.Mutex
+	var terms []term
+	var wg sync.WaitGroup
+	ctx := ctxT(t, 60*time.Second)
+	for i := range 3 {
+		l, _ := s.locker(t)
+		e := dlock.NewElection(l, k)
+		who := fmt.Sprintf("node-%d", i)
+		wg.Go(func() {
+			for range 3 {
+				tm, err := e.Campaign(ctx, who, dlock.WithTTL(ttl))
+				if err != nil {
+					t.Errorf("Campaign: %v", err)
+					return
+				}
+				from := time.Now()
+				if ld, err := e.Leader(ctx); err != nil || ld.Fence != tm.Fence() || ld.Value != who {
+					t.Errorf("rule: Leader names the current term; got %+v %v, want fence %d value %s", ld, err, tm.Fence(), who)
+				}
+				time.Sleep(50 * time.Millisecond)
+				to := time.Now()
+				if err := tm.Resign(ctx); err != nil {
+					t.Errorf("Resign: %v", err)
+				}
+				mu.Lock()
+				terms = append(terms, term{from, to, tm.Fence(), who})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for i, a := range terms {
+		for _, b := range terms[i+1:] {
+			if a.fence == b.fence {
+				t.Errorf("rule: one leader per fence; %s and %s both led with fence %d", a.who, b.who, a.fence)
+			}
+			if a.from.Before(b.to) && b.from.Before(a.to) {
+				t.Errorf("rule: one leader at a time; %s (fence %d) and %s (fence %d) overlapped", a.who, a.fence, b.who, b.fence)
+			}
+			if (a.from.Before(b.from)) != (a.fence < b.fence) {
+				t.Errorf("rule: a later term has a greater fence; %s fence %d from %s, %s fence %d from %s", a.who, a.fence, a.from.Format(time.StampMilli), b.who, b.fence, b.from.Format(time.StampMilli))
+			}
+		}
+	}
+	l, _ := s.locker(t)
+	if _, err := dlock.NewElection(l, k).Leader(ctx); !errors.Is(err, dlock.ErrNoLeader) {
+		t.Errorf("rule: after every leader resigned, Leader is ErrNoLeader; got %v", err)
+	}
+	if _, err := dlock.NewElection(l, k).Campaign(ctx, "x", dlock.Shared()); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("a shared campaign: %v, want ErrInvalidOption", err)
+	}
+}
+
+// electionObserved checks Observe: an observer sees nobody, then a
+// leader, its new value (where the store can change it), nobody again,
+// and the next leader with a greater fence, in that order.
+func (s *suite) electionObserved(t *testing.T) {
+	k := key(t, "observed")
+	ol, _ := s.locker(t)
+	octx, stop := context.WithCancel(ctxT(t, 60*time.Second))
+	defer stop()
+	seen := dlock.NewElection(ol, k).Observe(octx)
+	next := func(what string, ok func(dlock.Leader) bool) dlock.Leader {
+		t.Helper()
+		select {
+		case ld, open := <-seen:
+			if !open {
+				t.Fatalf("Observe's channel closed before %s", what)
+			}
+			if !ok(ld) {
+				t.Fatalf("rule: observers see every change in order; want %s, got %+v", what, ld)
+			}
+			return ld
+		case <-time.After(notifyBound):
+			t.Fatalf("rule: observers see every change; %s not seen within %s", what, notifyBound)
+		}
+		return dlock.Leader{}
+	}
+	next("nobody leading", func(ld dlock.Leader) bool { return ld.Fence == 0 })
+	a, _ := s.locker(t)
+	ta, err := dlock.NewElection(a, k).Campaign(ctxT(t, 10*time.Second), "a:1", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next("leader a:1", func(ld dlock.Leader) bool { return ld.Fence == ta.Fence() && ld.Value == "a:1" })
+	err = ta.Proclaim(ctxT(t, 10*time.Second), "a:2")
+	switch {
+	case errors.Is(err, dlock.ErrUnsupported):
+	case err != nil:
+		t.Fatalf("Proclaim: %v", err)
+	default:
+		if ta.Value() != "a:2" {
+			t.Errorf("Term.Value after Proclaim: %q", ta.Value())
+		}
+		next("value a:2", func(ld dlock.Leader) bool { return ld.Fence == ta.Fence() && ld.Value == "a:2" })
+	}
+	if err := ta.Resign(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	next("nobody after the resignation", func(ld dlock.Leader) bool { return ld.Fence == 0 })
+	if err := ta.Proclaim(ctxT(t, 10*time.Second), "a:3"); !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrUnsupported) {
+		t.Errorf("rule: a resigned leader cannot proclaim; got %v", err)
+	}
+	b, _ := s.locker(t)
+	tb, err := dlock.NewElection(b, k).Campaign(ctxT(t, 10*time.Second), "b:1", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next("leader b:1 with a greater fence", func(ld dlock.Leader) bool {
+		return ld.Fence == tb.Fence() && ld.Fence > ta.Fence() && ld.Value == "b:1"
+	})
+	stop()
+	for range seen {
+	}
+	_ = tb.Resign(context.Background())
+}
