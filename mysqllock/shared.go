@@ -27,9 +27,8 @@ import (
 // the certification of concurrent changes from other nodes fail (the
 // server reports a deadlock, and the transaction is run again).
 //
-// A waiter for a shared or limited hold cannot ring a doorbell: AcquireWait
-// refuses such requests with dlock.ErrUnsupported before any I/O, and the
-// Locker polls with its backoff, bounded by Result.Remaining.
+// Shared and limited holders hold no doorbell; their waiters queue on the
+// key's doorbell with the exclusive ones (see AcquireWait).
 
 // SupportsMode implements dlock.Sharer: the lease strategy grants every
 // mode.
@@ -244,6 +243,13 @@ func (b *Backend) grantShared(ctx context.Context, tx *sql.Tx, req dlock.Request
 	}
 	_, err := tx.ExecContext(ctx, b.sq.grant, fence, req.Limit, req.Key, req.Token[:], req.Key)
 	return err
+}
+
+// metWriter reports whether a refused request, shared, met a writer mark
+// rather than a holder: decideShared then names no holder (an exclusive
+// one has a token).
+func metWriter(req dlock.Request, res dlock.Result) bool {
+	return req.Mode == dlock.ModeShared && res.Holder.Token == (dlock.Token{})
 }
 
 // firstToLeave describes the shared or limited holder of key whose lease
