@@ -139,9 +139,10 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	}
 	wait := staleBell
 	switch {
-	case metWriter(req, res):
-		// The writer waits ahead, on the doorbell or holding it: its
-		// mark's end says nothing of when this reader's turn comes.
+	case queuedAhead(req, res):
+		// A writer or the first in line waits ahead, on the doorbell or
+		// holding it: the end of its mark or turn says nothing of when
+		// this waiter's turn comes.
 		wait = maxWait
 	case res.Remaining > 0:
 		wait = res.Remaining + time.Millisecond
@@ -215,7 +216,7 @@ func (b *Backend) inLineShared(ctx context.Context, req dlock.Request, inLine in
 		case res.Acquired:
 			res.SentAfter = sending.Sub(began)
 			return res, nil
-		case metWriter(req, res):
+		case queuedAhead(req, res): // a writer's mark (the doorbell's turn is this waiter's)
 			// Pass the doorbell to the writer, then give it the time to
 			// take it: with no writer in line (it gave up, or is between
 			// two waits) this reader would get it straight back.
@@ -234,6 +235,14 @@ func (b *Backend) inLineShared(ctx context.Context, req dlock.Request, inLine in
 func bellRequest(req dlock.Request) dlock.Request {
 	req.Mode, req.Limit = dlock.ModeExclusive, 0
 	return req
+}
+
+// bellName is key's doorbell name, or nil without doorbells.
+func (b *Backend) bellName(key string) any {
+	if !b.bells() {
+		return nil
+	}
+	return b.bell.name(key)
 }
 
 // ring releases the doorbell token holds for key, if any.

@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -130,6 +131,47 @@ func TestWaitersOfMixedModesServedInArrivalOrder(t *testing.T) {
 	for i, m := range modes {
 		if want := fmt.Sprintf("%d:%s", i, m); i >= len(order) || order[i] != want {
 			t.Fatalf("served in the order %v, want the order of arrival", order)
+		}
+	}
+}
+
+// TestNewcomerDefersToTheFirstInLine: when a limited holder leaves, the
+// slot it frees goes to the waiter first in line, not to a client that
+// asks at that moment without having queued.
+func TestNewcomerDefersToTheFirstInLine(t *testing.T) {
+	ctx := t.Context()
+	hl := locktest.NewLocker(t, newBackend(t, ""))
+	wl := locktest.NewLocker(t, newBackend(t, ""))
+	nl := locktest.NewLocker(t, newBackend(t, ""))
+	for range 3 {
+		key := locktest.UniqueKey("newcomer")
+		lk, err := hl.TryAcquire(ctx, key, dlock.WithLimit(1), dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			w, err := wl.Acquire(wctx, key, dlock.WithLimit(1), dlock.WithTTL(30*time.Second))
+			if err == nil {
+				time.Sleep(100 * time.Millisecond)
+				err = w.Release(context.Background())
+			}
+			got <- err
+		}()
+		time.Sleep(500 * time.Millisecond) // the waiter is first in line
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := nl.TryAcquire(ctx, key, dlock.WithLimit(1)); err == nil {
+			_ = n.Release(ctx)
+			t.Fatal("a newcomer took the slot that a release freed for the waiter first in line")
+		} else if !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatal(err)
+		}
+		if err := <-got; err != nil {
+			t.Fatal(err)
 		}
 	}
 }
