@@ -120,12 +120,16 @@ func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Res
 // than bellPoll at a time. Doorbell failures are never errors: they only
 // cost the wake-up. In a pool with a limit, when no connection can be spared
 // for a waiter's doorbell session, it returns dlock.ErrUnsupported and the
-// Locker polls instead. Shared and limited holders ring no doorbell: for
-// such requests it returns dlock.ErrUnsupported before any I/O, and the
-// Locker polls, never longer than Result.Remaining, the time left to the
-// first lease (or writer mark) that stands in the way.
+// Locker polls instead.
+//
+// Waiters of every mode queue on the same doorbell, so they are served in
+// the order they queued: an exclusive holder rings at its release, and a
+// shared or limited waiter that gets in passes the doorbell on at once, so
+// that the next in line looks too (another reader may join it, another slot
+// may be free). Shared and limited holders hold no doorbell: while they
+// keep the first in line out, it looks every bellPoll (see inLineShared).
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if !b.bells() || req.Mode != dlock.ModeExclusive {
+	if !b.bells() {
 		return dlock.Result{}, dlock.ErrUnsupported
 	}
 	began := time.Now()
@@ -134,14 +138,20 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		return res, err
 	}
 	wait := staleBell
-	if res.Remaining > 0 {
+	switch {
+	case queuedAhead(req, res):
+		// A writer or the first in line waits ahead, on the doorbell or
+		// holding it: the end of its mark or turn says nothing of when
+		// this waiter's turn comes.
+		wait = maxWait
+	case res.Remaining > 0:
 		wait = res.Remaining + time.Millisecond
 	}
 	// The bound is GET_LOCK's own timeout, not a context's: a wait that runs
 	// out then keeps its session instead of being killed.
 	bound := min(wait, recheck(req.TTL), maxWait)
 	waiting := time.Now()
-	r, err := b.bell.acquireWait(ctx, req, bound)
+	r, err := b.bell.acquireWait(ctx, bellRequest(req), bound)
 	var bo dlock.Backoff
 	switch {
 	case errors.Is(err, ErrGalera):
@@ -160,6 +170,9 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		return dlock.Result{}, nil
 	}
 	inLine := b.bell.sessionOf(req.Key, req.Token)
+	if req.Mode != dlock.ModeExclusive {
+		return b.inLineShared(ctx, req, inLine, began)
+	}
 	for {
 		sending := time.Now()
 		res, err := b.acquireLease(ctx, req, inLine)
@@ -180,6 +193,56 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			return dlock.Result{}, nil
 		}
 	}
+}
+
+// inLineShared takes a shared or limited hold as the first in line: req
+// holds the key's doorbell (on session inLine). A grant passes the doorbell
+// on at once: shared and limited holders ring nothing at their release.
+// While holders keep req out, it keeps the doorbell and looks again every
+// bellPoll at most, as an exclusive waiter does behind readers. A reader
+// that meets a writer mark passes the doorbell on and returns: the writer
+// that left the mark is ahead of it, and may be queued behind it.
+func (b *Backend) inLineShared(ctx context.Context, req dlock.Request, inLine int64, began time.Time) (dlock.Result, error) {
+	// The doorbell goes on however this ends: after an error the Locker
+	// releases the token, which finds no exclusive lease to ring for.
+	defer b.ring(context.WithoutCancel(ctx), req.Key, req.Token)
+	var bo dlock.Backoff
+	for {
+		sending := time.Now()
+		res, err := b.acquireLease(ctx, req, inLine)
+		switch {
+		case err != nil:
+			return res, err
+		case res.Acquired:
+			res.SentAfter = sending.Sub(began)
+			return res, nil
+		case queuedAhead(req, res): // a writer's mark (the doorbell's turn is this waiter's)
+			// Pass the doorbell to the writer, then give it the time to
+			// take it: with no writer in line (it gave up, or is between
+			// two waits) this reader would get it straight back.
+			b.ring(context.WithoutCancel(ctx), req.Key, req.Token)
+			sleep(ctx, min(bellPoll, res.Remaining+time.Millisecond))
+			return dlock.Result{}, nil
+		}
+		if !sleep(ctx, min(bo.Next(res.Remaining), bellPoll)) {
+			return dlock.Result{}, nil
+		}
+	}
+}
+
+// bellRequest is req for its doorbell, a named lock: exclusive whatever
+// the mode of the lease it waits for.
+func bellRequest(req dlock.Request) dlock.Request {
+	req.Mode, req.Limit = dlock.ModeExclusive, 0
+	return req
+}
+
+// bellName is key's doorbell name, or nil without doorbells.
+func (b *Backend) bellName(key string) any {
+	if !b.bells() {
+		return nil
+	}
+	return b.bell.name(key)
 }
 
 // ring releases the doorbell token holds for key, if any.

@@ -478,7 +478,7 @@ func outlive[T any](ctx context.Context, f func(context.Context) (T, error), lef
 // taken while anyone else holds a fresh doorbell (see newQueries).
 func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	if req.Mode != dlock.ModeExclusive {
-		return b.tryShared(ctx, req)
+		return b.tryShared(ctx, req, inLine)
 	}
 	ttl := req.TTL.Microseconds()
 	q := b.q.acquire
@@ -514,7 +514,7 @@ func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64)
 	// did take the row (audit triggers, pt-online-schema-change). The row
 	// decides: our token (128 random bits) in an unexpired lease is proof of
 	// a grant.
-	st, ok, err := readState(ctx, b.db, b.sq.state, req.Key)
+	st, ok, err := readState(ctx, b.db, b.sq.state, req.Key, nil)
 	if err != nil {
 		// The outcome is unknown; the Locker releases our token.
 		return dlock.Result{}, b.wrap("acquire", err)

@@ -27,9 +27,8 @@ import (
 // the certification of concurrent changes from other nodes fail (the
 // server reports a deadlock, and the transaction is run again).
 //
-// A waiter for a shared or limited hold cannot ring a doorbell: AcquireWait
-// refuses such requests with dlock.ErrUnsupported before any I/O, and the
-// Locker polls with its backoff, bounded by Result.Remaining.
+// Shared and limited holders hold no doorbell; their waiters queue on the
+// key's doorbell with the exclusive ones (see AcquireWait).
 
 // SupportsMode implements dlock.Sharer: the lease strategy grants every
 // mode.
@@ -63,7 +62,11 @@ func newSharedQueries(t, h string) sharedQueries {
   TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at),
   share_limit, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), writer_until),
   (SELECT COUNT(*) FROM ` + h + ` AS h WHERE h.name = k.name AND h.expires_at > UTC_TIMESTAMP(6)),
-  (SELECT COUNT(*) FROM ` + h + ` AS h WHERE h.name = k.name AND h.expires_at <= UTC_TIMESTAMP(6))
+  (SELECT COUNT(*) FROM ` + h + ` AS h WHERE h.name = k.name AND h.expires_at <= UTC_TIMESTAMP(6)),
+  IFNULL(IS_USED_LOCK(?), 0),
+  TIMESTAMPDIFF(MICROSECOND, GREATEST(expires_at, IF(shared_until <= UTC_TIMESTAMP(6), shared_until, '1970-01-01'),
+    IFNULL((SELECT MAX(h.expires_at) FROM ` + h + ` AS h WHERE h.name = k.name AND h.expires_at <= UTC_TIMESTAMP(6)), '1970-01-01')),
+    UTC_TIMESTAMP(6))
 FROM ` + t + ` AS k WHERE name = ?`
 	// What is left of the key's holders: the latest expiry of those still
 	// live, or else `none`.
@@ -87,7 +90,10 @@ VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECO
   shared_until = GREATEST(shared_until, IFNULL((SELECT h.expires_at FROM ` + h + ` AS h WHERE h.name = ? AND h.token = ?), shared_until))
 WHERE name = ?`,
 		lockKey: `SELECT fence FROM ` + t + ` WHERE name = ? FOR UPDATE`,
-		remove:  `DELETE FROM ` + h + ` WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
+		// A released holder's row is kept, expired now, until the key's
+		// next grant: its expiry tells when the slot was freed (see
+		// decideShared).
+		remove: `UPDATE ` + h + ` SET expires_at = UTC_TIMESTAMP(6) WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
 		// The last holder's release frees the key now, so that a writer
 		// first in line at its doorbell takes it (see newQueries).
 		settle: `UPDATE ` + t + ` SET shared_until = ` + left("UTC_TIMESTAMP(6)") + ` WHERE name = ?`,
@@ -107,12 +113,14 @@ type keyState struct {
 	limit       int           // the limit of the shared (0) or limited holders
 	writer      time.Duration // the writer mark's remaining time (≤ 0: none)
 	live, stale int           // the key's unexpired and expired holders
+	bell        int64         // the session holding the key's doorbell (0: none, or no doorbells)
+	freed       time.Duration // since a holder of any mode last left (released or expired)
 }
 
 // readState reads key's row with q (state or stateLocked); false if there is
-// none.
-func readState(ctx context.Context, db querier, q, key string) (keyState, bool, error) {
-	rows, err := db.QueryContext(ctx, q, key)
+// none. bell is the key's doorbell name, nil without doorbells.
+func readState(ctx context.Context, db querier, q, key string, bell any) (keyState, bool, error) {
+	rows, err := db.QueryContext(ctx, q, bell, key)
 	if err != nil {
 		return keyState{}, false, err
 	}
@@ -122,9 +130,9 @@ func readState(ctx context.Context, db querier, q, key string) (keyState, bool, 
 	}
 	var s keyState
 	var token []byte
-	var acquiredUs, remainingUs, writerUs int64
+	var acquiredUs, remainingUs, writerUs, freedUs int64
 	if err := rows.Scan(&token, &s.excl.Owner, &s.excl.Fence, &s.excl.Metadata, &acquiredUs, &remainingUs,
-		&s.limit, &writerUs, &s.live, &s.stale); err != nil {
+		&s.limit, &writerUs, &s.live, &s.stale, &s.bell, &freedUs); err != nil {
 		return keyState{}, false, err
 	}
 	s.excl.Key = key
@@ -133,6 +141,7 @@ func readState(ctx context.Context, db querier, q, key string) (keyState, bool, 
 	s.excl.remaining = time.Duration(remainingUs) * time.Microsecond
 	s.excl.ExpiresAt = time.Now().Add(s.excl.remaining)
 	s.writer = time.Duration(writerUs) * time.Microsecond
+	s.freed = time.Duration(freedUs) * time.Microsecond
 	return s, true, rows.Close()
 }
 
@@ -179,19 +188,20 @@ func txOnce(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) (bool, error)) e
 // tryShared is one attempt at a shared or limited hold of req.Key: a
 // transaction on the key's row that decides as the Sharer contract says
 // and, on a grant, records the holder and takes the next fence. A refusal
-// changes nothing.
-func (b *Backend) tryShared(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+// changes nothing. With doorbells, inLine is the session holding req's
+// doorbell (0 if none), as for exclusive acquisitions (see decideShared).
+func (b *Backend) tryShared(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	var res dlock.Result
 	var refused error // a mode mismatch: nothing was taken
 	err := b.inTx(ctx, func(tx *sql.Tx) (bool, error) {
 		if _, err := tx.ExecContext(ctx, b.sq.lockRow, req.Key); err != nil {
 			return false, err
 		}
-		st, _, err := readState(ctx, tx, b.sq.stateLocked, req.Key)
+		st, _, err := readState(ctx, tx, b.sq.stateLocked, req.Key, b.bellName(req.Key))
 		if err != nil {
 			return false, err
 		}
-		res, refused = decideShared(req, st)
+		res, refused = decideShared(req, st, inLine)
 		if !res.Acquired {
 			return false, nil
 		}
@@ -212,7 +222,14 @@ func (b *Backend) tryShared(ctx context.Context, req dlock.Request) (dlock.Resul
 
 // decideShared applies the Sharer contract to a shared or limited request
 // and the key's state. A full limited key is reported with no holder.
-func decideShared(req dlock.Request, st keyState) (dlock.Result, error) {
+//
+// As the exclusive statement does, it keeps what a holder's departure
+// freed for the waiter first in line, woken or looking every bellPoll:
+// while another session (not inLine) holds the key's doorbell, a request
+// that could be granted is refused for staleBell after a holder of any
+// mode last left, with no holder named. A doorbell held longer than that
+// past a departure is stale, and ignored.
+func decideShared(req dlock.Request, st keyState, inLine int64) (dlock.Result, error) {
 	switch {
 	case st.excl.remaining > 0 && req.Mode == dlock.ModeLimited:
 		return dlock.Result{}, mismatch(req.Key, dlock.ModeExclusive, 0, req)
@@ -224,6 +241,8 @@ func decideShared(req dlock.Request, st keyState) (dlock.Result, error) {
 		return dlock.Result{}, nil
 	case req.Mode == dlock.ModeShared && st.writer > 0:
 		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}, Remaining: st.writer}, nil
+	case st.bell != 0 && st.bell != inLine && st.freed < staleBell:
+		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}, Remaining: staleBell - st.freed}, nil
 	}
 	return dlock.Result{Acquired: true, Fence: st.excl.Fence + 1}, nil
 }
@@ -244,6 +263,14 @@ func (b *Backend) grantShared(ctx context.Context, tx *sql.Tx, req dlock.Request
 	}
 	_, err := tx.ExecContext(ctx, b.sq.grant, fence, req.Limit, req.Key, req.Token[:], req.Key)
 	return err
+}
+
+// queuedAhead reports whether a refused shared or limited request was kept
+// out for a waiter ahead of it (a writer's mark, or the turn of the
+// doorbell's holder) rather than by a holder: decideShared then names no
+// holder and the time it keeps the request out.
+func queuedAhead(req dlock.Request, res dlock.Result) bool {
+	return req.Mode != dlock.ModeExclusive && res.Holder.Token == (dlock.Token{}) && res.Remaining > 0
 }
 
 // firstToLeave describes the shared or limited holder of key whose lease

@@ -284,9 +284,8 @@ func TestListAndForceReleaseEveryMode(t *testing.T) {
 
 // TestModeRequestsRefusedBeforeIO: a request that no strategy can take is
 // an error before any I/O (the pool points at a closed port, so any I/O
-// would fail otherwise): a limit out of range, a mode that GetLock or
-// RowLock cannot grant, and a lease strategy's wait for a shared or limited
-// hold, which rings no doorbell.
+// would fail otherwise): a limit out of range, in an attempt or a wait,
+// and a mode that GetLock or RowLock cannot grant.
 func TestModeRequestsRefusedBeforeIO(t *testing.T) {
 	db, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/test?timeout=1s")
 	if err != nil {
@@ -307,10 +306,8 @@ func TestModeRequestsRefusedBeforeIO(t *testing.T) {
 		if _, err := lease.Acquire(t.Context(), req); !errors.Is(err, dlock.ErrInvalidOption) {
 			t.Errorf("Acquire(%s, limit %d): %v; want ErrInvalidOption", req.Mode, req.Limit, err)
 		}
-	}
-	for _, req := range []dlock.Request{request("k", dlock.ModeShared, 0, time.Second), request("k", dlock.ModeLimited, 2, time.Second)} {
-		if _, err := lease.AcquireWait(t.Context(), req); !errors.Is(err, dlock.ErrUnsupported) {
-			t.Errorf("AcquireWait(%s): %v; want ErrUnsupported", req.Mode, err)
+		if _, err := lease.AcquireWait(t.Context(), req); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("AcquireWait(%s, limit %d): %v; want ErrInvalidOption", req.Mode, req.Limit, err)
 		}
 	}
 	get, err := mysqllock.NewGetLock(db, nil)
