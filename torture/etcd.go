@@ -460,6 +460,9 @@ func etcdHistory(prefix string, changes []etcdChange) ([]LeaseEvent, int, error)
 		for _, c := range changes[i:j] {
 			recv = max(recv, c.RecvUs)
 			key, ok := etcdlock.EntryKey(prefix, c.Name)
+			if _, mark := etcdlock.MarkKey(prefix, c.Name); !ok && mark {
+				continue // a writer mark: no grant (the mode keys' checks do not read this record)
+			}
 			if !ok {
 				return nil, 0, fmt.Errorf("revision %d: %q is not an etcdlock entry under %q", c.Rev, c.Name, prefix)
 			}
