@@ -103,7 +103,9 @@ type Watcher interface {
 	// and a receive may come without a change. The channel is closed when
 	// ctx ends or when the watch can no longer see every change (a broken
 	// connection): the caller then lists the key again and watches anew.
-	// Watch must not block longer than ctx allows.
+	// Watch must not block longer than ctx allows. A backend that wraps
+	// another may return ErrUnsupported when the wrapped one cannot watch:
+	// the caller then looks again after a backoff.
 	Watch(ctx context.Context, key string) (<-chan struct{}, error)
 }
 

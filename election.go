@@ -168,14 +168,15 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 			wctx, cancel := context.WithCancel(ctx)
 			stop = cancel
 			ch, err := watcher.Watch(wctx, e.key)
-			if err != nil {
+			switch {
+			case errors.Is(err, ErrUnsupported):
+				canWatch = false
+			case err != nil:
+				// Read all the same, and look again after a backoff.
 				e.l.log.Debug("dlock: watch of an election failed", "key", e.key, "err", err)
-				if !sleepCtx(ctx, bo.Next(0)) {
-					return
-				}
-				continue
+			default:
+				changes = ch
 			}
-			changes = ch
 		}
 		cur, err := e.Leader(ctx)
 		switch {
@@ -214,7 +215,7 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 			}
 			poll = 50 * time.Millisecond
 		}
-		if !e.waitChange(ctx, cur, &changes, canWatch, poll) {
+		if !e.waitChange(ctx, cur, &changes, canWatch && changes != nil, poll) {
 			return
 		}
 		poll = min(2*poll, time.Second)

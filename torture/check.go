@@ -95,6 +95,8 @@ type checkInput struct {
 	KnownRaces int // the workers' race reports that are knownRaces
 	// ModeKeys are the run's keys taken in other modes (workerConfig).
 	ModeKeys map[string]int
+	// Leader is the run's key taken through an Election (workerConfig).
+	Leader string
 }
 
 // hold is one acquisition as a worker saw it.
@@ -327,6 +329,7 @@ func check(in checkInput) *RunReport {
 	c.attributeFaults()
 	c.checkResource()
 	c.checkModes()
+	c.checkObservers()
 	c.checkLinearizable()
 	c.checkNotification()
 	c.checkErrBeforeAccess()

@@ -21,7 +21,7 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 		Name: r.m.name, Strategy: r.m.adapter.Name, TTL: r.cfg.TTL,
 		NoFencing: r.m.noFencing, Control: r.m.control, SessionHeld: r.m.adapter.SessionHeld, PauseStallsStore: r.m.adapter.PauseStallsStore, Known: r.m.adapter.Known,
 		Started: started, Ended: ended,
-		Faults: r.faults, ModeKeys: r.modeKeys,
+		Faults: r.faults, ModeKeys: r.modeKeys, Leader: r.leader,
 	}
 	in.Offset, in.OffsetSkew = r.clock.offset()
 	if r.storeClock != nil {

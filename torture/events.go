@@ -13,7 +13,7 @@ import (
 type Event struct {
 	T  int64  `json:"t"`            // when the event ended (or happened)
 	T0 int64  `json:"t0,omitempty"` // when the call started
-	Ev string `json:"ev"`           // start, acq, acqerr, done, op, skip, rel, dofree, slow, exit
+	Ev string `json:"ev"`           // start, acq, acqerr, done, op, skip, rel, dofree, slow, obs, exit
 	K  string `json:"k,omitempty"`  // key
 	F  uint64 `json:"f,omitempty"`  // fence
 	// op: "r" (read, which also presents the token to the resource) or "w".
@@ -41,6 +41,8 @@ type Event struct {
 	// empty for an exclusive lock. N (acq): the limit of a limited lock.
 	M string `json:"m,omitempty"`
 	N int    `json:"n,omitempty"`
+	// Val (obs): the leader's value an Election observer reported.
+	Val string `json:"val,omitempty"`
 }
 
 // recorder appends events to a worker's file. Each event is one write(2), so

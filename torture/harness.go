@@ -55,8 +55,9 @@ type Config struct {
 	Workers    int           // worker processes per strategy
 	Keys       int           // lock keys
 	// ModeKeys adds, for each strategy, a reader-writer key if it grants
-	// shared locks and a semaphore key if it grants limited ones (see
-	// modes.go), next to the Keys exclusive ones.
+	// shared locks and a semaphore key if it grants limited ones, and an
+	// exclusive key taken through a dlock.Election and observed by every
+	// worker (see modes.go), next to the Keys exclusive ones.
 	ModeKeys   bool
 	TTL        time.Duration // lease
 	Seed       uint64        // fault schedule and worker choices
@@ -354,6 +355,7 @@ type runner struct {
 	dir      string
 	keys     []string
 	modeKeys map[string]int // keys taken in other modes (Config.ModeKeys)
+	leader   string         // the key taken through an Election (Config.ModeKeys)
 	fp       *faultProxies
 	rng      *rand.Rand    // fault choices; used by the scheduler goroutine only
 	ns       *namespaces   // with Config.Netns, for networked stores
@@ -436,6 +438,8 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 				r.keys = append(r.keys, k)
 			}
 		}
+		r.leader = leaderKey
+		r.keys = append(r.keys, leaderKey)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -487,7 +491,7 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 		defer r.fp.close()
 	}
 	fmt.Fprintf(cfg.Log, "== %s: %d workers × %d lanes, %d keys%s, ttl %s, %s, faults %v every ~%s%s, client faults %v, fencing %v\n",
-		m.name, cfg.Workers, r.lanes(), cfg.Keys, describeModeKeys(r.modeKeys), cfg.TTL, m.duration, m.faults, m.faultEvery,
+		m.name, cfg.Workers, r.lanes(), cfg.Keys, describeModeKeys(r.modeKeys, r.leader), cfg.TTL, m.duration, m.faults, m.faultEvery,
 		map[bool]string{true: " + db restarts", false: ""}[m.dbRestart], m.client, !m.noFencing)
 
 	stopClock := make(chan struct{})
@@ -580,7 +584,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 		resAddr = r.rp.addr(slot)
 	}
 	wc := workerConfig{
-		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, ModeKeys: r.modeKeys, TTL: r.cfg.TTL,
+		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, ModeKeys: r.modeKeys, Leader: r.leader, TTL: r.cfg.TTL,
 		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
 		Lanes:        r.lanes(),
 		ClientFaults: r.m.client,

@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sort"
@@ -18,6 +19,7 @@ import (
 const (
 	rwKey     = "rw"
 	semKey    = "sem"
+	leaderKey = "ld" // taken through an Election: an exclusive key for every check
 	semLimit  = 2
 	pRWShared = 0.75 // share of the reader-writer key's acquisitions that are shared
 )
@@ -58,6 +60,44 @@ func supportsModes(b dlock.Backend, keys map[string]int) error {
 	return nil
 }
 
+// plain reports whether key is an exclusive key taken with Acquire (not a
+// mode key, not the election's): the keys of the Do and deadline faults.
+func (w *worker) plain(key string) bool {
+	_, mode := w.cfg.ModeKeys[key]
+	return !mode && key != w.cfg.Leader
+}
+
+// observe records every leader an Election observer of the worker's
+// Locker reports ("obs" events), until ctx ends.
+func (w *worker) observe(ctx context.Context) {
+	for ld := range dlock.NewElection(w.locker, w.cfg.Leader).Observe(ctx) {
+		w.rec.rec(Event{Ev: "obs", K: w.cfg.Leader, F: ld.Fence, Val: ld.Value})
+	}
+}
+
+// List, Watch and SetMetadata pass the wrapped backend's capabilities
+// through (an Election needs them).
+func (b *timedBackend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	if l, ok := b.Backend.(dlock.Lister); ok {
+		return l.List(ctx, prefix)
+	}
+	return nil, dlock.ErrUnsupported
+}
+
+func (b *timedBackend) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	if w, ok := b.Backend.(dlock.Watcher); ok {
+		return w.Watch(ctx, key)
+	}
+	return nil, dlock.ErrUnsupported
+}
+
+func (b *timedBackend) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	if m, ok := b.Backend.(dlock.MetadataSetter); ok {
+		return m.SetMetadata(ctx, key, token, metadata)
+	}
+	return dlock.ErrUnsupported
+}
+
 // acquireOptions are a lane's options for acquiring key: the worker's TTL,
 // and the mode the key is taken in (for the reader-writer key, drawn).
 func (l *lane) acquireOptions(key string) []dlock.AcquireOption {
@@ -74,8 +114,11 @@ func (l *lane) acquireOptions(key string) []dlock.AcquireOption {
 }
 
 // describeModeKeys names a run's mode keys for its progress line.
-func describeModeKeys(keys map[string]int) string {
+func describeModeKeys(keys map[string]int, leader string) string {
 	var out []string
+	if leader != "" {
+		out = append(out, leader+" (election)")
+	}
 	if _, ok := keys[rwKey]; ok {
 		out = append(out, rwKey+" (shared/exclusive)")
 	}
@@ -430,5 +473,62 @@ func (c *checker) checkModeResource(ms *ModeStats, hs []*hold, rows []logRow) {
 			continue
 		}
 		c.violate(vOverLimit, "%s id %d: %d holders' spans cover it (fences %v), limit %d", rows[s.first].Key, rows[s.first].ID, len(cover), cover, ms.Limit)
+	}
+}
+
+// vObserved: an Election observer reported a leader out of fence order, or
+// a term with the value of another term's leader.
+const vObserved = "observer: leader reported out of order or with another term's value"
+
+// ObserverStats are a run's figures for its election's observers.
+type ObserverStats struct {
+	Reports int `json:"reports"` // leaders (and "nobody") reported, every worker
+	Terms   int `json:"terms"`   // terms of the election key acquired by workers
+	Seen    int `json:"seen"`    // of those, terms some observer reported
+}
+
+// checkObservers checks the election's observers: each one's reports of a
+// leader come in increasing fence order (a value change keeps the fence),
+// and the value reported with a fence is the ID of the worker that was
+// granted that term (the value it campaigned with).
+func (c *checker) checkObservers() {
+	if c.in.Leader == "" {
+		return
+	}
+	st := &ObserverStats{}
+	c.rep.Observers = st
+	seen := map[uint64]bool{}
+	for _, h := range c.holds {
+		if h.key == c.in.Leader {
+			st.Terms++
+		}
+	}
+	for _, w := range c.in.Workers {
+		var last uint64
+		for _, e := range w.Events {
+			if e.Ev != "obs" {
+				continue
+			}
+			st.Reports++
+			if e.F == 0 {
+				continue
+			}
+			if e.F < last {
+				c.violate(vObserved, "%s: %s reported fence %d after fence %d", e.K, w.ID, e.F, last)
+			}
+			last = e.F
+			if h := c.byKF[kf(e.K, e.F)]; h != nil {
+				if !seen[e.F] {
+					seen[e.F] = true
+					st.Seen++
+				}
+				if h.worker != e.Val {
+					c.violate(vObserved, "%s: %s reported fence %d with value %q; that term is %s's", e.K, w.ID, e.F, e.Val, h.worker)
+				}
+			}
+		}
+	}
+	if st.Reports == 0 && !c.in.Control {
+		c.inconclusive("election key %s: no observer reported anything", c.in.Leader)
 	}
 }

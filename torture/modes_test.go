@@ -156,3 +156,26 @@ func TestCheckModesKnownUnderRestart(t *testing.T) {
 	in.Faults = nil
 	wantViolation(t, in, vOverClaimed)
 }
+
+func TestCheckObservers(t *testing.T) {
+	in := base() // w1 holds k fence 1, then w2 fence 2
+	in.Leader = "k"
+	in.Workers[0].Events = append(in.Workers[0].Events,
+		Event{T: 105 * ms, Ev: "obs", K: "k", F: 1, Val: "w1"},
+		Event{T: 610 * ms, Ev: "obs", K: "k"},
+		Event{T: 655 * ms, Ev: "obs", K: "k", F: 2, Val: "w2"})
+	r := check(in)
+	if r.Verdict != "PASS" || r.Observers == nil || r.Observers.Seen != 2 || r.Observers.Terms != 2 || r.Observers.Reports != 3 {
+		t.Fatalf("%s %v %+v", r.Verdict, r.ViolationList, r.Observers)
+	}
+	// Back to an older term, and a term reported with another's value.
+	in.Workers[1].Events = append(in.Workers[1].Events,
+		Event{T: 700 * ms, Ev: "obs", K: "k", F: 2, Val: "w2"},
+		Event{T: 710 * ms, Ev: "obs", K: "k", F: 1, Val: "w1"})
+	if r := wantViolation(t, in, vObserved); r.Violations[vObserved] != 1 {
+		t.Errorf("out of order: %v", r.ViolationList)
+	}
+	in.Workers[1].Events = in.Workers[1].Events[:len(in.Workers[1].Events)-2]
+	in.Workers[1].Events = append(in.Workers[1].Events, Event{T: 700 * ms, Ev: "obs", K: "k", F: 2, Val: "w1"})
+	wantViolation(t, in, vObserved)
+}

@@ -74,6 +74,8 @@ type RunReport struct {
 
 	// Modes: the figures of the mode keys (Config.ModeKeys).
 	Modes []*ModeStats `json:"modes,omitempty"`
+	// Observers: the figures of the election's observers (Config.ModeKeys).
+	Observers *ObserverStats `json:"observers,omitempty"`
 
 	Faults       []*FaultStats       `json:"faults"`
 	ClientFaults []*ClientFaultStats `json:"client_faults,omitempty"`
@@ -281,6 +283,22 @@ func (rep *Report) Markdown(w io.Writer) {
 				}
 				fmt.Fprintf(w, "| %s | %s | %d / %d / %d | %d | %d | %d / %d | %d | %d |\n", r.Name, key, m.Shared, m.Exclusive, m.Limited,
 					m.MaxHolders, m.Overlapping, m.OpsAccepted, m.OpsRejected, m.AfterPause, m.Violations)
+			}
+		}
+	}
+	obs := false
+	for _, r := range rep.Runs {
+		obs = obs || r.Observers != nil
+	}
+	if obs {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Election key (taken through dlock.Election, observed by every worker): observers' reports; the key's terms; the terms some observer reported.")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| run | reports | terms | terms reported |")
+		fmt.Fprintln(w, "|---|---|---|---|")
+		for _, r := range rep.Runs {
+			if o := r.Observers; o != nil {
+				fmt.Fprintf(w, "| %s | %d | %d | %d |\n", r.Name, o.Reports, o.Terms, o.Seen)
 			}
 		}
 	}

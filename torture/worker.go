@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -34,14 +35,17 @@ type workerConfig struct {
 	// ModeKeys are keys (also in Keys) taken in other modes: 0 for a
 	// reader-writer key (shared holds, and a share of exclusive ones), n
 	// for a semaphore of n holders.
-	ModeKeys  map[string]int `json:"mode_keys,omitempty"`
-	TTL       time.Duration  `json:"ttl"`       // lease
-	Seed      uint64         `json:"seed"`      // for the worker's choices
-	LongFrac  float64        `json:"long_frac"` // share of holds up to 2×TTL; the rest up to 50 ms
-	NoFencing bool           `json:"no_fencing"`
-	ClockRate float64        `json:"clock_rate"` // the Locker's clock rate (1: real time)
-	Events    string         `json:"events"`     // path of the JSON-lines record
-	Resource  string         `json:"resource"`   // host:port of the resource's MariaDB, if not the DSN's
+	ModeKeys map[string]int `json:"mode_keys,omitempty"`
+	// Leader is a key (also in Keys) taken through a dlock.Election, with
+	// the worker's ID as value, and observed by every worker.
+	Leader    string        `json:"leader,omitempty"`
+	TTL       time.Duration `json:"ttl"`       // lease
+	Seed      uint64        `json:"seed"`      // for the worker's choices
+	LongFrac  float64       `json:"long_frac"` // share of holds up to 2×TTL; the rest up to 50 ms
+	NoFencing bool          `json:"no_fencing"`
+	ClockRate float64       `json:"clock_rate"` // the Locker's clock rate (1: real time)
+	Events    string        `json:"events"`     // path of the JSON-lines record
+	Resource  string        `json:"resource"`   // host:port of the resource's MariaDB, if not the DSN's
 	// Lanes is how many goroutines run the worker's loop on its one Locker
 	// (and so on its store sessions): a worker then holds up to Lanes
 	// locks at once.
@@ -134,6 +138,9 @@ func runWorker(cfg workerConfig) error {
 	ctx, w.restart = context.WithCancel(ctx)
 	defer w.restart()
 	var lanes sync.WaitGroup
+	if cfg.Leader != "" {
+		lanes.Go(func() { w.observe(ctx) })
+	}
 	for i := range max(cfg.Lanes, 1) {
 		l := &lane{w: w, rng: rand.New(rand.NewPCG(cfg.Seed, 0x746f7274757265+uint64(i)))}
 		lanes.Go(func() { l.loop(ctx) })
@@ -179,20 +186,28 @@ func (l *lane) loop(ctx context.Context) {
 	w, ttl := l.w, l.w.cfg.TTL
 	for ctx.Err() == nil {
 		key := w.cfg.Keys[l.rng.IntN(len(w.cfg.Keys))]
-		if l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pAcqDeadline {
+		if key != w.cfg.Leader && l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pAcqDeadline {
 			if lk, acq := l.shortAcquire(ctx, key); lk != nil {
 				l.held(ctx, lk, acq, false)
 				continue
 			}
 		}
-		_, isMode := w.cfg.ModeKeys[key]
-		if !isMode && l.clientFault(ClientDoPanic) && l.rng.Float64() < pDoPanic {
+		if w.plain(key) && l.clientFault(ClientDoPanic) && l.rng.Float64() < pDoPanic {
 			l.doPanic(ctx, key)
 			continue
 		}
 		t0 := Mono()
 		actx, cancel := context.WithTimeout(ctx, 10*ttl)
-		lk, err := w.locker.Acquire(actx, key, l.acquireOptions(key)...)
+		var lk *dlock.Lock
+		var err error
+		if key == w.cfg.Leader {
+			var term *dlock.Term
+			if term, err = dlock.NewElection(w.locker, key).Campaign(actx, w.cfg.ID, l.acquireOptions(key)...); err == nil {
+				lk = term.Lock
+			}
+		} else {
+			lk, err = w.locker.Acquire(actx, key, l.acquireOptions(key)...)
+		}
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -239,11 +254,9 @@ func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool)
 		err := lk.Err()
 		w.rec.rec(Event{T: t, Ev: "done", K: key, F: fence, OK: errors.Is(err, dlock.ErrLockLost), Err: errString(err)})
 	}()
-	if keys := w.cfg.Keys; !nested && len(keys) > 1 && l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pNested {
-		other := keys[l.rng.IntN(len(keys))]
-		for other == key {
-			other = keys[l.rng.IntN(len(keys))]
-		}
+	others := slices.DeleteFunc(slices.Clone(w.cfg.Keys), func(k string) bool { return k == key || k == w.cfg.Leader })
+	if !nested && len(others) > 0 && l.clientFault(ClientAcqDeadline) && l.rng.Float64() < pNested {
+		other := others[l.rng.IntN(len(others))]
 		l.hold(ctx, mode, key, fence, plan/2, lk.Err)
 		if lk.Err() == nil && ctx.Err() == nil {
 			if lk2, acq2 := l.shortAcquire(ctx, other); lk2 != nil {

@@ -367,6 +367,9 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 			return "", "", false
 		}
 		dir, name, _ = strings.Cut(rel, "/")
+		if key, isKey := zklock.KeyOfNode(dir); isKey && (key == rwKey || key == semKey) {
+			return "", "", false // a mode key's queue: the mode keys' checks do not read this record
+		}
 		return dir, name, !strings.Contains(name, "/")
 	}
 	for i := range txns {
