@@ -485,6 +485,10 @@ type ObserverStats struct {
 	Reports int `json:"reports"` // leaders (and "nobody") reported, every worker
 	Terms   int `json:"terms"`   // terms of the election key acquired by workers
 	Seen    int `json:"seen"`    // of those, terms some observer reported
+	// Failover: a leader's SIGKILL → the next term's Campaign returned;
+	// Observed: → the first observer's report of that term (ms).
+	Failover Stats `json:"failover"`
+	Observed Stats `json:"observed"`
 }
 
 // checkObservers checks the election's observers: each one's reports of a
@@ -528,6 +532,34 @@ func (c *checker) checkObservers() {
 			}
 		}
 	}
+	for _, f := range c.in.Faults {
+		if f.Kind != FaultKill || f.Key != c.in.Leader {
+			continue
+		}
+		var next *hold
+		for _, h := range c.holds {
+			if h.key == f.Key && h.fence > f.Fence && (next == nil || h.fence < next.fence) {
+				next = h
+			}
+		}
+		if next == nil {
+			continue
+		}
+		st.Failover.add(float64(next.acqOK-f.Start) / 1e6)
+		first := int64(0)
+		for _, w := range c.in.Workers {
+			for _, e := range w.Events {
+				if e.Ev == "obs" && e.F == next.fence && (first == 0 || e.T < first) {
+					first = e.T
+				}
+			}
+		}
+		if first > 0 {
+			st.Observed.add(float64(first-f.Start) / 1e6)
+		}
+	}
+	st.Failover.finish()
+	st.Observed.finish()
 	if st.Reports == 0 && !c.in.Control {
 		c.inconclusive("election key %s: no observer reported anything", c.in.Leader)
 	}

@@ -292,13 +292,13 @@ func (rep *Report) Markdown(w io.Writer) {
 	}
 	if obs {
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "Election key (taken through dlock.Election, observed by every worker): observers' reports; the key's terms; the terms some observer reported.")
+		fmt.Fprintln(w, "Election key (taken through dlock.Election, observed by every worker): observers' reports; the key's terms; the terms some observer reported; a leader's SIGKILL → the next term began, and → an observer reported it (ms).")
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| run | reports | terms | terms reported |")
-		fmt.Fprintln(w, "|---|---|---|---|")
+		fmt.Fprintln(w, "| run | reports | terms | terms reported | failover p50/p99/max | observed p50/p99/max |")
+		fmt.Fprintln(w, "|---|---|---|---|---|---|")
 		for _, r := range rep.Runs {
 			if o := r.Observers; o != nil {
-				fmt.Fprintf(w, "| %s | %d | %d | %d |\n", r.Name, o.Reports, o.Terms, o.Seen)
+				fmt.Fprintf(w, "| %s | %d | %d | %d | %s | %s |\n", r.Name, o.Reports, o.Terms, o.Seen, o.Failover.String(), o.Observed.String())
 			}
 		}
 	}
