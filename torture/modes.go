@@ -472,7 +472,13 @@ func (c *checker) checkModeResource(ms *ModeStats, hs []*hold, rows []logRow) {
 			ms.AfterPause++
 			continue
 		}
-		c.violate(vOverLimit, "%s id %d: %d holders' spans cover it (fences %v), limit %d", rows[s.first].Key, rows[s.first].ID, len(cover), cover, ms.Limit)
+		var involved []*hold
+		for _, g := range cover {
+			if h := byFence[g]; h != nil {
+				involved = append(involved, h)
+			}
+		}
+		c.violateAmong(involved, vOverLimit, "%s id %d: %d holders' spans cover it (fences %v), limit %d", rows[s.first].Key, rows[s.first].ID, len(cover), cover, ms.Limit)
 	}
 }
 

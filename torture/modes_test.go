@@ -132,6 +132,14 @@ func TestCheckModesSemaphorePause(t *testing.T) {
 		t.Fatalf("%s %v %v %+v", r.Verdict, r.ViolationList, r.Inconclusive, r.Modes[0])
 	}
 	in.ResLog[3].Chk = 0
+	// A store that forgets its leases when killed lets a third holder in:
+	// known under the restart.
+	in.Known = map[string][]string{FaultDBRestart: {vOverLimit}}
+	in.Faults = []FaultRecord{{Kind: FaultDBRestart, Start: 400 * ms, End: 500 * ms}}
+	if r := check(in); r.Violations[vOverLimit] != 0 || r.Known[vOverLimit+" (under dbrestart)"] == 0 {
+		t.Errorf("under a restart: %v known %v", r.ViolationList, r.Known)
+	}
+	in.Known = nil
 	in.Control, in.NoFencing = true, true
 	in.Faults = []FaultRecord{{Kind: FaultStop, Worker: "w1", Start: 400 * ms, End: 2400 * ms}}
 	r = check(in)

@@ -38,8 +38,10 @@ var redisLease = &Adapter{
 	Modes: bothModes,
 	// A Redis without persistence forgets every lease when it is killed;
 	// their holders cannot be told before (the exclusive checks leave such
-	// leases out), so the next holder may be told "held" while they are.
-	Known:     map[string][]string{FaultDBRestart: {vOverClaimed}},
+	// leases out), so the next holder may be told "held" while they are,
+	// and a semaphore, which no fence protects, may have one holder too
+	// many at the resource.
+	Known:     map[string][]string{FaultDBRestart: {vOverClaimed, vOverLimit}},
 	Networked: true,
 	Pooled:    true,
 	Upstream:  addrUpstream("Redis", func(env *Env) string { return env.RedisAddr }),
