@@ -223,12 +223,14 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 }
 
 // waitChange waits for the store's notice of a change (a closed watch
-// clears *changes), the end of cur's lease, a poll of poll when the store
-// cannot notify, or ctx; it reports whether ctx is still live.
+// clears *changes), the end of cur's lease (not sooner than poll, which
+// grows while nothing changes, so that a listing whose expiry stays in the
+// past does not make a busy loop), a poll of poll when the store cannot
+// notify, or ctx; it reports whether ctx is still live.
 func (e *Election) waitChange(ctx context.Context, cur Leader, changes *<-chan struct{}, canWatch bool, poll time.Duration) bool {
 	var due, tick <-chan time.Time
 	if !cur.ExpiresAt.IsZero() {
-		t := time.NewTimer(max(time.Until(cur.ExpiresAt), 0) + 50*time.Millisecond)
+		t := time.NewTimer(max(time.Until(cur.ExpiresAt)+50*time.Millisecond, poll))
 		defer t.Stop()
 		due = t.C
 	}
