@@ -54,7 +54,7 @@ import (
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // Lister, ForceReleaser, Waiter, LossReporter, Sharer, Watcher,
-// MetadataSetter.
+// MetadataSetter, SessionBound.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -120,6 +120,15 @@ type MetadataSetter interface {
 	// (Watcher) sees the change. An error other than ErrNotHeld means the
 	// outcome is unknown.
 	SetMetadata(ctx context.Context, key string, token Token, metadata string) error
+}
+
+// SessionBound is implemented by backends whose locks live in a server
+// session and end with it (a named lock, a row lock in an open transaction,
+// an advisory lock) rather than at a lease's expiry: the server frees them
+// the moment it sees the session end, so they cannot keep a lock-delay
+// (WithLockDelay), which the Locker then refuses with ErrUnsupported.
+type SessionBound interface {
+	SessionBound()
 }
 
 // LossReporter is implemented by backends that can learn by themselves that

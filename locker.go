@@ -18,12 +18,13 @@ const cleanupTimeout = 5 * time.Second
 // concurrent use. Create it with New and Close it when done: Close releases
 // what it holds and stops its goroutines.
 type Locker struct {
-	b      Backend
-	ttl    time.Duration
-	margin time.Duration
-	log    *slog.Logger
-	meta   string
-	clock  Clock
+	b         Backend
+	ttl       time.Duration
+	margin    time.Duration
+	lockDelay time.Duration
+	log       *slog.Logger
+	meta      string
+	clock     Clock
 
 	// bg is cancelled by Close; background I/O (renewal, clean-up) uses it.
 	bg       context.Context
@@ -53,18 +54,19 @@ func New(b Backend, opts *Options) *Locker {
 		opts = &Options{}
 	}
 	l := &Locker{
-		b:       b,
-		ttl:     opts.TTL,
-		margin:  opts.Margin,
-		log:     opts.Logger,
-		meta:    opts.Metadata,
-		clock:   opts.Clock,
-		closing: make(chan struct{}),
-		held:    make(map[string]*lease),
-		shares:  make(map[string][]*lease),
-		wakers:  make(map[string]*waker),
-		pending: make(map[string]*pending),
-		kick:    make(chan struct{}, 1),
+		b:         b,
+		ttl:       opts.TTL,
+		margin:    opts.Margin,
+		lockDelay: opts.LockDelay,
+		log:       opts.Logger,
+		meta:      opts.Metadata,
+		clock:     opts.Clock,
+		closing:   make(chan struct{}),
+		held:      make(map[string]*lease),
+		shares:    make(map[string][]*lease),
+		wakers:    make(map[string]*waker),
+		pending:   make(map[string]*pending),
+		kick:      make(chan struct{}, 1),
 	}
 	if l.ttl == 0 {
 		l.ttl = DefaultTTL
@@ -380,7 +382,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	defer l.wg.Done()
 	l.mu.Unlock()
 
-	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl, Metadata: *cfg.metadata, Mode: mode, Limit: cfg.limit}
+	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl + cfg.lockDelay, Metadata: *cfg.metadata, Mode: mode, Limit: cfg.limit}
 	sent, realSent := l.clock.Now(), time.Now()
 	cctx, stop := l.withClosing(ctx)
 	l.wg.Add(1)
@@ -430,7 +432,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		}
 		return nil, out, nil
 	case res.Acquired:
-		k, err := l.register(ctx, req, res.Fence, sent, cfg.minHold)
+		k, err := l.register(ctx, req, res.Fence, sent, cfg.minHold, cfg.lockDelay)
 		if errors.Is(err, errTooLate) || errors.Is(err, errLostEarly) {
 			// Not "held by someone": nobody may hold the key.
 			err = fmt.Errorf("dlock: acquire %q: %w", key, err)

@@ -31,6 +31,10 @@ type Options struct {
 	// default names the host, process id and program.
 	Metadata string
 
+	// LockDelay is the lock-delay of acquisitions made without
+	// WithLockDelay (see there). The default is 0: none.
+	LockDelay time.Duration
+
 	// Clock times leases, renewals and safe deadlines. The default is the
 	// system's monotonic clock; another is for tests and fault injection
 	// (see Clock).
@@ -41,14 +45,15 @@ type Options struct {
 type AcquireOption func(*acquireConfig)
 
 type acquireConfig struct {
-	ttl      time.Duration
-	owner    string
-	metadata *string
-	onWait   func(LockInfo)
-	shared   bool
-	limit    int
-	limitSet bool
-	minHold  time.Duration
+	ttl       time.Duration
+	owner     string
+	metadata  *string
+	onWait    func(LockInfo)
+	shared    bool
+	limit     int
+	limitSet  bool
+	minHold   time.Duration
+	lockDelay time.Duration
 }
 
 // mode returns the acquisition's Mode.
@@ -130,6 +135,24 @@ func WithMinHold(d time.Duration) AcquireOption {
 	return func(c *acquireConfig) { c.minHold = d }
 }
 
+// WithLockDelay keeps the key from the next holder for d after this lease
+// ends without a release: the store's lease is the TTL plus d, while the
+// holder counts its own lease, its renewals and its loss notice from the
+// TTL alone. A holder that was paused, cut off or stuck and then told of
+// its loss has d more, by the store's clock, to stop before anyone else
+// can take the key (Chubby's and Consul's lock-delay); a release, a Close
+// and the end of a minimum hold (WithMinHold) free the key at once, and a
+// lease lost this way is not released in the background. Use it for work
+// that cannot check a fence and takes a bounded time to stop; the cost is
+// d more of unavailability after a crash. Backends whose locks end with
+// their server session (dlock.SessionBound: mysqllock's getlock and
+// rowlock, pglock's advisory) cannot keep it: ErrUnsupported before any
+// I/O. The store must accept a lease of TTL + d. d must not be negative;
+// 0 is none.
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(c *acquireConfig) { c.lockDelay = d }
+}
+
 // ValidateKey reports whether key is acceptable: 1..MaxKeyLen bytes of valid
 // UTF-8 without NUL bytes. The error wraps ErrInvalidKey.
 func ValidateKey(key string) error {
@@ -172,7 +195,7 @@ func (l *Locker) marginFor(ttl time.Duration) time.Duration {
 }
 
 func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error) {
-	c := acquireConfig{ttl: l.ttl}
+	c := acquireConfig{ttl: l.ttl, lockDelay: l.lockDelay}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -190,6 +213,12 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 	}
 	if c.minHold < 0 {
 		return c, fmt.Errorf("%w: minimum hold %s is negative", ErrInvalidOption, c.minHold)
+	}
+	if c.lockDelay < 0 {
+		return c, fmt.Errorf("%w: lock-delay %s is negative", ErrInvalidOption, c.lockDelay)
+	}
+	if _, ok := l.b.(SessionBound); ok && c.lockDelay > 0 {
+		return c, fmt.Errorf("%w: a lock-delay on a store whose locks end with their session", ErrUnsupported)
 	}
 	switch {
 	case c.shared && c.limitSet:

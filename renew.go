@@ -12,15 +12,18 @@ import (
 
 // register records a lease the backend granted at sent, and schedules its
 // renewal and its deadline.
-func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent time.Time, minHold time.Duration) (*Lock, error) {
-	margin := l.marginFor(req.TTL)
+// The store's lease is the holder's TTL plus the lock-delay (req.TTL);
+// the holder times its own from the TTL alone.
+func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent time.Time, minHold, delay time.Duration) (*Lock, error) {
+	ttl := req.TTL - delay
+	margin := l.marginFor(ttl)
 	ls := &lease{
 		key: req.Key, owner: req.Owner, meta: req.Metadata, token: req.Token, fence: fence,
-		mode: req.Mode, limit: req.Limit, ttl: req.TTL, margin: margin, acquiredAt: sent,
-		grantRTT: max(l.clock.Now().Sub(sent), 0), minHold: minHold,
+		mode: req.Mode, limit: req.Limit, ttl: ttl, margin: margin, acquiredAt: sent,
+		grantRTT: max(l.clock.Now().Sub(sent), 0), minHold: minHold, delay: delay,
 		handles:  make(map[*Lock]struct{}),
-		renewAt:  sent.Add(req.TTL / 3),
-		deadline: sent.Add(req.TTL - margin),
+		renewAt:  sent.Add(ttl / 3),
+		deadline: sent.Add(ttl - margin),
 	}
 	l.mu.Lock()
 	if l.closed || !l.clock.Now().Before(ls.deadline) {
@@ -105,7 +108,9 @@ func deadlineLoss(ls *lease) error {
 func (l *Locker) loseLocked(ls *lease, cause error, release bool) {
 	l.log.Warn("dlock: lock lost", "key", ls.key, "fence", ls.fence, "err", cause)
 	l.endLocked(ls, cause)
-	if release && !l.closed && l.keepFor(ls) == 0 { // a minimum hold keeps it to its TTL
+	// A minimum hold keeps the lease to its end, and so does a lock-delay:
+	// the key stays from others for the delay after the holder is told.
+	if release && !l.closed && l.keepFor(ls) == 0 && ls.delay == 0 {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
@@ -212,7 +217,7 @@ func (l *Locker) renew(batch []*lease) {
 	l.mu.Lock()
 	deadline, margin := batch[0].deadline, batch[0].margin
 	for i, ls := range batch {
-		leases[i] = Lease{Key: ls.key, Token: ls.token, TTL: ls.ttl}
+		leases[i] = Lease{Key: ls.key, Token: ls.token, TTL: ls.ttl + ls.delay}
 		if ls.deadline.Before(deadline) {
 			deadline, margin = ls.deadline, ls.margin
 		}

@@ -2,6 +2,7 @@ package locktest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -54,4 +55,49 @@ func (s *suite) minHold(t *testing.T) {
 		}
 		mustBeFree(t, other, k)
 	})
+}
+
+// lockDelay checks WithLockDelay: a lease lost without a release keeps the
+// key from others for the delay past the TTL (counted from before the
+// acquisition was sent: a lower bound of the store's grant), and the
+// Locker does not release it behind the holder's back; a release frees the
+// key at once. A backend whose locks end with their session refuses it.
+func (s *suite) lockDelay(t *testing.T) {
+	const d = 2 * time.Second
+	if _, ok := s.newBackend(t).(dlock.SessionBound); ok {
+		l := lockerOver(t, s.newBackend(t))
+		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.WithLockDelay(d)); !errors.Is(err, dlock.ErrUnsupported) {
+			t.Errorf("rule: a session-bound store refuses a lock-delay; got %v, want ErrUnsupported", err)
+		}
+		return
+	}
+	l, f := s.locker(t)
+	other, _ := s.locker(t)
+	released := key(t, "released")
+	lk := mustAcquire(t, l, released, dlock.WithLockDelay(d))
+	if err := lk.Release(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mustBeFree(t, other, released)
+
+	lost := key(t, "lost")
+	sent := time.Now()
+	lk = mustAcquire(t, l, lost, dlock.WithLockDelay(d))
+	f.failExtend.Store(true) // renewals fail; releases would still reach the store
+	waitDone(t, lk, 2*ttl, "a lease that cannot be renewed is reported lost after its TTL, not its TTL plus the lock-delay")
+	if !errors.Is(lk.Err(), dlock.ErrLockLost) {
+		t.Fatalf("Err: %v, want ErrLockLost", lk.Err())
+	}
+	mustBeHeld(t, other, lost)
+	next, err := other.Acquire(ctxT(t, ttl+d+10*time.Second), lost, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: a lock-delay ends; the key was not free: %v", err)
+	}
+	if got := time.Since(sent); got < ttl+d {
+		t.Errorf("rule: a lost lease keeps the key for TTL + lock-delay (%s); another client took it %s after the acquisition was sent", ttl+d, got)
+	}
+	_ = next.Release(context.Background())
+	if _, err := other.TryAcquire(ctxT(t, 10*time.Second), lost, dlock.WithLockDelay(-time.Second)); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("a negative lock-delay: %v, want ErrInvalidOption", err)
+	}
 }

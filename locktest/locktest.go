@@ -114,6 +114,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"KeysThatNestOrFillTheLimitAreDistinct", s.nestedKeys},
 		{"ConcurrentAcquisitionsOfOneOwnerShareTheLock", s.concurrentReentrancy},
 		{"MinHoldOutlastsAnEarlyRelease", s.minHold},
+		{"LockDelayHoldsALostKey", s.lockDelay},
 		{"WatchSeesEveryChange", s.watch},
 		{"SetMetadataOnlyByTheHolder", s.setMetadata},
 		{"ElectionHasOneLeaderAtATime", s.electionTerms},

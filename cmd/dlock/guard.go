@@ -34,12 +34,14 @@ type guardWaiter struct{ *guard }
 // The guard passes every optional interface of dlock through (answering
 // ErrUnsupported, or false, where the store's Backend lacks it).
 var (
-	_ dlock.Lister        = (*guard)(nil)
-	_ dlock.ForceReleaser = (*guard)(nil)
-	_ dlock.LossReporter  = (*guard)(nil)
-	_ dlock.Sharer        = (*guard)(nil)
-	_ dlock.Waiter        = guardWaiter{}
-	_ dlock.Sharer        = guardWaiter{}
+	_ dlock.Lister         = (*guard)(nil)
+	_ dlock.ForceReleaser  = (*guard)(nil)
+	_ dlock.LossReporter   = (*guard)(nil)
+	_ dlock.Sharer         = (*guard)(nil)
+	_ dlock.Watcher        = (*guard)(nil)
+	_ dlock.MetadataSetter = (*guard)(nil)
+	_ dlock.Waiter         = guardWaiter{}
+	_ dlock.Sharer         = guardWaiter{}
 )
 
 // newGuard returns b wrapped, a dlock.Waiter if b is one.
@@ -192,4 +194,33 @@ func (g *guard) OnLoss(f func(key string, token dlock.Token, cause error)) (stop
 		return lr.OnLoss(f)
 	}
 	return func() {}
+}
+
+// Watch passes dlock.Watcher through, unbounded: a watch lasts until its
+// context ends.
+func (g *guard) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	w, ok := g.b.(dlock.Watcher)
+	if !ok {
+		return nil, dlock.ErrUnsupported
+	}
+	return w.Watch(ctx, key)
+}
+
+// SetMetadata passes dlock.MetadataSetter through, bounded.
+func (g *guard) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	m, ok := g.b.(dlock.MetadataSetter)
+	if !ok {
+		return dlock.ErrUnsupported
+	}
+	_, err := bounded(g, ctx, "set metadata", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, m.SetMetadata(ctx, key, token, metadata)
+	})
+	return err
+}
+
+// sessionBound reports whether the store's locks end with their session
+// (dlock.SessionBound), which the guard does not pass through.
+func (g *guard) sessionBound() bool {
+	_, ok := g.b.(dlock.SessionBound)
+	return ok
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,5 +62,28 @@ func TestRunMaxTime(t *testing.T) {
 	}
 	if r := run(t, e, "run", "--max-time", "-1s", key, "--", "true"); r.code != exitUsage {
 		t.Errorf("--max-time -1s: exit %d, want %d", r.code, exitUsage)
+	}
+}
+
+// TestRunLockDelay checks --lock-delay: a run that ends normally frees its
+// key at once; a negative delay is a usage error, and so is a delay on a
+// strategy whose locks end with their session.
+func TestRunLockDelay(t *testing.T) {
+	e := embeddedEnv(t)
+	key := uniqueKey(t)
+	if r := run(t, e, "run", "--lock-delay", "5s", key, "--", "true"); r.code != 0 {
+		t.Fatalf("run with --lock-delay: exit %d: %s", r.code, r.stderr)
+	}
+	if r := run(t, e, "run", "-n", key, "--", "true"); r.code != 0 {
+		t.Errorf("after a released run with --lock-delay: exit %d (a release frees the key at once): %s", r.code, r.stderr)
+	}
+	if r := run(t, e, "run", "--lock-delay", "-1s", key, "--", "true"); r.code != exitUsage {
+		t.Errorf("--lock-delay -1s: exit %d, want %d", r.code, exitUsage)
+	}
+	if m := mysqlStore(t); m != nil {
+		g := env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=getlock"}
+		if r := run(t, g, "run", "--lock-delay", "1s", key, "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--lock-delay") {
+			t.Errorf("--lock-delay on getlock: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
+		}
 	}
 }

@@ -37,6 +37,7 @@ type runCmd struct {
 	limit        int    // --limit N, when limitSet
 	limitSet     bool
 	atLeast      time.Duration // --at-least: the key's minimum hold
+	lockDelay    time.Duration // --lock-delay
 	maxTime      time.Duration // --max-time: COMMAND's longest run (0: none)
 }
 
@@ -115,7 +116,10 @@ N, or a run without --limit while KEY is held with one, exits 64).
 With --at-least D, KEY stays held for D from its acquisition even when
 COMMAND ends sooner: the release leaves the rest of D on the lease, by the
 store's clock, so that a job started by several hosts' cron, whose clocks
-disagree by less than D, runs once per period. With --max-time D, COMMAND
+disagree by less than D, runs once per period. With --lock-delay D, a lock
+lost without a release (dlock killed, paused or cut off from the store) keeps
+KEY from others for D past its lease, so that COMMAND has D to stop; a
+release frees it at once (lease strategies only). With --max-time D, COMMAND
 gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
 124 once it has ended and KEY is released.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
@@ -173,6 +177,7 @@ gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
 	f.BoolVar(&r.shared, "shared", false, "hold KEY shared: any number of --shared runs at once, never with a run without it (which waits for them; new --shared runs wait behind it)")
 	f.IntVar(&r.limit, "limit", 0, "at most `N` runs hold KEY at once (a semaphore); every run of KEY must give the same N")
 	f.DurationVar(&r.atLeast, "at-least", 0, "keep KEY held at least this long from its acquisition, however soon COMMAND ends (a job run from several hosts' clocks runs once)")
+	f.DurationVar(&r.lockDelay, "lock-delay", 0, "when the lock is lost without a release (dlock killed, paused, cut off), keep KEY from others this long past its lease (not on getlock, rowlock, advisory)")
 	f.DurationVar(&r.maxTime, "max-time", 0, "stop COMMAND (SIGTERM, then SIGKILL after --grace) when it has run this long, then release KEY, and exit 124 (default: no limit)")
 	return cmd
 }
@@ -222,6 +227,8 @@ func (r *runCmd) run(key string, argv []string) error {
 		return usageError("--at-least %s is negative", r.atLeast)
 	case r.maxTime < 0:
 		return usageError("--max-time %s is negative", r.maxTime)
+	case r.lockDelay < 0:
+		return usageError("--lock-delay %s is negative", r.lockDelay)
 	}
 	if err := dlock.ValidateKey(key); err != nil {
 		return usageError("%w", err)
@@ -240,6 +247,9 @@ func (r *runCmd) run(key string, argv []string) error {
 		return err
 	}
 	defer s.close()
+	if r.lockDelay > 0 && s.guard.sessionBound() {
+		return usageError("%s: --lock-delay needs a lease strategy: this store's locks end with their session", s.name)
+	}
 	if s.embedded && !r.quiet && !stdinTerminal() {
 		fmt.Fprintf(r.a.stderr, "dlock: no --db or $DLOCK_DB: using this host's embedded store %s, which excludes only processes of this host\n", s.name)
 	}
@@ -306,7 +316,7 @@ func (a *app) storeErr(s *store, err error) error {
 // runs out while the store fails, or before the store ever answered, is a
 // failure, not a conflict.
 func (r *runCmd) acquire(ctx context.Context, locker *dlock.Locker, s *store, key string) (*dlock.Lock, error) {
-	opts := append([]dlock.AcquireOption{dlock.WithOwner(r.owner), dlock.WithMinHold(r.atLeast)}, r.modeOptions()...)
+	opts := append([]dlock.AcquireOption{dlock.WithOwner(r.owner), dlock.WithMinHold(r.atLeast), dlock.WithLockDelay(r.lockDelay)}, r.modeOptions()...)
 	if r.wait == 0 {
 		lk, err := locker.TryAcquire(ctx, key, opts...)
 		var he *dlock.HeldError
