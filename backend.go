@@ -126,7 +126,8 @@ type MetadataSetter interface {
 // session and end with it (a named lock, a row lock in an open transaction,
 // an advisory lock) rather than at a lease's expiry: the server frees them
 // the moment it sees the session end, so they cannot keep a lock-delay
-// (WithLockDelay), which the Locker then refuses with ErrUnsupported.
+// (WithLockDelay) or a minimum hold (WithMinHold), which the Locker then
+// refuses with ErrUnsupported.
 type SessionBound interface {
 	SessionBound()
 }

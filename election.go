@@ -51,12 +51,15 @@ type Term struct {
 // other than exclusive is ErrInvalidOption. Waiting is the Locker's: woken
 // by the store's release where it can tell.
 func (e *Election) Campaign(ctx context.Context, value string, opts ...AcquireOption) (*Term, error) {
-	cfg, err := e.l.config(e.key, opts)
-	if err != nil {
-		return nil, err
+	var asked acquireConfig
+	for _, o := range opts {
+		o(&asked)
 	}
-	if cfg.mode() != ModeExclusive {
+	if asked.mode() != ModeExclusive {
 		return nil, fmt.Errorf("%w: an election's terms are exclusive", ErrInvalidOption)
+	}
+	if _, err := e.l.config(e.key, opts); err != nil {
+		return nil, err
 	}
 	if err := validateText("value", value, MaxMetadataLen); err != nil {
 		return nil, err

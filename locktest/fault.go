@@ -116,3 +116,21 @@ func (f *faulty) SupportsMode(m dlock.Mode) bool {
 	sh, ok := f.Backend.(dlock.Sharer)
 	return ok && sh.SupportsMode(m)
 }
+
+// Watch and SetMetadata pass dlock.Watcher and dlock.MetadataSetter
+// through (ErrUnsupported where the wrapped backend lacks them).
+func (f *faulty) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	w, ok := f.Backend.(dlock.Watcher)
+	if !ok {
+		return nil, dlock.ErrUnsupported
+	}
+	return w.Watch(ctx, key)
+}
+
+func (f *faulty) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	m, ok := f.Backend.(dlock.MetadataSetter)
+	if !ok {
+		return dlock.ErrUnsupported
+	}
+	return m.SetMetadata(ctx, key, token, metadata)
+}

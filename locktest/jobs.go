@@ -14,8 +14,15 @@ import (
 // acquisition was sent, since the store's grant came later), and no longer
 // than a few seconds past it; a release after it frees the key at once.
 func (s *suite) minHold(t *testing.T) {
-	other, _ := s.locker(t)
 	const d = 2 * time.Second
+	if _, ok := s.newBackend(t).(dlock.SessionBound); ok {
+		l := lockerOver(t, s.newBackend(t))
+		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.WithMinHold(d)); !errors.Is(err, dlock.ErrUnsupported) {
+			t.Errorf("rule: a session-bound store refuses a minimum hold; got %v, want ErrUnsupported", err)
+		}
+		return
+	}
+	other, _ := s.locker(t)
 	check := func(t *testing.T, let func(l *dlock.Locker, lk *dlock.Lock) error) {
 		l, _ := s.locker(t)
 		k := key(t, "job")
