@@ -77,12 +77,13 @@ type GetLock struct {
 }
 
 var (
-	_ dlock.Backend       = (*GetLock)(nil)
-	_ dlock.Waiter        = (*GetLock)(nil)
-	_ dlock.Lister        = (*GetLock)(nil)
-	_ dlock.ForceReleaser = (*GetLock)(nil)
-	_ dlock.LossReporter  = (*GetLock)(nil)
-	_ dlock.Sharer        = (*GetLock)(nil)
+	_ dlock.Backend        = (*GetLock)(nil)
+	_ dlock.Waiter         = (*GetLock)(nil)
+	_ dlock.Lister         = (*GetLock)(nil)
+	_ dlock.ForceReleaser  = (*GetLock)(nil)
+	_ dlock.LossReporter   = (*GetLock)(nil)
+	_ dlock.Sharer         = (*GetLock)(nil)
+	_ dlock.MetadataSetter = (*GetLock)(nil)
 )
 
 // SupportsMode implements dlock.Sharer: GET_LOCK has no shared mode, so
@@ -718,6 +719,63 @@ func (g *GetLock) release(ss *session, key string, tok dlock.Token) {
 		return g.releaseLocked(sctx, ss, key, tok, &got, &removed)
 	}, nil)
 	g.released(ss, key, tok, err, removed)
+}
+
+// SetMetadata implements dlock.MetadataSetter: one UPDATE of the key's row
+// in the session table, run on the session that holds the lock, that
+// matches only if token is the key's last holder and the server still gives
+// the named lock to that session (IS_USED_LOCK = CONNECTION_ID()). It runs
+// as the session's other short statements do: serialized with them (so that
+// a release and a new grant on the session cannot come between its check
+// and its write) and bounded by a timeout of its own, never by ctx, whose
+// end returns the call at once while the statement finishes, so that the
+// session and its other locks stay. An error other than ErrNotHeld (ctx's,
+// the server's) means that the metadata may or may not have changed.
+func (g *GetLock) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	if g.bell {
+		return dlock.ErrUnsupported // a doorbell has no record
+	}
+	ss := g.holding(key, token)
+	if ss == nil {
+		return dlock.ErrNotHeld
+	}
+	set := `UPDATE ` + g.s.table + ` SET metadata = ?, fence = LAST_INSERT_ID(fence)
+WHERE name = ? AND token = ? AND IS_USED_LOCK(lock_name) = CONNECTION_ID()`
+	held := `SELECT COUNT(*) FROM ` + g.s.table + ` WHERE name = ? AND token = ? AND IS_USED_LOCK(lock_name) = CONNECTION_ID()`
+	err := ss.run(ctx, statementTimeout, true, func(sctx context.Context) error {
+		if !g.owns(ss, key, token) {
+			return dlock.ErrNotHeld
+		}
+		ok, err := setMetadata(sctx, ss.conn, set, key, token, metadata)
+		if err != nil || ok {
+			return err
+		}
+		// No fence in the reply: no row matched, or a trigger hid it.
+		// Nothing else ran on the session since the UPDATE, so the lock
+		// held now was held then.
+		var n int
+		if err := ss.conn.QueryRowContext(sctx, held, key, token[:]).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return dlock.ErrNotHeld
+		}
+		return nil
+	}, func(err error) {
+		if sessionLost(err) {
+			g.lost(ss, err)
+		}
+	})
+	switch {
+	case err == nil, errors.Is(err, dlock.ErrNotHeld):
+		return err
+	case callerLeft(err):
+		return fmt.Errorf("mysqllock: getlock set metadata: %w", err)
+	case sessionLost(err):
+		// The UPDATE may have run before the session ended.
+		g.lost(ss, err)
+	}
+	return wrapErr(g.s.table, "getlock set metadata", err)
 }
 
 // ForceRelease implements dlock.ForceReleaser. MySQL cannot release another

@@ -18,6 +18,12 @@
 // acquisitions by a client built without them do not see shared or limited
 // holders, so stop such clients before any key is taken in those modes.
 //
+// Every strategy lets a holder change its lock's metadata
+// (dlock.MetadataSetter: an Election leader's Proclaim), which List then
+// shows. None is a dlock.Watcher, since the server has no notification a
+// watcher could wait on without taking a doorbell's wake-ups from lock
+// waiters, so an Election's Observe polls, with a backoff of up to 1 s.
+//
 // Every strategy's grants, and so its fences, are only as durable as
 // the server's commits: with innodb_flush_log_at_trx_commit other than 1,
 // or the binary log on and sync_binlog other than 1, a crash can lose a
@@ -135,11 +141,12 @@ type Backend struct {
 }
 
 var (
-	_ dlock.Backend       = (*Backend)(nil)
-	_ dlock.Waiter        = (*Backend)(nil)
-	_ dlock.Lister        = (*Backend)(nil)
-	_ dlock.ForceReleaser = (*Backend)(nil)
-	_ dlock.Sharer        = (*Backend)(nil)
+	_ dlock.Backend        = (*Backend)(nil)
+	_ dlock.Waiter         = (*Backend)(nil)
+	_ dlock.Lister         = (*Backend)(nil)
+	_ dlock.ForceReleaser  = (*Backend)(nil)
+	_ dlock.Sharer         = (*Backend)(nil)
+	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
 //go:embed schema.sql
@@ -291,6 +298,7 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 
 type queries struct {
 	acquire, acquireBell, release, releaseNoBell, forceRelease, list string
+	setMetadata, setSharedMetadata, held                             string
 }
 
 // The acquisition statement decides once whether the row is free, in the
@@ -341,6 +349,16 @@ WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`, staleBell.Micro
 		// doorbell is freed by a KILL, which the server completes later.
 		forceRelease: fmt.Sprintf(`UPDATE `+t+` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND, token = `+noToken+`
 WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)`, staleBell.Microseconds()),
+		// A holder's metadata changes only while its lease is unexpired;
+		// LAST_INSERT_ID(fence) makes the reply carry the (non-zero) fence
+		// when the row matched, whether or not its value changed, and 0
+		// when it did not (see SetMetadata).
+		setMetadata: `UPDATE ` + t + ` SET metadata = ?, fence = LAST_INSERT_ID(fence)
+WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
+		setSharedMetadata: `UPDATE ` + holdersTable(t) + ` SET metadata = ?, fence = LAST_INSERT_ID(fence)
+WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
+		held: `SELECT (SELECT COUNT(*) FROM ` + t + ` WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6))
+  + (SELECT COUNT(*) FROM ` + holdersTable(t) + ` WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6))`,
 		list: `SELECT ` + holderCols + `, 0, 0 FROM ` + t + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6)
 UNION ALL
 SELECT ` + holderCols + `, 1, share_limit FROM ` + holdersTable(t) + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6)`,
@@ -661,6 +679,52 @@ func (b *Backend) free(ctx context.Context, op, q string, args ...any) error {
 		return dlock.ErrNotHeld
 	}
 	return nil
+}
+
+// SetMetadata implements dlock.MetadataSetter: one UPDATE of the holder's
+// row (the lock table's for an exclusive lease, the holders table's for a
+// shared or limited one) that matches only while its lease is unexpired by
+// the server's clock. A token that this Backend does not know as shared is
+// looked for in the lock table first, then in the holders table, as
+// Release does; a token is in one of them only.
+func (b *Backend) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	qs := []string{b.q.setMetadata, b.q.setSharedMetadata}
+	if _, ok := b.nonExcl.Load(token); ok {
+		qs = qs[1:]
+	}
+	for _, q := range qs {
+		set, err := setMetadata(ctx, b.db, q, key, token, metadata)
+		if err != nil {
+			return b.wrap("set metadata", err)
+		}
+		if set {
+			return nil
+		}
+	}
+	// No fence in the reply: either no row matched, or a trigger on the
+	// table hid it (see tryLease). A lease is never revived, so one held
+	// now was held when the UPDATE ran, and the UPDATE matched it.
+	var n int
+	if err := b.db.QueryRowContext(ctx, b.q.held, key, token[:], key, token[:]).Scan(&n); err != nil {
+		return b.wrap("set metadata", err)
+	}
+	if n == 0 {
+		return dlock.ErrNotHeld
+	}
+	return nil
+}
+
+// setMetadata runs an UPDATE of a holder's metadata that sets
+// LAST_INSERT_ID(fence) on the row it matches, and reports whether it
+// matched one: the affected-row count cannot tell (it is 0 when the value
+// is unchanged, and clientFoundRows changes it).
+func setMetadata(ctx context.Context, ex execer, q, key string, token dlock.Token, metadata string) (bool, error) {
+	res, err := ex.ExecContext(ctx, q, metadata, key, token[:])
+	if err != nil {
+		return false, err
+	}
+	id, err := res.LastInsertId()
+	return id > 0, err
 }
 
 // List implements dlock.Lister: every holder in every mode, ordered by key,

@@ -75,11 +75,12 @@ type rowHold struct {
 }
 
 var (
-	_ dlock.Backend       = (*RowLock)(nil)
-	_ dlock.Waiter        = (*RowLock)(nil)
-	_ dlock.Lister        = (*RowLock)(nil)
-	_ dlock.ForceReleaser = (*RowLock)(nil)
-	_ dlock.Sharer        = (*RowLock)(nil)
+	_ dlock.Backend        = (*RowLock)(nil)
+	_ dlock.Waiter         = (*RowLock)(nil)
+	_ dlock.Lister         = (*RowLock)(nil)
+	_ dlock.ForceReleaser  = (*RowLock)(nil)
+	_ dlock.Sharer         = (*RowLock)(nil)
+	_ dlock.MetadataSetter = (*RowLock)(nil)
 )
 
 // SupportsMode implements dlock.Sharer: a row locked FOR UPDATE has no
@@ -547,6 +548,41 @@ func (r *RowLock) Release(ctx context.Context, key string, token dlock.Token) er
 	return nil
 }
 
+// rowHeld is the condition, on a row of the session table, that its last
+// holder still holds it: not released (conn_id 0) and its session alive.
+const rowHeld = `lock_name = '' AND conn_id <> 0
+  AND conn_id IN (SELECT id FROM information_schema.PROCESSLIST)`
+
+// SetMetadata implements dlock.MetadataSetter for a lock held here: one
+// UPDATE of the key's row in the session table, on a pool connection, that
+// matches only if token is the key's last holder, not released, and its
+// session alive (what List shows). It runs in autocommit, not in the
+// locking transaction, whose writes nobody sees before its COMMIT, and
+// never on the pinned session, which ctx therefore cannot end. A release
+// marks the row in the locking transaction before it commits, so that the
+// UPDATE, which waits for that row, then matches nothing.
+func (r *RowLock) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	if r.hold(key, token) == nil {
+		return dlock.ErrNotHeld
+	}
+	ok, err := setMetadata(ctx, r.db, `UPDATE `+r.s.table+` SET metadata = ?, fence = LAST_INSERT_ID(fence)
+WHERE name = ? AND token = ? AND `+rowHeld, key, token, metadata)
+	if err == nil && !ok {
+		// No fence in the reply: no row matched, or a trigger hid it. A
+		// released or lost lock does not come back, so one held now was
+		// held when the UPDATE ran.
+		var n int
+		err = r.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+r.s.table+` WHERE name = ? AND token = ? AND `+rowHeld, key, token[:]).Scan(&n)
+		if err == nil && n == 0 {
+			return dlock.ErrNotHeld
+		}
+	}
+	if err != nil {
+		return wrapErr(r.rows, "rowlock set metadata", err)
+	}
+	return nil
+}
+
 // ForceRelease implements dlock.ForceReleaser by killing the session of the
 // key's last holder if its row is locked.
 func (r *RowLock) ForceRelease(ctx context.Context, key string) error {
@@ -582,8 +618,7 @@ func (r *RowLock) ForceRelease(ctx context.Context, key string) error {
 // tables are not used: INNODB_TRX is a cache that polling keeps stale.
 // ExpiresAt is zero: the lock lasts as long as the holder's session.
 func (r *RowLock) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
-	hs, err := r.s.holders(ctx, `LEFT(name, ?) = ? AND lock_name = '' AND conn_id <> 0
-  AND conn_id IN (SELECT id FROM information_schema.PROCESSLIST)`, len(prefix), []byte(prefix))
+	hs, err := r.s.holders(ctx, `LEFT(name, ?) = ? AND `+rowHeld, len(prefix), []byte(prefix))
 	if err != nil {
 		return nil, wrapErr(r.rows, "rowlock list", err)
 	}

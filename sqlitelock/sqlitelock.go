@@ -21,6 +21,11 @@
 //     SQLite's write lock, and every other process's acquisitions and
 //     renewals wait for it up to the busy timeout: their leases can be lost
 //     meanwhile (they are told, as for any failed renewal).
+//
+// A holder can change its lock's metadata (dlock.MetadataSetter: an
+// Election leader's Proclaim), which List then shows. SQLite cannot notify
+// another process of a change, so the Backend is not a dlock.Watcher and
+// an Election's Observe polls, with a backoff of up to 1 s.
 package sqlitelock
 
 import (
@@ -76,7 +81,12 @@ ORDER BY 1, 4`
 	extendShareSQL = `UPDATE dlock_shares SET expires_us = ` + now + ` + ?1 WHERE name = ?2 AND token = ?3 AND expires_us > ` + now
 	releaseSQL     = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND token = ? AND expires_us > ` + now
 	// releaseShareSQL deletes the row: the key's fence is in dlock_locks.
-	releaseShareSQL      = `DELETE FROM dlock_shares WHERE name = ? AND token = ? AND expires_us > ` + now
+	releaseShareSQL = `DELETE FROM dlock_shares WHERE name = ? AND token = ? AND expires_us > ` + now
+	// A holder's metadata changes only while its lease is unexpired. SQLite
+	// counts every row an UPDATE matches as changed, even to the value it
+	// had.
+	setMetadataSQL       = `UPDATE dlock_locks SET metadata = ? WHERE name = ? AND token = ? AND expires_us > ` + now
+	setShareMetadataSQL  = `UPDATE dlock_shares SET metadata = ? WHERE name = ? AND token = ? AND expires_us > ` + now
 	forceReleaseSQL      = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND expires_us > ` + now
 	forceReleaseShareSQL = `DELETE FROM dlock_shares WHERE name = ? AND expires_us > ` + now
 )
@@ -89,10 +99,11 @@ type Backend struct {
 }
 
 var (
-	_ dlock.Backend       = (*Backend)(nil)
-	_ dlock.Lister        = (*Backend)(nil)
-	_ dlock.ForceReleaser = (*Backend)(nil)
-	_ dlock.Sharer        = (*Backend)(nil)
+	_ dlock.Backend        = (*Backend)(nil)
+	_ dlock.Lister         = (*Backend)(nil)
+	_ dlock.ForceReleaser  = (*Backend)(nil)
+	_ dlock.Sharer         = (*Backend)(nil)
+	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
 // Open opens (creating if needed) the SQLite file at path in WAL mode with a
@@ -307,6 +318,24 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	}
 	if err != nil {
 		return wrap("release", err)
+	}
+	if n == 0 {
+		return dlock.ErrNotHeld
+	}
+	return nil
+}
+
+// SetMetadata implements dlock.MetadataSetter: one UPDATE of the holder's
+// row, exclusive or (if none matches) shared or limited, that matches only
+// while its lease is unexpired. A token is in one of the two tables only,
+// so that each statement alone is the change.
+func (b *Backend) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	n, err := affected(b.db.ExecContext(ctx, setMetadataSQL, metadata, key, token[:]))
+	if err == nil && n == 0 {
+		n, err = affected(b.db.ExecContext(ctx, setShareMetadataSQL, metadata, key, token[:]))
+	}
+	if err != nil {
+		return wrap("set metadata", err)
 	}
 	if n == 0 {
 		return dlock.ErrNotHeld
