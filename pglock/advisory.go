@@ -88,6 +88,11 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     form applications use. Two distinct keys that collide (about one
 //     chance in 2^64 per pair) exclude each other: a false contention,
 //     never a shared grant. The table keeps the original key for List.
+//   - Watches (dlock.Watcher) see every grant, unlock and metadata change,
+//     and the end of a session that an Advisory sees (ForceRelease, Close,
+//     a session the server ended under a live Advisory); not the end of a
+//     session whose process died with it, which only the key's next grant
+//     makes known (see Advisory.Watch).
 //   - Advisory locks live in one database of one server: not replicated, and
 //     unsafe behind a pooler in transaction or statement mode, where two
 //     statements of a "session" can run on different server sessions (see
@@ -100,6 +105,7 @@ type Advisory struct {
 	log    *slog.Logger
 	q      advisoryQueries
 	loss   dlock.LossHandlers
+	ln     *listener // serves Watch
 
 	mainSem chan struct{} // serialises choosing the main session
 	mu      sync.Mutex
@@ -137,11 +143,13 @@ type hold struct {
 }
 
 var (
-	_ dlock.Backend       = (*Advisory)(nil)
-	_ dlock.Waiter        = (*Advisory)(nil)
-	_ dlock.Lister        = (*Advisory)(nil)
-	_ dlock.ForceReleaser = (*Advisory)(nil)
-	_ dlock.LossReporter  = (*Advisory)(nil)
+	_ dlock.Backend        = (*Advisory)(nil)
+	_ dlock.Waiter         = (*Advisory)(nil)
+	_ dlock.Lister         = (*Advisory)(nil)
+	_ dlock.ForceReleaser  = (*Advisory)(nil)
+	_ dlock.LossReporter   = (*Advisory)(nil)
+	_ dlock.Watcher        = (*Advisory)(nil)
+	_ dlock.MetadataSetter = (*Advisory)(nil)
 )
 
 // NewAdvisory returns the advisory strategy over pool. Its server sessions
@@ -157,7 +165,7 @@ func NewAdvisory(pool *pgxpool.Pool, opts *Options) (*Advisory, error) {
 		return nil, err
 	}
 	return &Advisory{claims: newClaims(pool, tb, "advisory"), pool: pool, tb: tb, log: logger(o), held: make(map[uint64][]*hold), all: make(map[*session]bool),
-		mainSem: make(chan struct{}, 1), q: newAdvisoryQueries(tb)}, nil
+		mainSem: make(chan struct{}, 1), q: newAdvisoryQueries(tb), ln: newListener(pool, tb)}, nil
 }
 
 // Migrate creates the tables of both strategies if they do not exist, and
@@ -183,6 +191,10 @@ func (a *Advisory) Close() error {
 	for ss := range a.all {
 		all = append(all, ss)
 	}
+	var freed []*hold
+	for _, hs := range a.held {
+		freed = append(freed, hs...)
+	}
 	clear(a.held)
 	a.idle, a.main = nil, nil
 	a.mu.Unlock()
@@ -190,7 +202,38 @@ func (a *Advisory) Close() error {
 		ss.stop()
 	}
 	a.wg.Wait()
+	a.notifyFreed(freed)
+	a.ln.close()
 	return nil
+}
+
+// notifyFreed tells the watches of the keys of holds that ended without a
+// statement (their sessions ended), once the sessions are gone. It is
+// bounded by cleanupTimeout; a failure is logged (a server that cannot be
+// reached has ended the watches' connections too).
+func (a *Advisory) notifyFreed(holds []*hold) {
+	if len(holds) == 0 {
+		return
+	}
+	seen := make(map[string]bool, len(holds))
+	var keys [][]byte
+	for _, h := range holds {
+		if !seen[h.key] {
+			seen[h.key] = true
+			keys = append(keys, []byte(h.key))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, err := a.pool.Exec(ctx, a.q.notify, keys)
+	for try := 0; try < 3 && err != nil && ctx.Err() == nil && sessionLost(err); try++ {
+		// A pooled connection that ended with the session (a restart, a
+		// terminated client): again, on another.
+		_, err = a.pool.Exec(ctx, a.q.notify, keys)
+	}
+	if err != nil {
+		a.log.Warn("pglock: could not tell the watches of locks freed with their sessions", "locks", len(keys), "err", err)
+	}
 }
 
 // AdvisoryKeys returns the two int4 arguments of pg_advisory_lock that the
@@ -202,7 +245,8 @@ func AdvisoryKeys(key string) (int32, int32) { return split(hashKey(key)) }
 func split(id uint64) (int32, int32) { return int32(id >> 32), int32(id) }
 
 type advisoryQueries struct {
-	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list string
+	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list, setMetadata string
+	notify, forceRelease                                                                           string
 }
 
 // Bounds of an exclusive wait in the server (lock_timeout, local to the
@@ -242,7 +286,7 @@ const (
 // refuses new shared requests; the exclusive wait sets lock_timeout for its
 // own transaction (waitBound or waitAlone) before it asks for the lock (k).
 func newAdvisoryQueries(tb tables) advisoryQueries {
-	s, r := tb.session, tb.readers
+	s, r, ch := tb.session, tb.readers, literal(tb.watch)
 	const ours = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 	const keyLock = `l.classid = ((s.lock_id >> 32) & 4294967295)::oid AND l.objid = (s.lock_id & 4294967295)::oid`
@@ -285,9 +329,18 @@ g AS (
   ON CONFLICT (name) DO UPDATE SET lock_id = EXCLUDED.lock_id, token = EXCLUDED.token, owner = EXCLUDED.owner,
     fence = s.fence + 1, pid = EXCLUDED.pid, acquired_at = EXCLUDED.acquired_at, metadata = EXCLUDED.metadata` + bump + `
   RETURNING s.fence
-)` + extra + `
-SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchronous_commit'), ` + markUs + ` FROM l, k`
+)` + extra + `,
+gn AS (SELECT pg_notify(` + ch + `, encode($3, 'hex')) FROM g)
+SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchronous_commit'), ` + markUs + `,
+  (SELECT count(*) FROM gn) FROM l, k`
 	}
+	// unlocked: an unlock ($4: or a retry of one that a cancel may have
+	// cut after it unlocked) tells the key's watches; its transaction need
+	// not wait for the flush of its commit (a lost notification after a
+	// crash of the server tells nobody anything: watches end with the
+	// server's connections).
+	unlocked := `SELECT pg_notify(` + ch + `, encode($3, 'hex')), set_config('synchronous_commit', 'off', true)
+  FROM u WHERE u.ok OR $4::bool`
 	const (
 		try  = `pg_try_advisory_lock%s($1::int4, $2::int4)`
 		wait = `(SELECT true FROM (SELECT pg_advisory_lock%s($1::int4, $2::int4)) w)`
@@ -297,9 +350,11 @@ SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchrono
 		wait:       grant(fmt.Sprintf(wait, ""), false, false, true),
 		tryShared:  grant(fmt.Sprintf(try, "_shared"), true, false, false),
 		waitShared: grant(fmt.Sprintf(wait, "_shared"), true, false, false),
-		unlock:     `SELECT pg_advisory_unlock($1::int4, $2::int4), pg_backend_pid()`,
-		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $4)
-SELECT pg_advisory_unlock_shared($1::int4, $2::int4), pg_backend_pid()`,
+		unlock: `WITH u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok)
+SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
+		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $5),
+u AS MATERIALIZED (SELECT pg_advisory_unlock_shared($1::int4, $2::int4) AS ok)
+SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
 		mark: `UPDATE ` + s + ` SET writer_until = clock_timestamp() + $2::bigint * interval '1 microsecond' WHERE name = $1`,
 		// check returns the session's pid and the indexes (1-based) of the
 		// locks in $1/$2 that it does not hold.
@@ -312,6 +367,35 @@ SELECT pg_advisory_unlock_shared($1::int4, $2::int4), pg_backend_pid()`,
   UNION ALL
   SELECT name, token, owner, fence, metadata, acquired_at, 0 FROM ` + r + ` WHERE name = $1) x
 ORDER BY fence DESC, lim DESC LIMIT 1`,
+		// The holder's row, if its session still holds the lock in its
+		// mode ($4, $5: the key's two halves), and a notification.
+		setMetadata: `WITH ex AS (
+  UPDATE ` + s + ` s SET metadata = $3 WHERE s.name = $1 AND s.token = $2
+    AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ExclusiveLock' AND l.pid = s.pid
+      AND l.classid = $4::int4::oid AND l.objid = $5::int4::oid)
+  RETURNING s.name
+),
+sh AS (
+  UPDATE ` + r + ` x SET metadata = $3 WHERE x.name = $1 AND x.token = $2
+    AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND l.pid = x.pid
+      AND l.classid = $4::int4::oid AND l.objid = $5::int4::oid)
+  RETURNING x.name
+)
+SELECT pg_notify(` + ch + `, encode(n.name, 'hex')), set_config('synchronous_commit', 'on', true)
+FROM (SELECT name FROM ex UNION ALL SELECT name FROM sh) n`,
+
+		// notify tells the watches of the keys in $1 (bytea[]) of the end
+		// of locks that no statement ended: a session's end, or Close.
+		notify: `SELECT count(pg_notify(` + ch + `, encode(k, 'hex'))), set_config('synchronous_commit', 'off', true)
+FROM unnest($1::bytea[]) k`,
+		// Terminates each session that holds the key ($1, $2: its halves;
+		// $3: the key), then tells the key's watches.
+		forceRelease: `WITH t AS MATERIALIZED (
+  SELECT pg_terminate_backend(l.pid, 5000) AS ok FROM pg_locks l
+  WHERE ` + ours + ` AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid
+)
+SELECT t.ok, (SELECT count(*) FROM (SELECT pg_notify(` + ch + `, encode($3, 'hex')) FROM t WHERE t.ok LIMIT 1) n) FROM t`,
+
 		list: `SELECT s.name, s.token, s.owner, s.fence, s.metadata, s.acquired_at, -1 FROM ` + s + ` s
 WHERE substring(s.name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
   AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ExclusiveLock' AND l.pid = s.pid AND ` + keyLock + `)
@@ -545,6 +629,11 @@ func (a *Advisory) ended(ss *session, cause error) {
 	err := fmt.Errorf("pglock: the server session holding it ended: %w", cause)
 	if len(lost) > 0 {
 		a.log.Warn("pglock: an advisory session ended; its locks are lost", "locks", len(lost), "err", cause)
+		a.wg.Add(1) // this session's goroutine still counts: Close waits for it
+		go func() {
+			defer a.wg.Done()
+			a.notifyFreed(lost)
+		}()
 	}
 	for _, h := range lost {
 		a.loss.Report(h.key, h.token, err)
@@ -733,7 +822,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	if q == a.q.try {
 		args = append(args, us(dlock.WriterMark))
 	}
-	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs)
+	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs, nil)
 	res.mark = time.Duration(markUs) * time.Microsecond
 	switch {
 	case err == nil && pid != ss.pid:
@@ -793,15 +882,16 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 // heldLocally).
 func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key string, token dlock.Token, shared bool) (bool, error) {
 	k1, k2 := split(id)
-	q, args := a.q.unlock, []any{k1, k2}
+	q, args := a.q.unlock, []any{k1, k2, []byte(key), false}
 	if shared {
-		q, args = a.q.unlockShared, []any{k1, k2, []byte(key), token[:]}
+		q, args = a.q.unlockShared, []any{k1, k2, []byte(key), false, token[:]}
 	}
 	var ok bool
 	var pid uint32
 	var err error
 	for try := 0; try < 3; try++ {
-		err = ss.conn.QueryRow(ctx, q, args...).Scan(&ok, &pid)
+		args[3] = try > 0
+		err = ss.conn.QueryRow(ctx, q, args...).Scan(&ok, &pid, nil)
 		if !cancelled(err) {
 			ok = ok || try > 0
 			break
@@ -1129,7 +1219,8 @@ func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) e
 // ForceRelease implements dlock.ForceReleaser. PostgreSQL cannot unlock
 // another session's advisory lock, so this terminates the holder's session
 // (pg_terminate_backend, waiting up to 5 s for it to end): every lock that
-// session held is freed, and its holders learn it at their next renewal. It
+// session held is freed, and its holders learn it at their next renewal.
+// The same statement notifies the key's watches. It
 // needs the right to signal that backend (same role, pg_signal_backend or
 // superuser).
 func (a *Advisory) ForceRelease(ctx context.Context, key string) error {
@@ -1137,14 +1228,15 @@ func (a *Advisory) ForceRelease(ctx context.Context, key string) error {
 		return wrapErr(a.tb, "advisory force release", err)
 	}
 	k1, k2 := AdvisoryKeys(key)
-	rows, err := a.pool.Query(ctx, `SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l
-WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid`, k1, k2)
+	rows, err := a.pool.Query(ctx, a.q.forceRelease, k1, k2, []byte(key))
 	if err != nil {
 		return wrapErr(a.tb, "advisory force release", err)
 	}
-	oks, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	oks, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (bool, error) {
+		var ok bool
+		err := row.Scan(&ok, nil)
+		return ok, err
+	})
 	if err != nil {
 		return wrapErr(a.tb, "advisory force release", err)
 	}
@@ -1155,6 +1247,52 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
 		if !ok {
 			return fmt.Errorf("pglock: advisory force release %q: the holder's session did not end within 5 s", key)
 		}
+	}
+	return nil
+}
+
+// Watch implements dlock.Watcher on a LISTEN connection of the Advisory's
+// own (opened on the first Watch, outside the pool): every grant, unlock
+// and metadata change sends a NOTIFY in its own transaction, and so do
+// ForceRelease, Close (for the locks it frees) and the Advisory whose
+// session ended (for the locks it held, as soon as it sees the end). A
+// lock freed because its holder's session ended and nobody saw it (the
+// holder's process died with it) sends nothing: the key's next grant does,
+// at once if a waiter queues for it. The channel is closed when ctx ends
+// or the connection breaks; Watch returns once the connection LISTENs, and
+// an error if it cannot (dlock.ErrClosed after Close).
+func (a *Advisory) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	ch, err := a.ln.watchKey(ctx, key)
+	if err != nil && !errors.Is(err, dlock.ErrClosed) && ended(ctx) == nil {
+		return nil, wrapErr(a.tb, "advisory watch", err)
+	}
+	return ch, err
+}
+
+// SetMetadata implements dlock.MetadataSetter, for a lock of this Advisory
+// (ErrNotHeld without I/O otherwise), in one statement on the pool that
+// checks that the holder's session still holds the lock, and notifies the
+// key's watches. It never runs on a session that holds locks, so its ctx
+// cannot end one.
+func (a *Advisory) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	if a.holding(key, token) == nil {
+		return dlock.ErrNotHeld
+	}
+	k1, k2 := AdvisoryKeys(key)
+	rows, err := a.pool.Query(ctx, a.q.setMetadata, []byte(key), token[:], metadata, k1, k2)
+	if err != nil {
+		return wrapErr(a.tb, "advisory set metadata", err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return wrapErr(a.tb, "advisory set metadata", err)
+	}
+	if n == 0 {
+		return dlock.ErrNotHeld
 	}
 	return nil
 }

@@ -32,10 +32,12 @@ type Backend struct {
 }
 
 var (
-	_ dlock.Backend       = (*Backend)(nil)
-	_ dlock.Waiter        = (*Backend)(nil)
-	_ dlock.Lister        = (*Backend)(nil)
-	_ dlock.ForceReleaser = (*Backend)(nil)
+	_ dlock.Backend        = (*Backend)(nil)
+	_ dlock.Waiter         = (*Backend)(nil)
+	_ dlock.Lister         = (*Backend)(nil)
+	_ dlock.ForceReleaser  = (*Backend)(nil)
+	_ dlock.Watcher        = (*Backend)(nil)
+	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
 // New returns the lease strategy over pool, which the caller keeps owning.
@@ -51,7 +53,7 @@ func New(pool *pgxpool.Pool, opts *Options) (*Backend, error) {
 		grace = DefaultGrace
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Backend{claims: newClaims(pool, tb, "lease"), pool: pool, tb: tb, grace: grace, log: logger(o), ln: newListener(pool, tb.channel), q: newLeaseQueries(tb),
+	return &Backend{claims: newClaims(pool, tb, "lease"), pool: pool, tb: tb, grace: grace, log: logger(o), ln: newListener(pool, tb), q: newLeaseQueries(tb),
 		bg: bg, stop: stop}, nil
 }
 
@@ -94,7 +96,7 @@ func (b *Backend) Migrate(ctx context.Context) error { return migrate(ctx, b.poo
 func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(ctx, b.pool) }
 
 type leaseQueries struct {
-	acquire, unregister, extend, release, forceRelease, list string
+	acquire, unregister, extend, release, forceRelease, list, setMetadata string
 	// lockKey, lockShared and lockMany lock the lease rows that a
 	// statement on shared or limited holders is about to read, first,
 	// in the same transaction: see newLeaseQueries.
@@ -163,6 +165,11 @@ type leaseQueries struct {
 // the fault harness; TestExtendRacingReleaseDoesNotRevive). A shared or
 // limited holder's renewal raises its key's shared_until.
 //
+// Every grant (exclusive, shared or limited) and every metadata change
+// also sends a NOTIFY on the watch channel ($11), for dlock.Watcher: one
+// more NOTIFY in a transaction that commits durably anyway. Waiters do not
+// listen to it; watches listen to both.
+//
 // The release's NOTIFY names the key and the first live waiter in its queue
 // that may take it (while the writer mark is live, the first that is not a
 // reader, if any), which the listener wakes at once; the key's other
@@ -218,6 +225,11 @@ func newLeaseQueries(tb tables) leaseQueries {
   RETURNING q.since
 )`
 	}
+	// granted: a grant (a row of cte) tells the key's watches ($11: the
+	// watch channel).
+	granted := func(cte string) string {
+		return `gn AS (SELECT pg_notify($11, encode($1, 'hex')) FROM ` + cte + `)`
+	}
 	unqueue := func(granted string) string {
 		return `del AS (
   DELETE FROM ` + w + ` q WHERE q.name = $1
@@ -252,11 +264,12 @@ mark AS (
 ` + register(`NOT EXISTS (SELECT FROM acq) AND NOT EXISTS (SELECT FROM s WHERE s.lim > 0)`, `-1`) + `,
 ` + unqueue(`EXISTS (SELECT FROM acq)`) + `,
 ` + forward(`NOT EXISTS (SELECT FROM acq)
-    AND NOT EXISTS (SELECT FROM `+l+` h WHERE h.name = $1 AND (h.expires_at > c.now OR h.shared_until > c.now))`, backEx) + `
+    AND NOT EXISTS (SELECT FROM `+l+` h WHERE h.name = $1 AND (h.expires_at > c.now OR h.shared_until > c.now))`, backEx) + `,
+` + granted(`acq`) + `
 SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `,
   s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
-  EXISTS (SELECT FROM mark), (SELECT count(*) FROM fw)
+  EXISTS (SELECT FROM mark), (SELECT count(*) FROM fw), (SELECT count(*) FROM gn)
 FROM c LEFT JOIN ` + l + ` h ON h.name = $1 LEFT JOIN s ON true`,
 
 		// The row, created if need be (fence 0: the next grant's is 1),
@@ -307,8 +320,9 @@ nx AS (
     WHERE q.name = $1 AND q.token <> $2 AND q.until > c.now AND EXISTS (SELECT FROM g)
     ORDER BY q.since, q.token LIMIT 1) n
 ),
-s AS (` + holderQ + h + earliest + `)
-SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx) + (SELECT count(*) FROM fw),
+s AS (` + holderQ + h + earliest + `),
+` + granted(`g`) + `
+SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx) + (SELECT count(*) FROM fw) + (SELECT count(*) FROM gn),
   v.token, v.owner, v.fence, v.metadata, v.acquired_at, ` + rem("v.expires_at") + `,
   s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
   ` + rem("GREATEST(v.writer_until, c.now)") + `, v.share_limit
@@ -373,6 +387,20 @@ r AS (
   RETURNING l.name
 )
 SELECT pg_notify($2, encode(r.name, 'hex')) FROM r`,
+
+		// The lease must be live at the row, as in extend: an update
+		// that waited for a release's row lock must not find the release's
+		// later instant in the future of its own start.
+		setMetadata: `WITH c AS MATERIALIZED (SELECT ` + syncOn + `),
+ex AS (
+  UPDATE ` + l + ` SET metadata = $3 WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+  RETURNING name
+),
+sh AS (
+  UPDATE ` + h + ` SET metadata = $3 WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+  RETURNING name
+)
+SELECT pg_notify($4, encode(r.name, 'hex')) FROM c, (SELECT name FROM ex UNION ALL SELECT name FROM sh) r`,
 
 		list: `SELECT name, token, owner, fence, metadata, acquired_at, ` + rem("expires_at") + `, -1
 FROM ` + l + `, (SELECT clock_timestamp() AS now) c
@@ -456,9 +484,9 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 	var marked bool
 	var forwarded int64
 	err := c.QueryRow(ctx, b.q.acquire, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata,
-		grace, since, us(register), us(dlock.WriterMark), b.tb.channel).
+		grace, since, us(register), us(dlock.WriterMark), b.tb.channel, b.tb.watch).
 		Scan(&out.fence, &out.place, &h.name, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs,
-			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim, &marked, &forwarded)
+			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim, &marked, &forwarded, nil)
 	if err != nil || out.fence != nil {
 		return err
 	}
@@ -835,6 +863,42 @@ func pipeline(ctx context.Context, c batcher, lock string, lockArgs []any, q str
 		err = cerr
 	}
 	return err
+}
+
+// Watch implements dlock.Watcher on the Backend's LISTEN connection (the
+// one its waiters share, outside the pool): every grant, release, forced
+// release and metadata change sends a NOTIFY in its own transaction. A
+// lease that runs out is not reported: no statement sees it end (the next
+// grant of the key is). The channel is closed when ctx ends or the
+// connection breaks; Watch returns once the connection LISTENs, and an
+// error if it cannot (dlock.ErrClosed after Close).
+func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
+	ch, err := b.ln.watchKey(ctx, key)
+	if err != nil && !errors.Is(err, dlock.ErrClosed) && ended(ctx) == nil {
+		return nil, wrapErr(b.tb, "watch", err)
+	}
+	return ch, err
+}
+
+// SetMetadata implements dlock.MetadataSetter for a holder of any mode, in
+// one statement that also notifies the key's watches.
+func (b *Backend) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
+	rows, err := b.pool.Query(ctx, b.q.setMetadata, []byte(key), token[:], metadata, b.tb.watch)
+	if err != nil {
+		return wrapErr(b.tb, "set metadata", err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return wrapErr(b.tb, "set metadata", err)
+	}
+	if n == 0 {
+		return dlock.ErrNotHeld
+	}
+	return nil
 }
 
 // List implements dlock.Lister: every holder, of every mode, ordered by key

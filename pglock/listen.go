@@ -3,11 +3,14 @@ package pglock
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -15,14 +18,17 @@ import (
 // waiter left, so that a busy key does not pay for a new LISTEN per wait.
 const listenIdle = 10 * time.Second
 
-// listener holds one connection that LISTENs on the Backend's channel, and
-// wakes the waiters of the key each NOTIFY names. The connection is opened
-// with the pool's configuration but outside the pool, so that it never takes
-// one of the user's connections. It starts on the first wait and stops after
-// listenIdle without waiters, or on close.
+// listener holds one connection that LISTENs on the channels of a table's
+// configuration, wakes the waiters of the key each release's NOTIFY names,
+// and tells the watches of the key each NOTIFY (of either channel) names.
+// The connection is opened with the pool's configuration but outside the
+// pool, so that it never takes one of the user's connections. It starts on
+// the first wait or watch and stops after listenIdle without either, or on
+// close.
 type listener struct {
 	pool    *pgxpool.Pool
-	channel string
+	channel string // releases: wakes waiters and watches
+	watch   string // other changes: tells watches only
 
 	mu     sync.Mutex
 	subs   map[string]map[*sub]struct{} // by hex key
@@ -43,13 +49,24 @@ type sub struct {
 
 // listenRun is one connection's life.
 type listenRun struct {
-	ready  chan struct{} // closed when LISTEN succeeded or failed (err)
-	err    error
-	cancel context.CancelFunc
+	ready   chan struct{} // closed when LISTEN succeeded or failed (err)
+	err     error
+	cancel  context.CancelFunc
+	watches map[string]map[*watch]struct{} // by hex key; guarded by listener.mu
 }
 
-func newListener(pool *pgxpool.Pool, channel string) *listener {
-	return &listener{pool: pool, channel: channel, subs: make(map[string]map[*sub]struct{})}
+// watch is one Watch: it sees what its run's connection sees, and is
+// closed when that connection ends.
+type watch struct {
+	ch     chan struct{}
+	hk     string
+	run    *listenRun
+	done   bool        // closed and counted out; guarded by listener.mu
+	unhook func() bool // stops the context's AfterFunc; guarded by listener.mu
+}
+
+func newListener(pool *pgxpool.Pool, tb tables) *listener {
+	return &listener{pool: pool, channel: tb.channel, watch: tb.watch, subs: make(map[string]map[*sub]struct{})}
 }
 
 // subscribe returns a channel that receives when key is released (or when
@@ -79,22 +96,99 @@ func (l *listener) subscribe(key string, token [16]byte, grace time.Duration) (<
 		if len(l.subs[hk]) == 0 {
 			delete(l.subs, hk)
 		}
-		l.n--
-		if l.n == 0 && l.run != nil && !l.closed {
-			r := l.run
-			if l.idle != nil {
-				l.idle.Stop()
-			}
-			l.idle = time.AfterFunc(listenIdle, func() {
-				l.mu.Lock()
-				stop := l.n == 0 && l.run == r
-				l.mu.Unlock()
-				if stop {
-					r.cancel()
-				}
-			})
-		}
+		l.leftLocked()
 	}
+}
+
+// leftLocked counts out a subscription or a watch, and stops the
+// connection listenIdle after the last one left. The caller holds l.mu.
+func (l *listener) leftLocked() {
+	l.n--
+	if l.n == 0 && l.run != nil && !l.closed {
+		r := l.run
+		if l.idle != nil {
+			l.idle.Stop()
+		}
+		l.idle = time.AfterFunc(listenIdle, func() {
+			l.mu.Lock()
+			stop := l.n == 0 && l.run == r
+			if stop {
+				// A subscription that comes now starts a new connection
+				// rather than join one that is ending.
+				l.run = nil
+			}
+			l.mu.Unlock()
+			if stop {
+				r.cancel()
+			}
+		})
+	}
+}
+
+// watchKey returns a channel that receives after every NOTIFY naming key
+// that the server sends once watchKey has returned, closed when ctx ends or
+// when the connection ends (it may have missed one). It returns once the
+// connection LISTENs, or with an error if it cannot.
+func (l *listener) watchKey(ctx context.Context, key string) (<-chan struct{}, error) {
+	if err := ended(ctx); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, dlock.ErrClosed
+	}
+	r := l.startLocked()
+	w := &watch{ch: make(chan struct{}, 1), hk: hex.EncodeToString([]byte(key)), run: r}
+	if r.watches[w.hk] == nil {
+		r.watches[w.hk] = make(map[*watch]struct{})
+	}
+	r.watches[w.hk][w] = struct{}{}
+	l.n++
+	if l.idle != nil {
+		l.idle.Stop()
+	}
+	l.mu.Unlock()
+	select {
+	case <-r.ready:
+	case <-ctx.Done():
+	}
+	err := r.err
+	if err == nil {
+		err = ended(ctx)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.unwatchLocked(w)
+		return nil, err
+	}
+	if !w.done {
+		w.unhook = context.AfterFunc(ctx, func() {
+			l.mu.Lock()
+			l.unwatchLocked(w)
+			l.mu.Unlock()
+		})
+	}
+	return w.ch, nil
+}
+
+// unwatchLocked ends w, once. The caller holds l.mu.
+func (l *listener) unwatchLocked(w *watch) {
+	if w.done {
+		return
+	}
+	w.done = true
+	if w.unhook != nil {
+		w.unhook()
+	}
+	ws := w.run.watches[w.hk]
+	delete(ws, w)
+	if len(ws) == 0 {
+		delete(w.run.watches, w.hk)
+	}
+	close(w.ch)
+	l.leftLocked()
 }
 
 // ensure makes sure that the connection LISTENs, starting it if needed, and
@@ -105,14 +199,7 @@ func (l *listener) ensure(ctx context.Context) error {
 		l.mu.Unlock()
 		return errListenerClosed
 	}
-	r := l.run
-	if r == nil {
-		rctx, cancel := context.WithCancel(context.Background())
-		r = &listenRun{ready: make(chan struct{}), cancel: cancel}
-		l.run = r
-		l.wg.Add(1)
-		go l.loop(rctx, r)
-	}
+	r := l.startLocked()
 	l.mu.Unlock()
 	select {
 	case <-r.ready:
@@ -120,6 +207,20 @@ func (l *listener) ensure(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// startLocked returns the running connection, starting one if there is
+// none. The caller holds l.mu.
+func (l *listener) startLocked() *listenRun {
+	r := l.run
+	if r == nil {
+		rctx, cancel := context.WithCancel(context.Background())
+		r = &listenRun{ready: make(chan struct{}), cancel: cancel, watches: make(map[string]map[*watch]struct{})}
+		l.run = r
+		l.wg.Add(1)
+		go l.loop(rctx, r)
+	}
+	return r
 }
 
 type listenerError string
@@ -135,7 +236,17 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 	conn, err := dial(ctx, l.pool)
 	if err == nil {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		_, err = conn.Exec(actx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize())
+		// The connection is idle between notifications: the server must
+		// not end it for that (servers before 14 lack the setting).
+		_, err = conn.Exec(actx, "SET idle_session_timeout = 0")
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42704" { // unrecognized configuration parameter
+			err = nil
+		}
+		if err == nil {
+			// No arguments: the simple protocol, which runs both statements.
+			_, err = conn.Exec(actx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()+"; LISTEN "+pgx.Identifier{l.watch}.Sanitize())
+		}
 		cancel()
 	}
 	r.err = err
@@ -146,7 +257,7 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 			if err != nil {
 				break
 			}
-			l.dispatch(n.Payload)
+			l.dispatch(r, n.Channel, n.Payload)
 		}
 	}
 	if conn != nil {
@@ -156,10 +267,16 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 	if l.run == r {
 		l.run = nil
 	}
-	// Wake every waiter: they look again and restart the listener.
+	// Wake every waiter: they look again and restart the listener. Close
+	// every watch of this connection: it may have missed a change.
 	for _, m := range l.subs {
 		for s := range m {
 			notify(s.ch)
+		}
+	}
+	for _, m := range r.watches {
+		for w := range m {
+			l.unwatchLocked(w)
 		}
 	}
 	l.mu.Unlock()
@@ -170,10 +287,21 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 // this notification. A wake-up pending from an earlier one is put off: the
 // key is kept for the named waiter until this grace ends, and a waiter
 // woken before that is refused and sleeps another grace.
-func (l *listener) dispatch(payload string) {
+//
+// A notification of either channel tells the key's watches of run r (the
+// connection it came on).
+func (l *listener) dispatch(r *listenRun, channel, payload string) {
 	hk, first, _ := strings.Cut(payload, " ")
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if r != nil {
+		for w := range r.watches[hk] {
+			notify(w.ch)
+		}
+	}
+	if channel != l.channel {
+		return
+	}
 	for s := range l.subs[hk] {
 		switch {
 		case first == "" || s.token == first || s.grace <= 0:

@@ -11,17 +11,17 @@ import (
 // and the waiter, refused, slept another grace, behind a newcomer's look.
 func TestDispatchTimesGraceFromTheLastRelease(t *testing.T) {
 	const grace = time.Second
-	l := newListener(nil, "ch")
+	l := newListener(nil, tables{channel: "ch", watch: "ch/watch"})
 	first := [16]byte{1}
 	_, stopFirst := l.subscribe("k", first, grace)
 	defer stopFirst()
 	other, stopOther := l.subscribe("k", [16]byte{2}, grace)
 	defer stopOther()
 	payload := "6b 01000000000000000000000000000000" // hex("k"), the first waiter's token
-	l.dispatch(payload)
+	l.dispatch(nil, "ch", payload)
 	time.Sleep(grace / 10)
 	last := time.Now()
-	l.dispatch(payload)
+	l.dispatch(nil, "ch", payload)
 	select {
 	case <-other:
 		if woke := time.Since(last); woke < grace {

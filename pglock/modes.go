@@ -35,7 +35,7 @@ func (b *Backend) acquireShared(ctx context.Context, c *pgxpool.Conn, req dlock.
 		limit = 0
 	}
 	err := pipelineRow(ctx, c, b.q.lockKey, []any{[]byte(req.Key)}, b.q.acquireShared,
-		[]any{[]byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata, grace, since, us(register), limit, b.tb.channel},
+		[]any{[]byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata, grace, since, us(register), limit, b.tb.channel, b.tb.watch},
 		&verdict, &out.fence, &out.place, &notified,
 		&h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs,
 		&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim,

@@ -57,11 +57,19 @@
 //
 // # Both strategies
 //
-// Pool size: the connections that dlock keeps open (the LISTEN connection,
-// the advisory sessions) are opened with the pool's configuration but outside
+// Pool size: the connections that dlock keeps open (the LISTEN connection
+// of waiters and watches, the advisory sessions) are opened with the pool's configuration but outside
 // the pool, so they never take one of the user's connections and any pool
 // size works, 1 included. Statements on the pool are short, one at a time
 // per call.
+//
+// Elections: both strategies are a dlock.Watcher and a dlock.MetadataSetter.
+// Every grant, release and metadata change sends a NOTIFY (on a channel
+// named after the table, DefaultTable's being "dlock_locks" for the lease's
+// releases and "dlock_locks/watch" for the rest), which a watch receives on
+// its Backend's or Advisory's LISTEN connection; the end of an advisory
+// session is notified by the Advisory that sees it (see Advisory.Watch).
+// An expiry of a lease is not notified: no statement sees it happen.
 //
 // Durability: every statement that writes (a grant and its fence, a renewal,
 // a release, Migrate's DDL) commits with synchronous_commit on, set locally
@@ -183,7 +191,8 @@ type tables struct {
 	session string
 	readers string // shared holders of the advisory strategy
 	claims  string // the strategy of each key
-	channel string // NOTIFY channel
+	channel string // NOTIFY channel of the lease strategy's releases
+	watch   string // NOTIFY channel of the other changes that watches see
 }
 
 // parseTable validates name ("" for DefaultTable) and quotes the tables
@@ -221,14 +230,26 @@ func parseTable(name string) (tables, error) {
 		session: prefix + `"` + t + `_session"`,
 		readers: prefix + `"` + t + `_readers"`,
 		claims:  prefix + `"` + t + `_claims"`,
-		channel: name,
-	}
-	if len(tb.channel) > 63 {
-		sum := sha256.Sum256([]byte(name))
-		tb.channel = "dlock_" + hex.EncodeToString(sum[:16])
+		channel: channelName(name),
+		// "/" is in no table name, so no other table's release channel
+		// has this name.
+		watch: channelName(name + "/watch"),
 	}
 	return tb, nil
 }
+
+// channelName is name, or a digest of it where name is longer than a
+// channel name may be (63 bytes).
+func channelName(name string) string {
+	if len(name) <= 63 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return "dlock_" + hex.EncodeToString(sum[:16])
+}
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 //go:embed schema.sql
 var schemaSQL string
