@@ -85,5 +85,8 @@ func TestRunLockDelay(t *testing.T) {
 		if r := run(t, g, "run", "--lock-delay", "1s", key, "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--lock-delay") {
 			t.Errorf("--lock-delay on getlock: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
 		}
+		if r := run(t, g, "run", "--at-least", "1s", key, "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--at-least") {
+			t.Errorf("--at-least on getlock: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
+		}
 	}
 }
