@@ -54,7 +54,7 @@ import (
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // Lister, ForceReleaser, Waiter, LossReporter, Sharer, Watcher,
-// MetadataSetter, SessionBound.
+// MetadataSetter, SessionBound, TTLExtender.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -122,12 +122,21 @@ type MetadataSetter interface {
 	SetMetadata(ctx context.Context, key string, token Token, metadata string) error
 }
 
+// TTLExtender is implemented by backends whose Extend sets a lease to the
+// TTL it is given, longer or shorter than before, by the store's clock, and
+// whose leases outlive the client's process. Only they can keep a minimum
+// hold (WithMinHold); elsewhere (an etcd lease's TTL is fixed at its grant,
+// a ZooKeeper node ends with its session, a session lock with its session)
+// the Locker refuses it with ErrUnsupported.
+type TTLExtender interface {
+	ExtendsToAnyTTL()
+}
+
 // SessionBound is implemented by backends whose locks live in a server
 // session and end with it (a named lock, a row lock in an open transaction,
 // an advisory lock) rather than at a lease's expiry: the server frees them
 // the moment it sees the session end, so they cannot keep a lock-delay
-// (WithLockDelay) or a minimum hold (WithMinHold), which the Locker then
-// refuses with ErrUnsupported.
+// (WithLockDelay), which the Locker then refuses with ErrUnsupported.
 type SessionBound interface {
 	SessionBound()
 }

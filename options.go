@@ -130,10 +130,10 @@ func WithMetadata(s string) AcquireOption {
 // from clocks that disagree then runs once per d, however fast it is (the
 // lockAtLeastFor of scheduled jobs). The store must accept a lease as
 // long as d. A reentrant acquisition keeps the first one's minimum hold.
-// Backends whose locks end with their server session (dlock.SessionBound)
-// cannot keep the key once the holder's process is gone: ErrUnsupported
-// before any I/O. d must not be negative; 0 (the default) frees the key at
-// its release.
+// Only backends that set a lease to any TTL, past the client's life, can
+// keep it (dlock.TTLExtender: the lease strategies of MySQL, PostgreSQL,
+// Redis and SQLite); elsewhere it is ErrUnsupported before any I/O. d must
+// not be negative; 0 (the default) frees the key at its release.
 func WithMinHold(d time.Duration) AcquireOption {
 	return func(c *acquireConfig) { c.minHold = d }
 }
@@ -223,8 +223,8 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 	if _, ok := l.b.(SessionBound); ok && c.lockDelay > 0 {
 		return c, fmt.Errorf("%w: a lock-delay on a store whose locks end with their session", ErrUnsupported)
 	}
-	if _, ok := l.b.(SessionBound); ok && c.minHold > 0 {
-		return c, fmt.Errorf("%w: a minimum hold on a store whose locks end with their session", ErrUnsupported)
+	if _, ok := l.b.(TTLExtender); !ok && c.minHold > 0 {
+		return c, fmt.Errorf("%w: a minimum hold on a store that cannot set a lease's TTL past the client's life", ErrUnsupported)
 	}
 	switch {
 	case c.shared && c.limitSet:

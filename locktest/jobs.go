@@ -15,16 +15,16 @@ import (
 // than a few seconds past it; a release after it frees the key at once.
 func (s *suite) minHold(t *testing.T) {
 	const d = 2 * time.Second
-	if _, ok := s.newBackend(t).(dlock.SessionBound); ok {
+	if _, ok := s.newBackend(t).(dlock.TTLExtender); !ok {
 		l := lockerOver(t, s.newBackend(t))
 		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.WithMinHold(d)); !errors.Is(err, dlock.ErrUnsupported) {
-			t.Errorf("rule: a session-bound store refuses a minimum hold; got %v, want ErrUnsupported", err)
+			t.Errorf("rule: a store that is not a TTLExtender refuses a minimum hold; got %v, want ErrUnsupported", err)
 		}
 		return
 	}
-	other, _ := s.locker(t)
+	other := lockerOver(t, s.newBackend(t))
 	check := func(t *testing.T, let func(l *dlock.Locker, lk *dlock.Lock) error) {
-		l, _ := s.locker(t)
+		l := lockerOver(t, s.newBackend(t))
 		k := key(t, "job")
 		sent := time.Now()
 		lk := mustAcquire(t, l, k, dlock.WithMinHold(d))
@@ -53,7 +53,7 @@ func (s *suite) minHold(t *testing.T) {
 		check(t, func(l *dlock.Locker, _ *dlock.Lock) error { return l.Close(ctxT(t, 10*time.Second)) })
 	})
 	t.Run("ReleaseAfterIt", func(t *testing.T) {
-		l, _ := s.locker(t)
+		l := lockerOver(t, s.newBackend(t))
 		k := key(t, "done")
 		lk := mustAcquire(t, l, k, dlock.WithMinHold(ttl/2))
 		time.Sleep(ttl/2 + 100*time.Millisecond)

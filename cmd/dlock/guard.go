@@ -40,6 +40,7 @@ var (
 	_ dlock.Sharer         = (*guard)(nil)
 	_ dlock.Watcher        = (*guard)(nil)
 	_ dlock.MetadataSetter = (*guard)(nil)
+	_ dlock.TTLExtender    = (*guard)(nil)
 	_ dlock.Waiter         = guardWaiter{}
 	_ dlock.Sharer         = guardWaiter{}
 )
@@ -216,6 +217,17 @@ func (g *guard) SetMetadata(ctx context.Context, key string, token dlock.Token, 
 		return struct{}{}, m.SetMetadata(ctx, key, token, metadata)
 	})
 	return err
+}
+
+// ExtendsToAnyTTL claims dlock.TTLExtender for every store: dlock run
+// refuses --at-least itself where the store's Backend is not one
+// (extendsToAnyTTL).
+func (g *guard) ExtendsToAnyTTL() {}
+
+// extendsToAnyTTL reports whether the store's Backend is a dlock.TTLExtender.
+func (g *guard) extendsToAnyTTL() bool {
+	_, ok := g.b.(dlock.TTLExtender)
+	return ok
 }
 
 // sessionBound reports whether the store's locks end with their session

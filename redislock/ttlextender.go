@@ -1,0 +1,16 @@
+package redislock
+
+import "github.com/dlock-dev/dlock"
+
+var (
+	_ dlock.TTLExtender = (*Backend)(nil)
+	_ dlock.TTLExtender = (*Redlock)(nil)
+)
+
+// ExtendsToAnyTTL implements dlock.TTLExtender: Extend sets the lease to the
+// TTL it is given, by the store's clock, and the lease outlives the client.
+func (b *Backend) ExtendsToAnyTTL() {}
+
+// ExtendsToAnyTTL implements dlock.TTLExtender: Extend sets the lease on
+// each server to the TTL it is given, and the lease outlives the client.
+func (r *Redlock) ExtendsToAnyTTL() {}
