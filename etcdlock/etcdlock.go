@@ -112,6 +112,14 @@
 // limited one keeps its entry only if it holds the lock at once; each fails
 // while entries that would keep it out hold or wait.
 //
+// # Watching and metadata
+//
+// The Backend is a dlock.Watcher: a watch is an etcd watch on the key's
+// directory, which reports every grant, release, metadata change and
+// expiry (etcd revokes expired leases itself), and is closed when etcd
+// ends it (no leader, a compacted revision). It is a dlock.MetadataSetter:
+// the holder's entry is rewritten in place, keeping its lease and fence.
+//
 // # Failures
 //
 // Every request the Backend makes can be repeated safely, and it is repeated
@@ -214,7 +222,8 @@ type Backend struct {
 	parked  map[string][]*entry // waiting entries between two AcquireWait calls, by dlock key
 	parkFor time.Duration       // how long a parked entry is kept for the next call
 	closed  bool                // Close was called: clean-up runs in the caller
-	bg      sync.WaitGroup      // background revocations; Add only under mu, before closed
+	done    chan struct{}       // closed by Close: ends the watches
+	bg      sync.WaitGroup      // background revocations and watches; Add only under mu, before closed
 }
 
 var (
@@ -245,7 +254,7 @@ func New(c Client, opts *Options) (*Backend, error) {
 	if timeout == 0 {
 		timeout = DefaultRequestTimeout
 	}
-	return &Backend{c: c, prefix: prefix, timeout: timeout, parked: make(map[string][]*entry), parkFor: parkTimeout}, nil
+	return &Backend{c: c, prefix: prefix, timeout: timeout, parked: make(map[string][]*entry), parkFor: parkTimeout, done: make(chan struct{})}, nil
 }
 
 // Escaping '/' keeps a key's directory from containing another key's; escaping
@@ -504,9 +513,10 @@ func (b *Backend) revokeLater(ctx context.Context, id clientv3.LeaseID) {
 }
 
 // Close removes the queue entries that waiters parked between two
-// AcquireWait calls and waits for the Backend's clean-up in the background
-// to end (revocations of entries that waiters left, each bounded by 5 s), so
-// that no goroutine of the Backend outlives it. It does not close the
+// AcquireWait calls, closes the channels of every Watch, and waits for the
+// Backend's clean-up in the background to end (revocations of entries that
+// waiters left, each bounded by 5 s), so that no goroutine of the Backend
+// outlives it. It does not close the
 // client, and does not release held locks (the Locker's Close does): close
 // the Locker first, then the Backend, then the client. It always returns
 // nil.
@@ -521,6 +531,9 @@ func (b *Backend) Close() error {
 		}
 	}
 	clear(b.parked)
+	if !b.closed {
+		close(b.done)
+	}
 	b.closed = true
 	b.mu.Unlock()
 	for _, e := range parked {

@@ -9,3 +9,6 @@ func (b *Backend) SetParkTimeout(d time.Duration) {
 	defer b.mu.Unlock()
 	b.parkFor = d
 }
+
+// WatchFrom is Watch from revision rev instead of the current one.
+var WatchFrom = (*Backend).watchFrom

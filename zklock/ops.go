@@ -60,8 +60,10 @@ func (b *Backend) extend(l dlock.Lease) error {
 			// was lost: catch up if the node is still ours and was renewed
 			// in time.
 			d, st0, gerr := b.c.Get(path)
+			// The node's data is rewritten as read: SetMetadata may have
+			// changed it since.
 			if gerr == nil && decode(d).Token == l.Token.String() && !late(st0.Mtime, mtime, ttl) {
-				version, mtime = st0.Version, st0.Mtime
+				data, version, mtime = d, st0.Version, st0.Mtime
 				continue
 			}
 		}
@@ -79,7 +81,9 @@ func (b *Backend) extend(l dlock.Lease) error {
 			return fmt.Errorf("%w: lease ended %d ms before the renewal", dlock.ErrNotHeld, st.Mtime-mtime-ttl.Milliseconds())
 		}
 		b.mu.Lock()
-		n.version, n.mtime = st.Version, st.Mtime
+		if st.Version > n.version { // a SetMetadata's reply may come first
+			n.version, n.mtime = st.Version, st.Mtime
+		}
 		b.mu.Unlock()
 		return nil
 	}

@@ -148,6 +148,15 @@
 // deletes it again unless the rules grant it (or leaves it as a writer
 // mark, see "Modes").
 //
+// # Watching and metadata
+//
+// The Backend is a dlock.Watcher: a watch is a child watch and a data
+// watch on the key's directory, set again each time one fires, and closed
+// with the session. It reports grants, releases, metadata changes and the
+// nodes that an ended session loses; an expired lease only when a
+// contender deletes its node. It is a dlock.MetadataSetter: the holder's
+// node is rewritten, which, like a renewal, moves its mtime on.
+//
 // # Limits
 //
 //   - A waiter whose process dies or stalls leaves its node in the queue
@@ -196,6 +205,7 @@ const DefaultRoot = "/dlock"
 // it. The caller owns the connection: the Backend never closes it.
 type Conn interface {
 	Children(path string) ([]string, *zk.Stat, error)
+	ChildrenW(path string) ([]string, *zk.Stat, <-chan zk.Event, error)
 	Get(path string) ([]byte, *zk.Stat, error)
 	GetW(path string) ([]byte, *zk.Stat, <-chan zk.Event, error)
 	ExistsW(path string) (bool, *zk.Stat, <-chan zk.Event, error)
