@@ -66,7 +66,9 @@
 // matters, use Redlock over independent servers or a consensus store, and
 // pass the fence to the resources you guard. Every client of a key must run
 // a version of this package that knows the modes: an older one sees no
-// holder in a key held shared or limited.
+// holder in a key held shared or limited. Likewise a watch sees the grants
+// of clients whose version publishes them (the one that added Watch and
+// later).
 //
 // Reentrancy (dlock.WithOwner) is counted by the dlock.Locker, per Locker; the
 // scripts do not count it again, and a second acquisition with a different

@@ -364,3 +364,73 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 }
 
 func (p *stallProxy) stall() { p.stalled.Store(true) }
+
+// TestWatchClosedBySlotMove: when the key's slot moves to another shard of
+// a cluster, the old shard ends the sharded subscription and the watch
+// closes (it would otherwise hear nothing from the new shard).
+func TestWatchClosedBySlotMove(t *testing.T) {
+	nodes := startCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{nodes[0].addr()}})
+	t.Cleanup(func() { c.Close() })
+	b := newBackend(t, c, nil)
+	ctx := ctxT(t, time.Minute)
+	k := locktest.UniqueKey("watchslot")
+	ch := mustWatch(t, b, k)
+	slot, err := c.ClusterKeySlot(ctx, b.WatchChannel(k)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The slot holds no key (nothing was locked): it moves by SETSLOT alone,
+	// first on the new owner, then on every other node.
+	ids := map[*redis.Client]string{}
+	var from, to *redis.Client
+	for _, n := range nodes {
+		nc := n.client(t)
+		id, err := nc.ClusterMyID(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[nc] = id
+		if keys, err := nc.ClusterCountKeysInSlot(ctx, int(slot)).Result(); err != nil || keys != 0 {
+			t.Fatalf("slot %d holds %d keys: %v", slot, keys, err)
+		}
+	}
+	shards, err := c.ClusterShards(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
+			if r.Start > slot || slot > r.End {
+				continue
+			}
+			for _, n := range sh.Nodes {
+				for nc, id := range ids {
+					if n.Role == "master" && n.ID == id {
+						from = nc
+					}
+				}
+			}
+		}
+	}
+	for nc := range ids {
+		if nc != from {
+			to = nc
+		}
+	}
+	if from == nil || to == nil {
+		t.Fatalf("no owner of slot %d found", slot)
+	}
+	setslot := func(nc *redis.Client) {
+		if err := nc.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setslot(to)
+	for nc := range ids {
+		if nc != to {
+			setslot(nc)
+		}
+	}
+	closes(t, ch, "its slot moved to another shard")
+}
