@@ -13,7 +13,8 @@
 -- ARGV[4]  metadata
 -- ARGV[5]  "1" to keep the counter at least the server's clock in
 --          microseconds, so that it keeps increasing if the counter is lost
--- ARGV[6]  how long the writer mark lasts, in milliseconds
+-- ARGV[6]  the key's change channel, told of a grant
+-- ARGV[7]  how long the writer mark lasts, in milliseconds
 --
 -- Returns {1, fence} when the token holds the lock;
 -- {0, pttl, token, owner, fence, metadata, acquired_us[, mode, limit]}
@@ -37,7 +38,7 @@ if redis.call('exists', KEYS[3]) == 1 then
       return {2, d[7], d[8]}
     end
     -- Shared holders: new shared requests wait behind this writer.
-    redis.call('set', KEYS[5], '1', 'px', ARGV[6])
+    redis.call('set', KEYS[5], '1', 'px', ARGV[7])
     return {0, unpack(d)}
   end
 end
@@ -47,4 +48,5 @@ local fence = nextFence(KEYS[2], us, ARGV[5])
 redis.call('hset', KEYS[1], 'token', ARGV[1], 'owner', ARGV[3],
   'fence', int(fence), 'metadata', ARGV[4], 'acquired_us', us)
 redis.call('pexpire', KEYS[1], ARGV[2])
+changed(ARGV[6], 'granted')
 return {1, fence}

@@ -2,9 +2,9 @@
 -- holders.lua.
 --
 -- KEYS     as acquire.lua
--- ARGV     ARGV[1] to ARGV[5] as acquire.lua, then
--- ARGV[6]  the mode: 1 shared, 2 limited
--- ARGV[7]  the limit (0 for shared)
+-- ARGV     ARGV[1] to ARGV[6] as acquire.lua, then
+-- ARGV[7]  the mode: 1 shared, 2 limited
+-- ARGV[8]  the limit (0 for shared)
 --
 -- A shared request is granted when the key has no exclusive holder, no
 -- limited holders and no writer mark; a limited one when the key has no
@@ -14,7 +14,7 @@
 -- whose lease ends first (only pttl, that of the mark, for a writer mark);
 -- or {2, mode, limit} of the key's holders for a mode mismatch, changing
 -- nothing.
-local mode, limit = tonumber(ARGV[6]), tonumber(ARGV[7])
+local mode, limit = tonumber(ARGV[7]), tonumber(ARGV[8])
 local h = redis.call('hmget', KEYS[1], 'token', 'owner', 'fence', 'metadata', 'acquired_us')
 if h[1] then
   if mode == 2 then
@@ -53,4 +53,5 @@ redis.call('zadd', KEYS[3], int(ms + tonumber(ARGV[2])), ARGV[1])
 redis.call('hset', KEYS[4], ARGV[1], cmsgpack.pack(mode, limit, int(fence), us, ARGV[3], ARGV[4]))
 cover(KEYS[3], ARGV[2])
 cover(KEYS[4], ARGV[2])
+changed(ARGV[6], 'granted')
 return {1, fence}

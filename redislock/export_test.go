@@ -8,6 +8,10 @@ func (b *Backend) Names(key string) (lock, fence, channel string) {
 	return b.lockKey(key), b.fenceKey(key), b.channel(key)
 }
 
+// WatchChannel returns the name of the channel on which key's changes that
+// wake no waiter are published.
+func (b *Backend) WatchChannel(key string) string { return b.watchChannel(key) }
+
 // ModeNames returns the Redis names of key's shared and limited holders,
 // their descriptions and its writer mark.
 func (b *Backend) ModeNames(key string) (holders, info, writer string) {

@@ -76,14 +76,28 @@ local function nextFence(counter, us, floor)
   return fence
 end
 
--- wake publishes a release on channel ch. Sharded pub/sub keeps the message
--- on the key's shard in a cluster; servers before 7.0 lack SPUBLISH and get
--- a classic PUBLISH (their waiters use SUBSCRIBE). A failure to publish (an
--- ACL without channel rights) must not fail the release, which has
--- happened: waiters then wait out the lease.
-local function wake(ch)
-  local r = redis.pcall('spublish', ch, 'released')
+-- publish sends msg on channel ch. Sharded pub/sub keeps the message on the
+-- key's shard in a cluster; servers before 7.0 lack SPUBLISH and get a
+-- classic PUBLISH (their subscribers use SUBSCRIBE). A failure to publish
+-- (an ACL without channel rights) must not fail the change, which has
+-- happened: waiters then wait out the lease, and watches cannot start.
+local function publish(ch, msg)
+  local r = redis.pcall('spublish', ch, msg)
   if type(r) == 'table' and r.err then
-    redis.pcall('publish', ch, 'released')
+    redis.pcall('publish', ch, msg)
   end
+end
+
+-- wake publishes a release on the key's release channel ch, which its
+-- waiters and its watches subscribe to.
+local function wake(ch)
+  publish(ch, 'released')
+end
+
+-- changed publishes a change that helps no waiter (a grant, a metadata
+-- change, a shared release that leaves other readers) on the key's change
+-- channel ch, which only its watches subscribe to: waiters are not woken
+-- to race for a key that was just taken.
+local function changed(ch, what)
+  publish(ch, what)
 end

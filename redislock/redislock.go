@@ -10,6 +10,13 @@
 // to (dlock.Waiter), so a waiter is handed the key at once instead of
 // polling.
 //
+// A Backend also watches keys (dlock.Watcher) and changes a held lease's
+// metadata (dlock.MetadataSetter), for elections: grants, metadata changes
+// and the releases that wake no waiter publish on a second per-key channel
+// that only watches subscribe to, beside the release channel; each script
+// publishes at most once. Expiries are not reported (Redis tells of them
+// only through keyspace notifications, a server setting).
+//
 // A Backend grants every mode (dlock.Sharer): dlock.Shared (readers, whose
 // writer is the exclusive acquisition) and dlock.WithLimit (a counting
 // semaphore). A key's shared or limited holders are a sorted set of owner
@@ -43,8 +50,8 @@
 // Key k uses the Redis key "dlock:{k}" (the exclusive lock hash; inspect it
 // with HGETALL), "dlock:{k}:fence" (its counter), "dlock:{k}:holders" and
 // "dlock:{k}:info" (the shared or limited holders and their descriptions),
-// "dlock:{k}:writer" (the writer mark) and the channel "dlock:{k}:released",
-// where "dlock:" is Options.Prefix. The braces are a cluster hash tag: all of
+// "dlock:{k}:writer" (the writer mark) and the channels "dlock:{k}:released"
+// and "dlock:{k}:changed", where "dlock:" is Options.Prefix. The braces are a cluster hash tag: all of
 // them live in one slot, which the scripts need on Redis Cluster. Braces and
 // '%' inside k are escaped as %7B, %7D and %25.
 //
@@ -59,15 +66,17 @@
 // matters, use Redlock over independent servers or a consensus store, and
 // pass the fence to the resources you guard. Every client of a key must run
 // a version of this package that knows the modes: an older one sees no
-// holder in a key held shared or limited.
+// holder in a key held shared or limited. Likewise a watch sees the grants
+// of clients whose version publishes them (the one that added Watch and
+// later).
 //
 // Reentrancy (dlock.WithOwner) is counted by the dlock.Locker, per Locker; the
 // scripts do not count it again, and a second acquisition with a different
 // token is always refused.
 //
-// Redis 7.0 or later is recommended: releases use sharded pub/sub (SPUBLISH),
-// which stays on the key's shard in a cluster; on older servers the scripts
-// and waiters fall back to classic PUBLISH/SUBSCRIBE. *redis.Ring is not
+// Redis 7.0 or later is recommended: releases and changes use sharded pub/sub
+// (SPUBLISH), which stays on the key's shard in a cluster; on older servers
+// the scripts, waiters and watches fall back to classic PUBLISH/SUBSCRIBE. *redis.Ring is not
 // supported: it moves keys between shards when one is down, so two clients can
 // disagree on where a lock lives.
 package redislock
@@ -131,11 +140,13 @@ type Backend struct {
 }
 
 var (
-	_ dlock.Backend       = (*Backend)(nil)
-	_ dlock.Lister        = (*Backend)(nil)
-	_ dlock.ForceReleaser = (*Backend)(nil)
-	_ dlock.Waiter        = (*Backend)(nil)
-	_ dlock.Sharer        = (*Backend)(nil)
+	_ dlock.Backend        = (*Backend)(nil)
+	_ dlock.Lister         = (*Backend)(nil)
+	_ dlock.ForceReleaser  = (*Backend)(nil)
+	_ dlock.Waiter         = (*Backend)(nil)
+	_ dlock.Sharer         = (*Backend)(nil)
+	_ dlock.Watcher        = (*Backend)(nil)
+	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
 var (
@@ -222,6 +233,11 @@ func (b *Backend) infoKey(key string) string    { return b.tagged(key) + ":info"
 func (b *Backend) writerKey(key string) string  { return b.tagged(key) + ":writer" }
 func (b *Backend) channel(key string) string    { return b.tagged(key) + ":released" }
 
+// watchChannel carries the changes of key's holders that wake no waiter
+// (grants, metadata changes, a shared release that leaves other readers):
+// watches subscribe to it and to channel(key).
+func (b *Backend) watchChannel(key string) string { return b.tagged(key) + ":changed" }
+
 // modeKeys are the names a script that sees every holder of key needs:
 // the lock, the shared and limited holders and their descriptions.
 func (b *Backend) modeKeys(key string) []string {
@@ -301,7 +317,7 @@ func (b *Backend) acquireKeys(key string) []string {
 // acquireCall returns the script that takes req and its arguments, or an
 // error matching dlock.ErrInvalidOption for a mode or limit out of range.
 func (b *Backend) acquireCall(req dlock.Request) (*redis.Script, []any, error) {
-	args := []any{req.Token.String(), req.TTL.Milliseconds(), req.Owner, req.Metadata, b.floorArg()}
+	args := []any{req.Token.String(), req.TTL.Milliseconds(), req.Owner, req.Metadata, b.floorArg(), b.watchChannel(req.Key)}
 	switch {
 	case req.Mode == dlock.ModeExclusive:
 		return acquireScript, append(args, dlock.WriterMark.Milliseconds()), nil
@@ -435,7 +451,7 @@ func (b *Backend) runEach(ctx context.Context, s *redis.Script, n int, args func
 // may now be granted it: at an exclusive or limited release, and at the
 // release of the last shared holder.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	n, err := releaseScript.Run(ctx, b.c, b.modeKeys(key), token.String(), b.channel(key)).Int64()
+	n, err := releaseScript.Run(ctx, b.c, b.modeKeys(key), token.String(), b.channel(key), b.watchChannel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: release %q: %w", key, err)
 	}
@@ -610,17 +626,17 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	return waitLoop(ctx, req, b.Acquire, wake)
 }
 
-// subscribe subscribes to ch (sharded pub/sub, or classic on servers that
+// subscribe subscribes to chs (sharded pub/sub, or classic on servers that
 // lack it) and waits for the server's confirmation.
-func (b *Backend) subscribe(ctx context.Context, ch string) (*redis.PubSub, error) {
+func (b *Backend) subscribe(ctx context.Context, chs ...string) (*redis.PubSub, error) {
 	if !b.classicPubSub.Load() {
-		ps, err := confirm(ctx, b.c.SSubscribe(ctx, ch))
+		ps, err := confirm(ctx, b.c.SSubscribe(ctx, chs...), len(chs))
 		if err == nil || !isUnknownCommand(err) {
 			return ps, err
 		}
 		b.classicPubSub.Store(true)
 	}
-	return confirm(ctx, b.c.Subscribe(ctx, ch))
+	return confirm(ctx, b.c.Subscribe(ctx, chs...), len(chs))
 }
 
 func isUnknownCommand(err error) bool {
@@ -628,24 +644,30 @@ func isUnknownCommand(err error) bool {
 	return errors.As(err, &re) && strings.Contains(strings.ToLower(re.Error()), "unknown command")
 }
 
-// confirm waits for ps's subscription reply, and closes ps on failure.
-func confirm(ctx context.Context, ps *redis.PubSub) (*redis.PubSub, error) {
+// confirm waits for ps's n subscription replies (one per channel), and
+// closes ps on failure.
+func confirm(ctx context.Context, ps *redis.PubSub, n int) (*redis.PubSub, error) {
 	ctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
 	defer cancel()
 	// go-redis applies a context's deadline to the read, not its
 	// cancellation: closing the connection ends the read at once.
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
-	msg, err := ps.Receive(ctx)
+	var err error
+	for range n {
+		var msg any
+		if msg, err = ps.Receive(ctx); err != nil {
+			break
+		}
+		if _, ok := msg.(*redis.Subscription); !ok {
+			err = fmt.Errorf("redislock: unexpected reply %T to a subscription", msg)
+			break
+		}
+	}
 	if !stop() {
 		if err == nil {
 			err = ctx.Err()
 		}
 		return nil, err
-	}
-	if err == nil {
-		if _, ok := msg.(*redis.Subscription); !ok {
-			err = fmt.Errorf("redislock: unexpected reply %T to a subscription", msg)
-		}
 	}
 	if err != nil {
 		ps.Close()

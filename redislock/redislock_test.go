@@ -96,7 +96,7 @@ func TestConformanceCluster(t *testing.T) {
 }
 
 // TestClusterKeyNames checks that every Redis name of a key (its lock,
-// counter, channel and the names of its shared holders) shares a cluster
+// counter, channels and the names of its shared holders) shares a cluster
 // slot whatever braces the key contains, and that such keys work
 // end to end on a cluster (a slot mismatch fails the scripts with CROSSSLOT).
 func TestClusterKeyNames(t *testing.T) {
@@ -112,8 +112,9 @@ func TestClusterKeyNames(t *testing.T) {
 	for _, k := range []string{"}" + base, "{" + base, base + "{x}", "{}" + base, "a{b}c" + base, base + "%7B%", "plain" + base} {
 		lock, fence, channel := b.Names(k)
 		holders, info, writer := b.ModeNames(k)
+		changed := b.WatchChannel(k)
 		var got []int64
-		for _, name := range []string{lock, fence, channel, holders, info, writer} {
+		for _, name := range []string{lock, fence, channel, holders, info, writer, changed} {
 			slot, err := node.ClusterKeySlot(ctx, name).Result()
 			if err != nil {
 				t.Fatal(err)
@@ -121,8 +122,8 @@ func TestClusterKeyNames(t *testing.T) {
 			got = append(got, slot)
 		}
 		if slices.Min(got) != slices.Max(got) {
-			t.Errorf("key %q: lock %q, counter %q, channel %q, holders %q, descriptions %q and writer mark %q are in slots %v",
-				k, lock, fence, channel, holders, info, writer, got)
+			t.Errorf("key %q: lock %q, counter %q, channel %q, holders %q, descriptions %q, writer mark %q and change channel %q are in slots %v",
+				k, lock, fence, channel, holders, info, writer, changed, got)
 		}
 		slots[got[0]] = true
 

@@ -74,6 +74,12 @@ type RedlockOptions struct {
 // Release and ForceRelease publish on every server; AcquireWait subscribes
 // on every reachable server and wakes on the first message.
 //
+// A Redlock neither watches keys nor changes metadata (it is no
+// dlock.Watcher or dlock.MetadataSetter): a metadata change would be
+// written server by server, and one that reached only some of them would
+// leave the servers disagreeing on the value, with no majority to read a
+// single answer from.
+//
 // A Redlock grants only exclusive acquisitions (it is no dlock.Sharer, so
 // the Locker refuses the other modes before any I/O): a semaphore over
 // majorities does not bound its holders, since three holders of a limit of

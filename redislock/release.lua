@@ -1,12 +1,13 @@
 -- release.lua frees a key's exclusive lock or one of its shared or limited
--- leases if the token holds it, and wakes the key's waiters. Run after
--- holders.lua.
+-- leases if the token holds it, and wakes the key's waiters or, when the
+-- release helps none, tells its watches. Run after holders.lua.
 --
 -- KEYS[1]  the lock
 -- KEYS[2]  the key's shared and limited holders
 -- KEYS[3]  their descriptions
 -- ARGV[1]  owner token
 -- ARGV[2]  the key's release channel
+-- ARGV[3]  the key's change channel
 --
 -- Returns 1 if released, 0 if the token does not hold the key.
 if redis.call('hget', KEYS[1], 'token') == ARGV[1] then
@@ -30,5 +31,7 @@ redis.call('hdel', KEYS[3], ARGV[1])
 -- an exclusive holder or a writer mark); a limited release frees a slot.
 if (raw and cmsgpack.unpack(raw) == 2) or redis.call('zcount', KEYS[2], '(' .. int(ms), '+inf') == 0 then
   wake(ARGV[2])
+else
+  changed(ARGV[3], 'released')
 end
 return 1
