@@ -14,7 +14,7 @@ import (
 // acquisition was sent, since the store's grant came later), and no longer
 // than a few seconds past it; a release after it frees the key at once.
 func (s *suite) minHold(t *testing.T) {
-	const d = 2 * time.Second
+	const d = 1200 * time.Millisecond // past the TTL
 	if _, ok := s.newBackend(t).(dlock.TTLExtender); !ok {
 		l := lockerOver(t, s.newBackend(t))
 		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.WithMinHold(d)); !errors.Is(err, dlock.ErrUnsupported) {
@@ -47,12 +47,15 @@ func (s *suite) minHold(t *testing.T) {
 		}
 	}
 	t.Run("Release", func(t *testing.T) {
+		t.Parallel()
 		check(t, func(_ *dlock.Locker, lk *dlock.Lock) error { return lk.Release(ctxT(t, 10*time.Second)) })
 	})
 	t.Run("Close", func(t *testing.T) {
+		t.Parallel()
 		check(t, func(l *dlock.Locker, _ *dlock.Lock) error { return l.Close(ctxT(t, 10*time.Second)) })
 	})
 	t.Run("ReleaseAfterIt", func(t *testing.T) {
+		t.Parallel()
 		l := lockerOver(t, s.newBackend(t))
 		k := key(t, "done")
 		lk := mustAcquire(t, l, k, dlock.WithMinHold(ttl/2))
@@ -70,7 +73,7 @@ func (s *suite) minHold(t *testing.T) {
 // Locker does not release it behind the holder's back; a release frees the
 // key at once. A backend whose locks end with their session refuses it.
 func (s *suite) lockDelay(t *testing.T) {
-	const d = 2 * time.Second
+	const d = time.Second
 	if _, ok := s.newBackend(t).(dlock.SessionBound); ok {
 		l := lockerOver(t, s.newBackend(t))
 		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.WithLockDelay(d)); !errors.Is(err, dlock.ErrUnsupported) {

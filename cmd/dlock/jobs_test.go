@@ -12,7 +12,7 @@ import (
 func TestRunAtLeast(t *testing.T) {
 	e := embeddedEnv(t)
 	key := uniqueKey(t)
-	const d = 3 * time.Second
+	const d = 2 * time.Second
 	start := time.Now()
 	if r := run(t, e, "run", "--at-least", d.String(), key, "--", "true"); r.code != 0 {
 		t.Fatalf("first run: exit %d: %s", r.code, r.stderr)
@@ -36,13 +36,14 @@ func TestRunAtLeast(t *testing.T) {
 // the key is free afterwards.
 func TestRunMaxTime(t *testing.T) {
 	e := embeddedEnv(t)
-	key := uniqueKey(t)
 	for name, script := range map[string]string{
 		"stops on SIGTERM": "sleep 60",
 		"ignores SIGTERM":  `trap "" TERM; sleep 60 & wait $!; sleep 60`,
 		"ends before it":   "exit 3",
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			key := uniqueKey(t)
 			start := time.Now()
 			r := run(t, e, "run", "--max-time", "1s", "--grace", "1s", key, "--", "sh", "-c", script)
 			want := exitMaxTime
@@ -60,7 +61,7 @@ func TestRunMaxTime(t *testing.T) {
 			}
 		})
 	}
-	if r := run(t, e, "run", "--max-time", "-1s", key, "--", "true"); r.code != exitUsage {
+	if r := run(t, e, "run", "--max-time", "-1s", uniqueKey(t), "--", "true"); r.code != exitUsage {
 		t.Errorf("--max-time -1s: exit %d, want %d", r.code, exitUsage)
 	}
 }
