@@ -189,7 +189,7 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 			return
 		case err != nil:
 			e.l.log.Debug("dlock: election leader read failed", "key", e.key, "err", err)
-			if !sleepCtx(ctx, bo.Next(0)) {
+			if e.l.sleep(ctx, bo.Next(0), nil) != nil {
 				return
 			}
 			continue
@@ -218,7 +218,7 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 			}
 			poll = 50 * time.Millisecond
 		}
-		if !e.waitChange(ctx, cur, &changes, canWatch && changes != nil, poll) {
+		if !e.waitChange(ctx, cur, &changes, poll) {
 			return
 		}
 		poll = min(2*poll, time.Second)
@@ -228,16 +228,16 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 // waitChange waits for the store's notice of a change (a closed watch
 // clears *changes), the end of cur's lease (not sooner than poll, which
 // grows while nothing changes, so that a listing whose expiry stays in the
-// past does not make a busy loop), a poll of poll when the store cannot
-// notify, or ctx; it reports whether ctx is still live.
-func (e *Election) waitChange(ctx context.Context, cur Leader, changes *<-chan struct{}, canWatch bool, poll time.Duration) bool {
+// past does not make a busy loop), a poll of poll when there is no watch,
+// or ctx; it reports whether ctx is still live.
+func (e *Election) waitChange(ctx context.Context, cur Leader, changes *<-chan struct{}, poll time.Duration) bool {
 	var due, tick <-chan time.Time
 	if !cur.ExpiresAt.IsZero() {
 		t := time.NewTimer(max(time.Until(cur.ExpiresAt)+50*time.Millisecond, poll))
 		defer t.Stop()
 		due = t.C
 	}
-	if !canWatch {
+	if *changes == nil {
 		t := time.NewTimer(poll)
 		defer t.Stop()
 		tick = t.C
@@ -253,18 +253,6 @@ func (e *Election) waitChange(ctx context.Context, cur Leader, changes *<-chan s
 		return false
 	}
 	return true
-}
-
-// sleepCtx waits d or until ctx ends, and reports whether ctx is still live.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // storeCall runs call as await does, counted by Close: it returns by ctx's
