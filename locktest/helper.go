@@ -129,7 +129,7 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 
 // contendOnce takes k, runs the critical section and releases k.
 func contendOnce(ctx context.Context, l *dlock.Locker, k, dir string) error {
-	lk, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
+	lk, err := l.Acquire(ctx, k, dlock.WithTTL(procTTL))
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,12 @@ func NoRemainingHint() Option { return func(s *suite) { s.noRemaining = true } }
 // cases finish quickly.
 const ttl = dlock.MinTTL
 
+// procTTL is the lease of the tests where several processes contend for a
+// key and each releases what it takes: nothing in them waits for an
+// expiry, and eight processes on a loaded machine can take longer than
+// the shortest TTL's margin to get a grant confirmed.
+const procTTL = 5 * time.Second
+
 type suite struct {
 	newBackend  func(t *testing.T) dlock.Backend
 	inProcess   bool

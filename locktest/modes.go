@@ -292,7 +292,7 @@ func (s *suite) limitMismatch(t *testing.T) {
 // a limit of limitN, each inside a critical section of limitN slots.
 func limitHelper(ctx context.Context, l *dlock.Locker, k, dir string, rounds int) error {
 	for range rounds {
-		lk, err := l.Acquire(ctx, k, dlock.WithTTL(ttl), dlock.WithLimit(limitN))
+		lk, err := l.Acquire(ctx, k, dlock.WithTTL(procTTL), dlock.WithLimit(limitN))
 		if err != nil {
 			return err
 		}
@@ -491,7 +491,7 @@ func allHelper(ctx context.Context, l *dlock.Locker, base, dir string, rounds, i
 	p := pairs[i%len(pairs)]
 	keys := []string{fmt.Sprintf("%s/%d", base, p[0]), fmt.Sprintf("%s/%d", base, p[1])}
 	for range rounds {
-		g, err := l.AcquireAll(ctx, keys, dlock.WithTTL(ttl))
+		g, err := l.AcquireAll(ctx, keys, dlock.WithTTL(procTTL))
 		if err != nil {
 			return err
 		}

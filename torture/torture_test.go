@@ -174,7 +174,8 @@ func TestShortRun(t *testing.T) {
 	for _, r := range rep.Runs {
 		switch {
 		case r.Failed:
-			t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
+			t.Errorf("%s: %s: %s %v %v\n%s", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems,
+				strings.Join(r.ViolationList[:min(5, len(r.ViolationList))], "\n"))
 		case r.Verdict == "INCONCLUSIVE":
 			t.Errorf("%s: inconclusive (not a pass): %v", r.Name, r.Inconclusive)
 		}
