@@ -125,9 +125,8 @@ type MetadataSetter interface {
 // TTLExtender is implemented by backends whose Extend sets a lease to the
 // TTL it is given, longer or shorter than before, by the store's clock, and
 // whose leases outlive the client's process. Only they can keep a minimum
-// hold (WithMinHold); elsewhere (an etcd lease's TTL is fixed at its grant,
-// a ZooKeeper node ends with its session, a session lock with its session)
-// the Locker refuses it with ErrUnsupported.
+// hold (WithMinHold); elsewhere (a ZooKeeper node ends with its session, a
+// session lock with its session) the Locker refuses it with ErrUnsupported.
 type TTLExtender interface {
 	ExtendsToAnyTTL()
 }

@@ -4,7 +4,10 @@
 // Each acquisition (and each waiting acquisition) is an entry key under the
 // lock's directory, attached to an etcd lease of its own:
 //
-//	<prefix><escaped key>/<lease id in hex>  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…, "mode":…, "limit":…}
+//	<prefix><escaped key>/<lease id in hex>  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…, "mode":…, "limit":…, "ttl_s":…}
+//
+// (The name carries the lease the entry was created with; an Extend to
+// another TTL, for dlock.WithMinHold, moves the entry to a new lease.)
 //
 // The entries form a queue in create-revision order, which makes waiting
 // FIFO across modes. An exclusive entry holds the lock when it is first; a
@@ -308,6 +311,10 @@ type record struct {
 	Mode string `json:"mode,omitempty"`
 	// Limit is the key's holder limit of a limited entry.
 	Limit int `json:"limit,omitempty"`
+	// TTL is the lease TTL the entry was granted with, in whole seconds
+	// (etcd may have raised it to its minimum); 0 in entries written by
+	// older versions.
+	TTL int64 `json:"ttl_s,omitempty"`
 }
 
 // mode returns the entry's mode. A mode this version does not know counts
@@ -323,7 +330,7 @@ func (r record) mode() dlock.Mode {
 }
 
 func encode(req dlock.Request) string {
-	r := record{Token: req.Token.String(), Owner: req.Owner, Metadata: req.Metadata, Acquired: time.Now().UnixMicro()}
+	r := record{Token: req.Token.String(), Owner: req.Owner, Metadata: req.Metadata, Acquired: time.Now().UnixMicro(), TTL: ttlSeconds(req.TTL)}
 	if req.Mode != dlock.ModeExclusive {
 		r.Mode, r.Limit = req.Mode.String(), req.Limit
 	}
@@ -657,23 +664,24 @@ func (b *Backend) held(ctx context.Context, key string, holder *mvccpb.KeyValue)
 // is dlock.ErrNotHeld; etcd never revives an expired lease.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
 	ids := make([]clientv3.LeaseID, len(leases)) // 0: not held
+	kvs := make([]*mvccpb.KeyValue, len(leases)) // the holding entries
 	var behind []int                             // leases whose key's head carries another token
-	err := b.readEach(ctx, leases, nil, b.first, func(i int, kvs []*mvccpb.KeyValue) {
+	err := b.readEach(ctx, leases, nil, b.first, func(i int, found []*mvccpb.KeyValue) {
 		switch {
-		case len(kvs) == 0:
-		case decode(kvs[0].Value).Token == leases[i].Token.String():
-			ids[i] = clientv3.LeaseID(kvs[0].Lease)
+		case len(found) == 0:
+		case decode(found[0].Value).Token == leases[i].Token.String():
+			ids[i], kvs[i] = clientv3.LeaseID(found[0].Lease), found[0]
 		default:
 			behind = append(behind, i)
 		}
 	})
 	if err == nil && len(behind) > 0 {
-		err = b.readEach(ctx, leases, behind, b.all, func(i int, kvs []*mvccpb.KeyValue) {
-			q := items(kvs)
+		err = b.readEach(ctx, leases, behind, b.all, func(i int, found []*mvccpb.KeyValue) {
+			q := items(found)
 			held := holders(q)
 			for j := range q {
 				if q[j].rec.Token == leases[i].Token.String() && held[j] {
-					ids[i] = clientv3.LeaseID(q[j].kv.Lease)
+					ids[i], kvs[i] = clientv3.LeaseID(q[j].kv.Lease), q[j].kv
 				}
 			}
 		})
@@ -692,7 +700,12 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			err := b.keepAlive(ctx, ids[i])
+			var err error
+			if r := decode(kvs[i].Value); r.TTL > 0 && ttlSeconds(l.TTL) != r.TTL {
+				err = b.moveLease(ctx, kvs[i], r, l.TTL)
+			} else {
+				err = b.keepAlive(ctx, ids[i])
+			}
 			switch {
 			case errors.Is(err, rpctypes.ErrLeaseNotFound):
 				errs[i] = dlock.ErrNotHeld
@@ -703,6 +716,49 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	}
 	wg.Wait()
 	return errs, nil
+}
+
+// moveLease puts the holding entry kv, whose record is r, on a new lease of
+// ttl (other than the one it was granted with: etcd renews a lease only to
+// its granted TTL) and revokes its old lease. The entry keeps its key and create
+// revision, so it keeps its place and fence. It returns ErrNotHeld (and
+// revokes the new lease) if the entry is gone or carries another token; if
+// the outcome of the move is unknown, the new lease is left to expire, with
+// the entry on it or alone.
+func (b *Backend) moveLease(ctx context.Context, kv *mvccpb.KeyValue, r record, ttl time.Duration) error {
+	id, err := b.grant(ctx, ttl)
+	if err != nil {
+		return err
+	}
+	name, token := string(kv.Key), r.Token
+	for range maxChecks {
+		r.TTL = ttlSeconds(ttl)
+		v, _ := json.Marshal(r)
+		resp, err := b.c.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(name), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(name, string(v), clientv3.WithLease(id))).
+			Else(clientv3.OpGet(name)).
+			Commit()
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded {
+			// The old lease holds nothing now; left alone it would
+			// expire anyway.
+			_, _ = b.revoke(ctx, clientv3.LeaseID(kv.Lease))
+			return nil
+		}
+		// Changed since it was read (a metadata change), or gone. The same
+		// entry with the same token still holds the lock.
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 || kvs[0].CreateRevision != kv.CreateRevision || decode(kvs[0].Value).Token != token {
+			_, _ = b.revoke(ctx, id)
+			return dlock.ErrNotHeld
+		}
+		kv, r = kvs[0], decode(kvs[0].Value)
+	}
+	_, _ = b.revoke(ctx, id)
+	return fmt.Errorf("etcdlock: entry %s changes too often", name)
 }
 
 // readEach reads op(key) for the leases at the indexes in which (every

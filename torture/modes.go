@@ -532,7 +532,7 @@ func (c *checker) checkObservers() {
 					seen[e.F] = true
 					st.Seen++
 				}
-				if h.worker != e.Val {
+				if name, _, _ := strings.Cut(e.Val, " "); h.worker != name {
 					c.violate(vObserved, "%s: %s reported fence %d with value %q; that term is %s's", e.K, w.ID, e.F, e.Val, h.worker)
 				}
 			}

@@ -202,7 +202,11 @@ func (l *lane) loop(ctx context.Context) {
 		var err error
 		if key == w.cfg.Leader {
 			var term *dlock.Term
-			if term, err = dlock.NewElection(w.locker, key).Campaign(actx, w.cfg.ID, l.acquireOptions(key)...); err == nil {
+			// The value names the worker and, as the Locker's default
+			// metadata does, its pid: the store records map an entry
+			// no worker reported (a faulted waiter's) to its worker.
+			value := fmt.Sprintf("%s pid=%d", w.cfg.ID, os.Getpid())
+			if term, err = dlock.NewElection(w.locker, key).Campaign(actx, value, l.acquireOptions(key)...); err == nil {
 				lk = term.Lock
 			}
 		} else {

@@ -176,7 +176,7 @@ gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
 	f.BoolVarP(&r.quiet, "quiet", "q", false, "no status line while waiting, no message when the lock is not obtained")
 	f.BoolVar(&r.shared, "shared", false, "hold KEY shared: any number of --shared runs at once, never with a run without it (which waits for them; new --shared runs wait behind it)")
 	f.IntVar(&r.limit, "limit", 0, "at most `N` runs hold KEY at once (a semaphore); every run of KEY must give the same N")
-	f.DurationVar(&r.atLeast, "at-least", 0, "keep KEY held at least this long from its acquisition, however soon COMMAND ends (a job run from several hosts' clocks runs once; MySQL and PostgreSQL lease, Redis, SQLite)")
+	f.DurationVar(&r.atLeast, "at-least", 0, "keep KEY held at least this long from its acquisition, however soon COMMAND ends (a job run from several hosts' clocks runs once; MySQL and PostgreSQL lease, Redis, SQLite, etcd)")
 	f.DurationVar(&r.lockDelay, "lock-delay", 0, "when the lock is lost without a release (dlock killed, paused, cut off), keep KEY from others this long past its lease (not on getlock, rowlock, advisory)")
 	f.DurationVar(&r.maxTime, "max-time", 0, "stop COMMAND (SIGTERM, then SIGKILL after --grace) when it has run this long, then release KEY, and exit 124 (default: no limit)")
 	return cmd
@@ -251,7 +251,7 @@ func (r *runCmd) run(key string, argv []string) error {
 	case r.lockDelay > 0 && s.guard.sessionBound():
 		return usageError("%s: --lock-delay needs a lease strategy: this store's locks end with their session", s.name)
 	case r.atLeast > 0 && !s.guard.extendsToAnyTTL():
-		return usageError("%s: --at-least needs a store whose leases outlive dlock at any length (the lease strategies of MySQL, PostgreSQL, Redis, SQLite)", s.name)
+		return usageError("%s: --at-least needs a store whose leases outlive dlock at any length (the lease strategies of MySQL, PostgreSQL, Redis, SQLite, etcd)", s.name)
 	}
 	if s.embedded && !r.quiet && !stdinTerminal() {
 		fmt.Fprintf(r.a.stderr, "dlock: no --db or $DLOCK_DB: using this host's embedded store %s, which excludes only processes of this host\n", s.name)
