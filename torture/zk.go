@@ -398,7 +398,9 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 				if o.HasPaths {
 					var listed []string
 					for _, p := range o.Paths2Delete {
-						if strings.HasPrefix(p, prefix) {
+						// Only the nodes the replay follows (not a mode
+						// key's, which locate leaves out).
+						if _, _, ok := locate(p); ok {
 							listed = append(listed, p)
 						}
 					}
