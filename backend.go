@@ -54,7 +54,7 @@ import (
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // Lister, ForceReleaser, Waiter, LossReporter, Sharer, Watcher,
-// MetadataSetter, SessionBound, TTLExtender.
+// HolderWatcher, MetadataSetter, SessionBound, TTLExtender.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -107,6 +107,24 @@ type Watcher interface {
 	// another may return ErrUnsupported when the wrapped one cannot watch:
 	// the caller then looks again after a backoff.
 	Watch(ctx context.Context, key string) (<-chan struct{}, error)
+}
+
+// HolderWatcher is implemented by backends whose store delivers every
+// change of a key in the order it applied them, from a known point, so
+// that the holders after each change can be told: an Election's observers
+// then see every term, however short, and every value a leader published.
+type HolderWatcher interface {
+	// WatchHolders returns the holders of key now, as Lister.List reports
+	// them, and a channel that receives the holders again after each later
+	// change of them the store applies (a grant, a release, a metadata
+	// change, an expiry the store notices), one receive per change, in the
+	// store's order, none merged or left out. ExpiresAt may be zero where
+	// the store reports ends itself. The channel is closed when ctx ends or
+	// when the watch may have missed a change (a broken watch, a reader too
+	// far behind): the caller then watches anew. WatchHolders must not
+	// block longer than ctx allows. A backend that wraps another returns
+	// ErrUnsupported when the wrapped one cannot do it.
+	WatchHolders(ctx context.Context, key string) ([]LockInfo, <-chan []LockInfo, error)
 }
 
 // MetadataSetter is implemented by backends that can change the metadata of

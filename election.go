@@ -123,6 +123,16 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 	if err != nil {
 		return Leader{}, fmt.Errorf("dlock: leader of %q: %w", e.key, err)
 	}
+	ld := e.leaderOf(infos)
+	if ld.Fence == 0 {
+		return Leader{}, ErrNoLeader
+	}
+	return ld, nil
+}
+
+// leaderOf returns the leader among infos (the exclusive holder of the
+// election's key with the greatest fence), or a Leader with Fence 0.
+func (e *Election) leaderOf(infos []LockInfo) Leader {
 	var best *LockInfo
 	for i, in := range infos {
 		if in.Key == e.key && in.Mode == ModeExclusive && (best == nil || in.Fence > best.Fence) {
@@ -130,39 +140,85 @@ func (e *Election) Leader(ctx context.Context) (Leader, error) {
 		}
 	}
 	if best == nil {
-		return Leader{}, ErrNoLeader
+		return Leader{}
 	}
-	return Leader{Value: best.Metadata, Fence: best.Fence, Since: best.AcquiredAt, ExpiresAt: best.ExpiresAt}, nil
+	return Leader{Value: best.Metadata, Fence: best.Fence, Since: best.AcquiredAt, ExpiresAt: best.ExpiresAt}
 }
 
 // Observe reports the election's leader on the returned channel: first the
 // current one (a Leader with Fence 0 when nobody leads), then every change
 // it sees of the leader or its value, until ctx ends (then the channel is
 // closed). A new term is reported only with a fence greater than every
-// term reported before, so a report never goes back to an earlier leader;
-// terms that begin and end between two reads are not seen. Observe reads
-// again when the store notifies a change (dlock.Watcher) and when the
-// leader's lease is due to end; on a store that cannot notify, it looks
-// again after a backoff of up to a second. Store errors are retried with
-// backoff. The channel is unbuffered: a slow reader delays the next read.
+// term reported before, so a report never goes back to an earlier leader.
+// On a store that delivers every change in order (dlock.HolderWatcher:
+// etcd, and memlock) every term and every value is reported, however
+// short, while the store's watch lasts (a broken watch is started again,
+// and what changed meanwhile is seen as at that instant). Elsewhere Observe
+// reads again when the store notifies a change (dlock.Watcher) or, on a
+// store that cannot notify, after a backoff of up to a second, and when the
+// leader's lease is due to end: terms that begin and end between two reads
+// are not seen, and of values changed in quick succession the last is.
+// Store errors are retried with backoff. The channel is unbuffered: a slow
+// reader delays the next read.
 func (e *Election) Observe(ctx context.Context) <-chan Leader {
 	out := make(chan Leader)
 	go e.observe(ctx, out)
 	return out
 }
 
+// observed is what an Observe has reported.
+type observed struct {
+	out       chan<- Leader
+	lastFence uint64 // of the newest term reported
+	lastValue string
+	none      bool // the last report said nobody leads
+	sent      bool
+}
+
+// report sends cur if it is news: the first report, a newer term, a new
+// value of the reported term, or that nobody leads after a leader. It
+// returns whether it sent, and false for ok when ctx ended first.
+func (o *observed) report(ctx context.Context, cur Leader) (sent, ok bool) {
+	var news bool
+	switch {
+	case !o.sent:
+		news = true
+	case cur.Fence == 0:
+		news = !o.none
+	case cur.Fence > o.lastFence:
+		news = true
+	case cur.Fence == o.lastFence:
+		news = !o.none && cur.Value != o.lastValue
+	}
+	if !news {
+		return false, true
+	}
+	select {
+	case o.out <- cur:
+	case <-ctx.Done():
+		return false, false
+	}
+	o.sent, o.none = true, cur.Fence == 0
+	if !o.none {
+		o.lastFence, o.lastValue = cur.Fence, cur.Value
+	}
+	return true, true
+}
+
 func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 	defer close(out)
+	o := &observed{out: out}
+	if hw, ok := e.l.b.(HolderWatcher); ok && ValidateKey(e.key) == nil {
+		if !e.followChanges(ctx, o, hw) {
+			return
+		}
+	}
 	watcher, canWatch := e.l.b.(Watcher)
 	var (
-		lastFence uint64 // of the newest term reported
-		lastValue string
-		none      bool // the last report said nobody leads
-		sent      bool
-		changes   <-chan struct{}
-		stop      = func() {}
-		bo        Backoff
-		poll      = 50 * time.Millisecond
+		changes <-chan struct{}
+		stop    = func() {}
+		bo      Backoff
+		poll    = 50 * time.Millisecond
 	)
 	defer func() { stop() }()
 	for ctx.Err() == nil {
@@ -181,47 +237,122 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 				changes = ch
 			}
 		}
-		cur, err := e.Leader(ctx)
-		switch {
-		case errors.Is(err, ErrNoLeader):
-			cur, err = Leader{}, nil
-		case errors.Is(err, ErrClosed):
+		cur, err := e.read(ctx, &bo)
+		if errors.Is(err, ErrClosed) || ctx.Err() != nil {
 			return
-		case err != nil:
-			e.l.log.Debug("dlock: election leader read failed", "key", e.key, "err", err)
-			if e.l.sleep(ctx, bo.Next(0), nil) != nil {
-				return
-			}
+		}
+		if err != nil {
 			continue
 		}
-		bo = Backoff{}
-		var report bool
-		switch {
-		case !sent:
-			report = true
-		case cur.Fence == 0:
-			report = !none
-		case cur.Fence > lastFence:
-			report = true
-		case cur.Fence == lastFence:
-			report = !none && cur.Value != lastValue
+		sent, ok := o.report(ctx, cur)
+		if !ok {
+			return
 		}
-		if report {
-			select {
-			case out <- cur:
-			case <-ctx.Done():
-				return
-			}
-			sent, none = true, cur.Fence == 0
-			if !none {
-				lastFence, lastValue = cur.Fence, cur.Value
-			}
+		if sent {
 			poll = 50 * time.Millisecond
 		}
 		if !e.waitChange(ctx, cur, &changes, poll) {
 			return
 		}
 		poll = min(2*poll, time.Second)
+	}
+}
+
+// read returns the current leader (Fence 0 when nobody leads). After a
+// store error other than ErrClosed it sleeps a backoff (or until ctx
+// ends) and returns the error.
+func (e *Election) read(ctx context.Context, bo *Backoff) (Leader, error) {
+	cur, err := e.Leader(ctx)
+	switch {
+	case errors.Is(err, ErrNoLeader):
+		return Leader{}, nil
+	case errors.Is(err, ErrClosed):
+		return Leader{}, err
+	case err != nil:
+		e.l.log.Debug("dlock: election leader read failed", "key", e.key, "err", err)
+		_ = e.l.sleep(ctx, bo.Next(0), nil)
+		return Leader{}, err
+	}
+	*bo = Backoff{}
+	return cur, nil
+}
+
+// followChanges observes through hw's ordered changes until ctx ends (false)
+// or hw turns out not to watch (true: the caller observes otherwise).
+func (e *Election) followChanges(ctx context.Context, o *observed, hw HolderWatcher) bool {
+	var bo Backoff
+	for ctx.Err() == nil {
+		e.l.mu.Lock()
+		closed := e.l.closed
+		e.l.mu.Unlock()
+		if closed {
+			return false
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		now, ch, err := hw.WatchHolders(wctx, e.key)
+		switch {
+		case errors.Is(err, ErrUnsupported):
+			cancel()
+			return true
+		case err != nil:
+			cancel()
+			e.l.log.Debug("dlock: watch of an election failed", "key", e.key, "err", err)
+			if e.l.sleep(ctx, bo.Next(0), nil) != nil {
+				return false
+			}
+			continue
+		}
+		bo = Backoff{}
+		ok := e.follow(wctx, o, e.leaderOf(now), ch)
+		cancel()
+		if !ok {
+			return false
+		}
+	}
+	return false
+}
+
+// follow reports cur and then the leader after each change ch delivers,
+// until ch closes (true: watch anew) or ctx ends (false). A store that does
+// not report expiries gives leases an ExpiresAt: when it passes, the key is
+// read again.
+func (e *Election) follow(ctx context.Context, o *observed, cur Leader, ch <-chan []LockInfo) bool {
+	poll := 50 * time.Millisecond
+	var bo Backoff
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		sent, ok := o.report(ctx, cur)
+		if !ok {
+			return false
+		}
+		if sent {
+			poll = 50 * time.Millisecond
+		}
+		var due <-chan time.Time
+		if !cur.ExpiresAt.IsZero() {
+			timer.Reset(max(time.Until(cur.ExpiresAt)+50*time.Millisecond, poll))
+			due = timer.C
+		}
+		select {
+		case infos, open := <-ch:
+			if !open {
+				return ctx.Err() == nil
+			}
+			cur = e.leaderOf(infos)
+		case <-due:
+			read, err := e.read(ctx, &bo)
+			if errors.Is(err, ErrClosed) || ctx.Err() != nil {
+				return false
+			}
+			if err == nil {
+				cur = read
+			}
+			poll = min(2*poll, time.Second)
+		case <-ctx.Done():
+			return false
+		}
+		timer.Stop()
 	}
 }
 

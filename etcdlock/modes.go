@@ -145,6 +145,12 @@ func (b *Backend) all(key string) clientv3.Op {
 // queue returns the entries of key in queue order, retrying transient
 // failures.
 func (b *Backend) queue(ctx context.Context, key string) ([]item, error) {
+	q, _, err := b.queueAt(ctx, key)
+	return q, err
+}
+
+// queueAt is queue, with the revision it was read at.
+func (b *Backend) queueAt(ctx context.Context, key string) ([]item, int64, error) {
 	var resp *clientv3.TxnResponse
 	err := b.retry(ctx, func(ctx context.Context) error {
 		var err error
@@ -152,9 +158,9 @@ func (b *Backend) queue(ctx context.Context, key string) ([]item, error) {
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return items(resp.Responses[0].GetResponseRange().GetKvs()), nil
+	return items(resp.Responses[0].GetResponseRange().GetKvs()), resp.Header.Revision, nil
 }
 
 // The writer mark of a key: an exclusive acquisition that finds the key held

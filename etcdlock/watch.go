@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/dlock-dev/dlock"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -13,6 +14,7 @@ import (
 
 var (
 	_ dlock.Watcher        = (*Backend)(nil)
+	_ dlock.HolderWatcher  = (*Backend)(nil)
 	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
@@ -80,6 +82,107 @@ func (b *Backend) watchFrom(ctx context.Context, key string, rev int64) (<-chan 
 		}
 	}()
 	return ch, nil
+}
+
+// maxBehind is how many changes WatchHolders keeps for a reader that is
+// behind before it ends the watch (closes its channel).
+const maxBehind = 1024
+
+// WatchHolders implements dlock.HolderWatcher: it reads key's entries and
+// watches its directory from the revision after that read, applies each
+// revision's puts and deletions to the entries in turn, and sends the
+// holders after every revision that changed them (a waiter's entry coming
+// or going changes nothing). etcd revokes expired leases itself, so an
+// expiry is a deletion like a release, and ExpiresAt is left zero. The
+// channel is closed as Watch's is, and when the reader falls more than
+// 1024 changes behind.
+func (b *Backend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	q, rev, err := b.queueAt(ctx, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcdlock: watch %q: %w", key, err)
+	}
+	entries := map[string]*mvccpb.KeyValue{}
+	for _, it := range q {
+		entries[string(it.kv.Key)] = it.kv
+	}
+	last := holdersOf(key, entries)
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, nil, fmt.Errorf("etcdlock: watch %q: %w", key, errClosed)
+	}
+	b.bg.Add(1)
+	b.mu.Unlock()
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wch := b.c.Watch(wctx, b.dir(key), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	out := make(chan []dlock.LockInfo)
+	go func() {
+		defer b.bg.Done()
+		defer close(out)
+		defer cancel()
+		var queue [][]dlock.LockInfo
+		for {
+			var send chan<- []dlock.LockInfo
+			var next []dlock.LockInfo
+			if len(queue) > 0 {
+				send, next = out, queue[0]
+			}
+			select {
+			case wr, ok := <-wch:
+				if !ok || wr.Canceled || wr.Err() != nil {
+					return
+				}
+				for i := 0; i < len(wr.Events); {
+					rev := wr.Events[i].Kv.ModRevision
+					for ; i < len(wr.Events) && wr.Events[i].Kv.ModRevision == rev; i++ {
+						ev := wr.Events[i]
+						if ev.Type == clientv3.EventTypeDelete {
+							delete(entries, string(ev.Kv.Key))
+						} else {
+							entries[string(ev.Kv.Key)] = ev.Kv
+						}
+					}
+					if hs := holdersOf(key, entries); !sameHolders(hs, last) {
+						queue, last = append(queue, hs), hs
+					}
+				}
+				if len(queue) > maxBehind {
+					return
+				}
+			case send <- next:
+				queue = queue[1:]
+			case <-ctx.Done():
+				return
+			case <-b.done:
+				return
+			}
+		}
+	}()
+	return last, out, nil
+}
+
+// holdersOf returns the holders among key's entries, in queue order.
+func holdersOf(key string, entries map[string]*mvccpb.KeyValue) []dlock.LockInfo {
+	kvs := make([]*mvccpb.KeyValue, 0, len(entries))
+	for _, kv := range entries {
+		kvs = append(kvs, kv)
+	}
+	q := items(kvs)
+	var hs []dlock.LockInfo
+	for i, held := range holders(q) {
+		if held {
+			hs = append(hs, info(key, q[i].kv))
+		}
+	}
+	return hs
+}
+
+// sameHolders reports whether a and b are the same holders with the same
+// metadata.
+func sameHolders(a, b []dlock.LockInfo) bool {
+	return slices.EqualFunc(a, b, func(x, y dlock.LockInfo) bool {
+		return x.Token == y.Token && x.Fence == y.Fence && x.Metadata == y.Metadata
+	})
 }
 
 // SetMetadata implements dlock.MetadataSetter. It finds the entry that

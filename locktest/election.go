@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -136,4 +137,65 @@ func (s *suite) electionObserved(t *testing.T) {
 	for range seen {
 	}
 	_ = tb.Resign(context.Background())
+}
+
+// electionEveryTerm checks Observe on a store that delivers every change
+// in order (dlock.HolderWatcher): ten terms that each begin, change their
+// value and end without waiting for the observer are all reported, each
+// with both its values, in fence order.
+func (s *suite) electionEveryTerm(t *testing.T) {
+	if _, ok := s.newBackend(t).(dlock.HolderWatcher); !ok {
+		t.Skip("the store does not deliver every change (dlock.HolderWatcher)")
+	}
+	k := key(t, "terms")
+	ol, _ := s.locker(t)
+	octx, stop := context.WithCancel(ctxT(t, 60*time.Second))
+	defer stop()
+	seen := dlock.NewElection(ol, k).Observe(octx)
+	select {
+	case ld := <-seen:
+		if ld.Fence != 0 {
+			t.Fatalf("first report: %+v, want nobody leading", ld)
+		}
+	case <-time.After(notifyBound):
+		t.Fatalf("no first report within %s", notifyBound)
+	}
+	l, _ := s.locker(t)
+	e := dlock.NewElection(l, k)
+	type report struct {
+		fence uint64
+		value string
+	}
+	var want []report
+	for i := range 10 {
+		term, err := e.Campaign(ctxT(t, 10*time.Second), fmt.Sprintf("t%d", i), dlock.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, report{term.Fence(), fmt.Sprintf("t%d", i)})
+		switch err := term.Proclaim(ctxT(t, 10*time.Second), fmt.Sprintf("t%d'", i)); {
+		case errors.Is(err, dlock.ErrUnsupported):
+		case err != nil:
+			t.Fatal(err)
+		default:
+			want = append(want, report{term.Fence(), fmt.Sprintf("t%d'", i)})
+		}
+		if err := term.Resign(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []report
+	for len(got) < len(want) {
+		select {
+		case ld := <-seen:
+			if ld.Fence != 0 {
+				got = append(got, report{ld.Fence, ld.Value})
+			}
+		case <-time.After(notifyBound):
+			t.Fatalf("rule: observers see every term; after %d terms saw %v, want %v", 10, got, want)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rule: observers see every term and value in fence order; saw %v, want %v", got, want)
+	}
 }

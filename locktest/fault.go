@@ -127,6 +127,15 @@ func (f *faulty) Watch(ctx context.Context, key string) (<-chan struct{}, error)
 	return w.Watch(ctx, key)
 }
 
+// WatchHolders passes dlock.HolderWatcher through.
+func (f *faulty) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	w, ok := f.Backend.(dlock.HolderWatcher)
+	if !ok {
+		return nil, nil, dlock.ErrUnsupported
+	}
+	return w.WatchHolders(ctx, key)
+}
+
 func (f *faulty) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
 	m, ok := f.Backend.(dlock.MetadataSetter)
 	if !ok {

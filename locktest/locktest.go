@@ -125,6 +125,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"SetMetadataOnlyByTheHolder", s.setMetadata},
 		{"ElectionHasOneLeaderAtATime", s.electionTerms},
 		{"ElectionObserversSeeEveryChange", s.electionObserved},
+		{"ElectionObserversSeeEveryTerm", s.electionEveryTerm},
 	}
 	cases = append(cases, s.modeCases()...)
 	for _, c := range cases {

@@ -19,6 +19,7 @@ type Backend struct {
 	mu       sync.Mutex
 	keys     map[string]*entry
 	watchers map[string]map[chan struct{}]struct{} // Watch's channels by key
+	feeds    map[string]map[*feed]struct{}         // WatchHolders' feeds by key
 }
 
 var (
@@ -27,6 +28,7 @@ var (
 	_ dlock.ForceReleaser  = (*Backend)(nil)
 	_ dlock.Sharer         = (*Backend)(nil)
 	_ dlock.Watcher        = (*Backend)(nil)
+	_ dlock.HolderWatcher  = (*Backend)(nil)
 	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
@@ -47,7 +49,11 @@ type holder struct {
 
 // New returns an empty Backend.
 func New() *Backend {
-	return &Backend{keys: make(map[string]*entry), watchers: make(map[string]map[chan struct{}]struct{})}
+	return &Backend{
+		keys:     make(map[string]*entry),
+		watchers: make(map[string]map[chan struct{}]struct{}),
+		feeds:    make(map[string]map[*feed]struct{}),
+	}
 }
 
 // SupportsMode implements dlock.Sharer: every mode.
@@ -179,10 +185,16 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.listLocked(func(k string) bool { return strings.HasPrefix(k, prefix) }), nil
+}
+
+// listLocked returns the live holders of the keys match accepts, ordered by
+// key, then fence.
+func (b *Backend) listLocked(match func(key string) bool) []dlock.LockInfo {
 	now := time.Now()
 	var out []dlock.LockInfo
 	for k, e := range b.keys {
-		if !strings.HasPrefix(k, prefix) {
+		if !match(k) {
 			continue
 		}
 		for _, h := range e.live(now) {
@@ -195,7 +207,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 		}
 		return out[i].Fence < out[j].Fence
 	})
-	return out, nil
+	return out
 }
 
 // ForceRelease implements dlock.ForceReleaser: it frees every holder of key.
@@ -257,8 +269,86 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 	return ch, nil
 }
 
-// changedLocked tells key's watchers of a change.
+// maxFeed is how many changes a WatchHolders feed keeps for a reader that
+// is behind before it gives up (closes its channel).
+const maxFeed = 1024
+
+// feed is one WatchHolders call: the changes not yet read.
+type feed struct {
+	mu      sync.Mutex
+	pending [][]dlock.LockInfo
+	over    bool          // more than maxFeed pending: the feed ends
+	wake    chan struct{} // one buffered signal
+}
+
+// WatchHolders implements dlock.HolderWatcher. Expiries are not reported
+// (nothing here notices them as they happen): the holders carry ExpiresAt.
+func (b *Backend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	f := &feed{wake: make(chan struct{}, 1)}
+	b.mu.Lock()
+	now := b.listLocked(func(k string) bool { return k == key })
+	fs := b.feeds[key]
+	if fs == nil {
+		fs = make(map[*feed]struct{})
+		b.feeds[key] = fs
+	}
+	fs[f] = struct{}{}
+	b.mu.Unlock()
+	out := make(chan []dlock.LockInfo)
+	go func() {
+		defer close(out)
+		defer func() {
+			b.mu.Lock()
+			delete(fs, f)
+			if len(fs) == 0 && len(b.feeds[key]) == 0 {
+				delete(b.feeds, key)
+			}
+			b.mu.Unlock()
+		}()
+		for {
+			select {
+			case <-f.wake:
+			case <-ctx.Done():
+				return
+			}
+			f.mu.Lock()
+			batch, over := f.pending, f.over
+			f.pending = nil
+			f.mu.Unlock()
+			if over {
+				return
+			}
+			for _, hs := range batch {
+				select {
+				case out <- hs:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return now, out, nil
+}
+
+// changedLocked tells key's watchers and feeds of a change.
 func (b *Backend) changedLocked(key string) {
+	if fs := b.feeds[key]; len(fs) > 0 {
+		hs := b.listLocked(func(k string) bool { return k == key })
+		for f := range fs {
+			f.mu.Lock()
+			if f.pending = append(f.pending, hs); len(f.pending) > maxFeed {
+				f.over = true
+			}
+			f.mu.Unlock()
+			select {
+			case f.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
 	for ch := range b.watchers[key] {
 		select {
 		case ch <- struct{}{}:

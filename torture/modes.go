@@ -91,6 +91,13 @@ func (b *timedBackend) Watch(ctx context.Context, key string) (<-chan struct{}, 
 	return nil, dlock.ErrUnsupported
 }
 
+func (b *timedBackend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	if w, ok := b.Backend.(dlock.HolderWatcher); ok {
+		return w.WatchHolders(ctx, key)
+	}
+	return nil, nil, dlock.ErrUnsupported
+}
+
 func (b *timedBackend) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
 	if m, ok := b.Backend.(dlock.MetadataSetter); ok {
 		return m.SetMetadata(ctx, key, token, metadata)

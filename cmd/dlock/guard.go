@@ -207,6 +207,15 @@ func (g *guard) Watch(ctx context.Context, key string) (<-chan struct{}, error) 
 	return w.Watch(ctx, key)
 }
 
+// WatchHolders passes dlock.HolderWatcher through, unbounded as Watch.
+func (g *guard) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	w, ok := g.b.(dlock.HolderWatcher)
+	if !ok {
+		return nil, nil, dlock.ErrUnsupported
+	}
+	return w.WatchHolders(ctx, key)
+}
+
 // SetMetadata passes dlock.MetadataSetter through, bounded.
 func (g *guard) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
 	m, ok := g.b.(dlock.MetadataSetter)
