@@ -199,3 +199,31 @@ func (s *suite) electionEveryTerm(t *testing.T) {
 		t.Errorf("rule: observers see every term and value in fence order; saw %v, want %v", got, want)
 	}
 }
+
+// electionKilledLeader checks that a leader whose process is killed is
+// replaced within the crash bound: another campaign wins with a greater
+// fence, and Leader names it.
+func (s *suite) electionKilledLeader(t *testing.T) {
+	if s.inProcess {
+		t.Skip("in-process backend: state is not shared between processes")
+	}
+	k := key(t, "killed")
+	led := s.spawnHolder(t, k, "lead")
+	l, _ := s.locker(t)
+	e := dlock.NewElection(l, k)
+	if ld, err := e.Leader(ctxT(t, 10*time.Second)); err != nil || ld.Fence != led.fence {
+		t.Fatalf("Leader while the helper leads: %+v %v, want fence %d", ld, err, led.fence)
+	}
+	led.kill(t)
+	term, err := e.Campaign(ctxT(t, s.crashBound), "next", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: a killed leader is replaced within %s; %v", s.crashBound, err)
+	}
+	defer term.Resign(context.Background())
+	if term.Fence() <= led.fence {
+		t.Errorf("rule: the next term's fence is greater; %d after the killed leader's %d", term.Fence(), led.fence)
+	}
+	if ld, err := e.Leader(ctxT(t, 10*time.Second)); err != nil || ld.Fence != term.Fence() || ld.Value != "next" {
+		t.Errorf("rule: Leader names the new term; got %+v %v", ld, err)
+	}
+}

@@ -116,6 +116,14 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 		fmt.Printf("HELD %d\n", lk.Fence())
 		<-ctx.Done() // killed long before
 		return nil
+	case "lead":
+		term, err := dlock.NewElection(l, k).Campaign(ctx, fmt.Sprintf("pid %d", os.Getpid()), dlock.WithTTL(ttl))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("HELD %d\n", term.Fence())
+		<-ctx.Done() // killed long before
+		return nil
 	case "limited":
 		rounds, _ := strconv.Atoi(os.Getenv(envRounds))
 		return limitHelper(ctx, l, k, dir, rounds)
@@ -235,7 +243,7 @@ type holderProc struct {
 	fence uint64
 }
 
-// spawnHolder starts a helper process in role ("hold", "hold-limited") and
+// spawnHolder starts a helper process in role ("hold", "hold-limited", "lead") and
 // waits until it holds k. It is killed at the end of the test.
 func (s *suite) spawnHolder(t *testing.T, k, role string) *holderProc {
 	t.Helper()

@@ -126,6 +126,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"ElectionHasOneLeaderAtATime", s.electionTerms},
 		{"ElectionObserversSeeEveryChange", s.electionObserved},
 		{"ElectionObserversSeeEveryTerm", s.electionEveryTerm},
+		{"ElectionKilledLeaderIsReplaced", s.electionKilledLeader},
 	}
 	cases = append(cases, s.modeCases()...)
 	for _, c := range cases {
