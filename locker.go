@@ -282,7 +282,7 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 	if err == nil {
 		k, reentrant, err = l.acquireConfigured(ctx, key, cfg, wait)
 	}
-	l.acquireEnded(ctx, key, cfg.mode(), start, k, reentrant, err)
+	l.acquireEnded(ctx, key, cfg.mode(), wait, start, k, reentrant, err)
 	return k, err
 }
 

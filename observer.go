@@ -79,6 +79,7 @@ type AcquireStart struct {
 type AcquireEnd struct {
 	Key     string
 	Mode    Mode
+	Wait    bool // as in AcquireStart
 	Outcome AcquireOutcome
 	// Err is the acquisition's error, nil when Outcome is Acquired.
 	Err error
@@ -215,8 +216,8 @@ func (l *Locker) acquireStarted(ctx context.Context, key string, cfg acquireConf
 }
 
 // acquireEnded reports the end of an acquisition started at start.
-func (l *Locker) acquireEnded(ctx context.Context, key string, mode Mode, start time.Time, k *Lock, reentrant bool, err error) {
-	e := AcquireEnd{Key: key, Mode: mode, Outcome: acquireOutcome(err), Err: err, Waited: l.clock.Now().Sub(start)}
+func (l *Locker) acquireEnded(ctx context.Context, key string, mode Mode, wait bool, start time.Time, k *Lock, reentrant bool, err error) {
+	e := AcquireEnd{Key: key, Mode: mode, Wait: wait, Outcome: acquireOutcome(err), Err: err, Waited: l.clock.Now().Sub(start)}
 	if k != nil {
 		e.Fence, e.Reentrant = k.ls.fence, reentrant
 	}

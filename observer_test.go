@@ -201,7 +201,7 @@ func TestObserverSeesAcquisitionsAndReleases(t *testing.T) {
 	if _, s := only[dlock.AcquireStart](t, evs, "AcquireStarted"); !s.Wait {
 		t.Error("AcquireStart.Wait is false for Acquire")
 	}
-	if _, e = only[dlock.AcquireEnd](t, evs, "AcquireEnded"); e.Outcome != dlock.GaveUp || e.Waited <= 0 {
+	if _, e = only[dlock.AcquireEnd](t, evs, "AcquireEnded"); e.Outcome != dlock.GaveUp || e.Waited <= 0 || !e.Wait {
 		t.Errorf("Acquire whose context ended: AcquireEnd = %+v, want gave_up after a wait", e)
 	}
 	if _, err := l.TryAcquire(ctx, ""); !errors.Is(err, dlock.ErrInvalidKey) {
