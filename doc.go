@@ -33,6 +33,10 @@
 // Every backend passes the conformance suite in
 // github.com/dlock-dev/dlock/locktest against its real server.
 //
+// An [Observer] (Options.Observer) is told of acquisitions, releases,
+// renewals and losses; github.com/dlock-dev/dlock/dlockotel records them as
+// OpenTelemetry metrics and spans.
+//
 // Holding a *Lock does not mean holding the lock: a lease can be lost (the
 // process paused, the store unreachable). Watch [Lock.Done], use the context
 // from [Lock.Context] or [Locker.Do], and pass [Lock.Fence] to the resources

@@ -88,6 +88,7 @@ func (k *Lock) Done() <-chan struct{} { return k.done }
 // lease's safe deadline itself, so it reports a lease whose deadline has
 // passed even before the Locker's timer has run (after a process pause).
 func (k *Lock) Err() error {
+	defer k.l.emitLosses()
 	k.l.mu.Lock()
 	defer k.l.mu.Unlock()
 	k.l.checkDeadlineLocked(k.ls)
@@ -155,8 +156,9 @@ func (c *lockContext) Err() error {
 // (the lease then expires with its TTL). If ctx ends first, Release returns
 // its error and the release goes on in the background for a few seconds,
 // so that a caller's deadline does not keep the key for the rest of its TTL.
-func (k *Lock) Release(ctx context.Context) error {
+func (k *Lock) Release(ctx context.Context) (err error) {
 	l, ls := k.l, k.ls
+	defer l.emitLosses()
 	l.mu.Lock()
 	l.checkDeadlineLocked(ls)
 	if k.err != nil {
@@ -179,13 +181,15 @@ func (k *Lock) Release(ctx context.Context) error {
 	l.wg.Add(1) // under mu: before any Close can wait
 	l.mu.Unlock()
 
+	ctx, end := l.releaseStarted(ctx, ls, false)
+	defer func() { l.releaseEnded(ctx, end, err) }()
 	wake := func() {
 		l.mu.Lock()
 		l.wakeLocked(ls.key)
 		l.mu.Unlock()
 	}
 	keep := l.keepFor(ls)
-	_, err := await(l, ctx, func() (struct{}, error) {
+	_, err = await(l, ctx, func() (struct{}, error) {
 		return struct{}{}, l.letGo(ctx, ls, keep)
 	}, func(_ struct{}, err error) {
 		if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {

@@ -25,6 +25,7 @@ type Locker struct {
 	log       *slog.Logger
 	meta      string
 	clock     Clock
+	obs       Observer // nil: none
 
 	// bg is cancelled by Close; background I/O (renewal, clean-up) uses it.
 	bg       context.Context
@@ -45,6 +46,9 @@ type Locker struct {
 	// early holds losses reported for tokens not (yet) registered: a
 	// session that died between the grant and register. Bounded.
 	early map[Token]error
+	// lossQ holds the losses for the Observer, told once mu is released
+	// (emitLosses).
+	lossQ []Loss
 }
 
 // New returns a Locker over b. The caller keeps ownership of whatever b wraps
@@ -61,6 +65,7 @@ func New(b Backend, opts *Options) *Locker {
 		log:       opts.Logger,
 		meta:      opts.Metadata,
 		clock:     opts.Clock,
+		obs:       opts.Observer,
 		closing:   make(chan struct{}),
 		held:      make(map[string]*lease),
 		shares:    make(map[string][]*lease),
@@ -94,6 +99,7 @@ const maxEarlyLosses = 1024
 // reportedLoss ends the lease of key held with token, which the backend
 // reports the store no longer holds.
 func (l *Locker) reportedLoss(key string, token Token, cause error) {
+	defer l.emitLosses()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	err := fmt.Errorf("%w: %q: %w", ErrLockLost, key, cause)
@@ -106,7 +112,7 @@ func (l *Locker) reportedLoss(key string, token Token, cause error) {
 		return
 	}
 	if !ls.ended {
-		l.loseLocked(ls, err, false)
+		l.loseLocked(ls, LossSession, err, false)
 	}
 }
 
@@ -214,27 +220,8 @@ func (l *Locker) Close(ctx context.Context) error {
 
 	var errs []error
 	for _, ls := range leases {
-		keep := l.keepFor(ls)
-		l.wg.Add(1)
-		_, err := await(l, ctx, func() (struct{}, error) {
-			return struct{}{}, l.letGo(ctx, ls, keep)
-		}, func(_ struct{}, err error) {
-			if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
-				l.wg.Add(1) // this goroutine still counts: before any Wait ends
-				go l.releaseBounded(ls.key, ls.token)
-			}
-		})
-		switch {
-		case errors.Is(err, errAbandoned):
-			err = ctx.Err()
-		case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil && keep == 0:
-			// Cut short by ctx: release in the background all the same,
-			// rather than leave the key to its TTL.
-			l.wg.Add(1)
-			go l.releaseBounded(ls.key, ls.token)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("dlock: release %q: %w", ls.key, err))
+		if err := l.closeLease(ctx, ls); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	l.bgCancel()
@@ -251,23 +238,69 @@ func (l *Locker) Close(ctx context.Context) error {
 	return Join(errs...)
 }
 
+// closeLease lets go of ls for Close, and returns the error to report.
+func (l *Locker) closeLease(ctx context.Context, ls *lease) (err error) {
+	ctx, end := l.releaseStarted(ctx, ls, true)
+	defer func() { l.releaseEnded(ctx, end, err) }()
+	keep := l.keepFor(ls)
+	l.wg.Add(1)
+	_, err = await(l, ctx, func() (struct{}, error) {
+		return struct{}{}, l.letGo(ctx, ls, keep)
+	}, func(_ struct{}, err error) {
+		if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
+			l.wg.Add(1) // this goroutine still counts: before any Wait ends
+			go l.releaseBounded(ls.key, ls.token)
+		}
+	})
+	switch {
+	case errors.Is(err, errAbandoned):
+		err = ctx.Err()
+	case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil && keep == 0:
+		// Cut short by ctx: release in the background all the same,
+		// rather than leave the key to its TTL.
+		l.wg.Add(1)
+		go l.releaseBounded(ls.key, ls.token)
+	}
+	if err != nil {
+		return fmt.Errorf("dlock: release %q: %w", ls.key, err)
+	}
+	return nil
+}
+
 func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, wait bool) (*Lock, error) {
 	cfg, err := l.config(key, opts)
-	if err != nil {
-		return nil, err
+	if l.obs == nil {
+		if err != nil {
+			return nil, err
+		}
+		k, _, err := l.acquireConfigured(ctx, key, cfg, wait)
+		return k, err
 	}
+	ctx, start := l.acquireStarted(ctx, key, cfg, wait)
+	var k *Lock
+	reentrant := false
+	if err == nil {
+		k, reentrant, err = l.acquireConfigured(ctx, key, cfg, wait)
+	}
+	l.acquireEnded(ctx, key, cfg.mode(), wait, start, k, reentrant, err)
+	return k, err
+}
+
+// acquireConfigured is acquire once its options are checked. It also
+// reports whether the Lock joined a lease this Locker held (WithOwner).
+func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireConfig, wait bool) (*Lock, bool, error) {
 	_, canWait := l.b.(Waiter)
 	inStore := false // wait in the store (after a first attempt found the key held)
 	var bo Backoff
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrNotAcquired, err)
+			return nil, false, fmt.Errorf("%w: %w", ErrNotAcquired, err)
 		}
 		k, out, err := l.attempt(ctx, key, cfg, wait, wait && inStore)
 		k, err, done := l.afterAttempt(ctx, k, out, err, cfg, wait, &canWait, &inStore, &bo)
 		l.unwait(key, out.woken)
 		if done {
-			return k, err
+			return k, out.reentrant, err
 		}
 	}
 }
@@ -312,6 +345,7 @@ type outcome struct {
 	local     bool          // held by another owner of this Locker
 	remaining time.Duration // the holder's remaining lease, 0 if unknown
 	woken     chan struct{} // closed at the next local release of the key
+	reentrant bool          // the Lock joined a lease of its owner
 }
 
 // attempt makes one attempt to take key: from this Locker's own leases (a
@@ -320,6 +354,7 @@ type outcome struct {
 // Lock, or what it learnt, or an error: the backend's, wrapped, once the
 // outcome of the call has been resolved.
 func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wait, inStore bool) (*Lock, outcome, error) {
+	defer l.emitLosses()
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -350,6 +385,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		}
 		k := l.newHandleLocked(ls)
 		l.mu.Unlock()
+		out.reentrant = true
 		return k, out, nil
 	}
 	if ls := l.mismatchLocked(key, mode, cfg.limit); ls != nil {

@@ -39,6 +39,10 @@ type Options struct {
 	// system's monotonic clock; another is for tests and fault injection
 	// (see Clock).
 	Clock Clock
+
+	// Observer is told of acquisitions, releases, renewals and losses (see
+	// Observer). The default, nil, observes nothing and costs nothing.
+	Observer Observer
 }
 
 // AcquireOption configures one acquisition.

@@ -78,12 +78,13 @@ func (l *Locker) poke() {
 // passed, whether or not its timer has run.
 func (l *Locker) checkDeadlineLocked(ls *lease) {
 	if !ls.ended && ls.timer != nil && !l.clock.Now().Before(ls.deadline) {
-		l.loseLocked(ls, deadlineLoss(ls), true)
+		l.loseLocked(ls, deadlineCause(ls), deadlineLoss(ls), true)
 	}
 }
 
 // expire runs when a lease's deadline timer fires.
 func (l *Locker) expire(ls *lease) {
+	defer l.emitLosses()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ls.ended {
@@ -93,7 +94,7 @@ func (l *Locker) expire(ls *lease) {
 		ls.timer.Reset(d)
 		return
 	}
-	l.loseLocked(ls, deadlineLoss(ls), true)
+	l.loseLocked(ls, deadlineCause(ls), deadlineLoss(ls), true)
 }
 
 // deadlineLoss is the loss of a lease whose renewal was not confirmed by its
@@ -102,11 +103,21 @@ func deadlineLoss(ls *lease) error {
 	return fmt.Errorf("%w: %q: renewal not confirmed within ttl %s minus margin %s", ErrLockLost, ls.key, ls.ttl, ls.margin)
 }
 
-// loseLocked ends a lease that is no longer held. If the store may still
-// hold it for us, it is released in the background so that others need not
-// wait for its TTL.
-func (l *Locker) loseLocked(ls *lease, cause error, release bool) {
+// deadlineCause is why a lease whose safe deadline passed was lost: its
+// last renewals failed, or none was confirmed in time.
+func deadlineCause(ls *lease) LossCause {
+	if ls.tries > 0 {
+		return LossStoreError
+	}
+	return LossExpired
+}
+
+// loseLocked ends a lease that is no longer held, for the Observer's why.
+// If the store may still hold it for us, it is released in the background
+// so that others need not wait for its TTL. The caller defers emitLosses.
+func (l *Locker) loseLocked(ls *lease, why LossCause, cause error, release bool) {
 	l.log.Warn("dlock: lock lost", "key", ls.key, "fence", ls.fence, "err", cause)
+	l.queueLossLocked(ls, why, cause)
 	l.endLocked(ls, cause)
 	// A minimum hold keeps the lease to its end, and so does a lock-delay:
 	// the key stays from others for the delay after the holder is told.
@@ -232,6 +243,8 @@ func (l *Locker) renew(batch []*lease) {
 		err = fmt.Errorf("dlock: backend returned %d results for %d leases", len(errs), len(leases))
 	}
 
+	defer l.emitLosses()
+	var renewed []Renewal // for the Observer, told once mu is released
 	l.mu.Lock()
 	now := l.clock.Now()
 	for i, ls := range batch {
@@ -243,21 +256,24 @@ func (l *Locker) renew(batch []*lease) {
 		case err == nil && errs[i] == nil && !now.Before(ls.deadline):
 			// Confirmed after the deadline: the holder has been (or is
 			// about to be) told of the loss; a late answer never revives.
-			l.loseLocked(ls, deadlineLoss(ls), true)
+			l.loseLocked(ls, LossExpired, deadlineLoss(ls), true)
 		case err == nil && errs[i] == nil:
+			if l.obs != nil {
+				renewed = append(renewed, Renewal{Key: ls.key, Mode: ls.mode, Fence: ls.fence, Lead: ls.deadline.Sub(now)})
+			}
 			ls.tries = 0
 			ls.renewAt = sent.Add(ls.ttl / 3)
 			ls.deadline = sent.Add(ls.ttl - ls.margin)
 			ls.timer.Reset(ls.deadline.Sub(now))
 		case err == nil && errors.Is(errs[i], ErrNotHeld):
-			l.loseLocked(ls, fmt.Errorf("%w: %q: the store no longer holds it for us: %w", ErrLockLost, ls.key, errs[i]), false)
+			l.loseLocked(ls, LossNotHeld, fmt.Errorf("%w: %q: the store no longer holds it for us: %w", ErrLockLost, ls.key, errs[i]), false)
 		default:
 			cause := err
 			if cause == nil {
 				cause = errs[i]
 			}
 			if !now.Before(ls.deadline) { // no time left to retry in
-				l.loseLocked(ls, fmt.Errorf("%w: %w", deadlineLoss(ls), cause), true)
+				l.loseLocked(ls, LossStoreError, fmt.Errorf("%w: %w", deadlineLoss(ls), cause), true)
 				continue
 			}
 			// Retry soon, but keep trying until the deadline timer gives up.
@@ -269,5 +285,8 @@ func (l *Locker) renew(batch []*lease) {
 		}
 	}
 	l.mu.Unlock()
+	for _, e := range renewed {
+		l.obs.Renewed(e)
+	}
 	l.poke()
 }

@@ -150,11 +150,27 @@ func TestInstallAsAUser(t *testing.T) {
 	}
 	// A MySQL user never downloads another store's client.
 	for _, line := range lines(gomod) {
-		for _, other := range []string{"etcd", "grpc", "redis", "pgx", "zookeeper", "sqlite"} {
+		for _, other := range []string{"etcd", "grpc", "redis", "pgx", "zookeeper", "sqlite", "opentelemetry"} {
 			if strings.Contains(line, other) {
 				t.Errorf("go get of mysqllock brought in %q", line)
 			}
 		}
+	}
+
+	// The OpenTelemetry observer installs on its own, at the same version.
+	otelApp := filepath.Join(work, "otelapp")
+	if err := os.Mkdir(otelApp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run(otelApp, goBin, "mod", "init", "example.com/otelapp")
+	run(otelApp, goBin, "get", Path+"/dlockotel@"+version)
+	if err := os.WriteFile(filepath.Join(otelApp, "main.go"), []byte(otelProgram), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(otelApp, goBin, "mod", "tidy")
+	run(otelApp, goBin, "vet", ".")
+	if out := run(otelApp, goBin, "run", "."); !strings.Contains(out, "observed fence 1") {
+		t.Errorf("the dlockotel program printed %q, want \"observed fence 1\"", out)
 	}
 
 	run(work, goBin, "install", Path+"/cmd/dlock@"+version)
@@ -167,6 +183,39 @@ func TestInstallAsAUser(t *testing.T) {
 		t.Errorf("dlock run: got %q, want the command's output", out)
 	}
 }
+
+// otelProgram wires dlockotel to a Locker over memlock, with otel's
+// global (no-op) providers.
+const otelProgram = `package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/dlockotel"
+	"github.com/dlock-dev/dlock/memlock"
+)
+
+func main() {
+	ctx := context.Background()
+	obs, err := dlockotel.New()
+	if err != nil {
+		log.Fatal(err)
+	}
+	locker := dlock.New(memlock.New(), &dlock.Options{Observer: obs})
+	defer locker.Close(ctx)
+	lk, err := locker.TryAcquire(ctx, "k")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("observed fence", lk.Fence())
+	if err := lk.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+`
 
 func lines(b []byte) []string {
 	var out []string

@@ -41,7 +41,7 @@ const Path = "github.com/dlock-dev/dlock"
 // Published lists the directories (slash-separated, relative to the
 // repository root) of the modules that users install, each after the
 // modules it requires. scripts/release.sh tags each of them.
-var Published = []string{".", "etcdlock", "mysqllock", "pglock", "redislock", "sqlitelock", "zklock", "cmd/dlock"}
+var Published = []string{".", "dlockotel", "etcdlock", "mysqllock", "pglock", "redislock", "sqlitelock", "zklock", "cmd/dlock"}
 
 // Development lists the modules that are built only inside the repository
 // (benchmarks, the fault harness, this package). Their requirements are set
