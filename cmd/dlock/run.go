@@ -39,6 +39,8 @@ type runCmd struct {
 	atLeast      time.Duration // --at-least: the key's minimum hold
 	lockDelay    time.Duration // --lock-delay
 	maxTime      time.Duration // --max-time: COMMAND's longest run (0: none)
+	textfile     string        // --metrics-textfile
+	fig          runFigures    // what --metrics-textfile writes
 }
 
 // waitFlag is --wait/-w: a duration (1m30s) or, as with flock(1), a plain
@@ -154,7 +156,9 @@ gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
 				r.wait = 0
 			}
 			key, argv, _ := r.splitArgs(cmd.ArgsLenAtDash(), args)
-			return r.run(key, argv)
+			err := r.run(key, argv)
+			r.writeFigures(key, err)
+			return err
 		},
 	}
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
@@ -178,6 +182,7 @@ gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
 	f.IntVar(&r.limit, "limit", 0, "at most `N` runs hold KEY at once (a semaphore); every run of KEY must give the same N")
 	f.DurationVar(&r.atLeast, "at-least", 0, "keep KEY held at least this long from its acquisition, however soon COMMAND ends (a job run from several hosts' clocks runs once; MySQL and PostgreSQL lease, Redis, SQLite, etcd)")
 	f.DurationVar(&r.lockDelay, "lock-delay", 0, "when the lock is lost without a release (dlock killed, paused, cut off), keep KEY from others this long past its lease (not on getlock, rowlock, advisory)")
+	f.StringVar(&r.textfile, "metrics-textfile", "", "write the run's figures (acquired, wait, hold, fence, lost, exit status, end time) to `PATH` in the Prometheus text format, for node_exporter's textfile collector")
 	f.DurationVar(&r.maxTime, "max-time", 0, "stop COMMAND (SIGTERM, then SIGKILL after --grace) when it has run this long, then release KEY, and exit 124 (default: no limit)")
 	return cmd
 }
@@ -271,7 +276,8 @@ func (r *runCmd) run(key string, argv []string) error {
 		}
 		return r.a.storeErr(s, err)
 	}
-	r.a.log.Info("acquired", "key", key, "fence", lk.Fence(), "waited", time.Since(start))
+	r.fig.acquired, r.fig.waited, r.fig.fence = true, time.Since(start), lk.Fence()
+	r.a.log.Info("acquired", "key", key, "fence", lk.Fence(), "waited", r.fig.waited)
 	return r.supervise(lk, argv)
 }
 
@@ -422,6 +428,7 @@ func (r *runCmd) notObtained(code int, format string, args ...any) error {
 // 76 whenever dlock learns it: during the run, or at the release.
 func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 	heldFrom := time.Now()
+	defer func() { r.fig.held = time.Since(heldFrom) }()
 	defer lk.Release(context.Background())
 	// From now on signals go to COMMAND.
 	r.a.stopWatch()
