@@ -89,6 +89,16 @@
 // and later, prevents it), and a cluster created anew without its data
 // starts again at 1.
 //
+// # Guarded writes
+//
+// Backend.HeldCmp returns a clientv3.Cmp to add to the caller's own etcd
+// transaction: it holds only while the holder's entry exists, so the
+// transaction commits only while the lock is held, checked by etcd as it
+// applies it. For data in etcd guarded by a lock of another store,
+// FencedTxn checks the lock's fence against a record of the newest fence
+// (FencePrefix + the resource) in the same transaction. See
+// docs/fencing-stores.md.
+//
 // # Waiting
 //
 // A waiting acquisition (dlock.Waiter) creates its entry and watches only

@@ -39,3 +39,38 @@ func Example() {
 		log.Fatal(err)
 	}
 }
+
+// ExampleBackend_HeldCmp writes to etcd only while the lock is held: the
+// transaction fails, changing nothing, if the lock was lost meanwhile.
+func ExampleBackend_HeldCmp() {
+	ctx := context.Background()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"localhost:2379"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cli.Close()
+	b, err := etcdlock.New(cli, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close()
+	locker := dlock.New(b, nil)
+	defer locker.Close(ctx)
+
+	lock, err := locker.Acquire(ctx, "config")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lock.Release(ctx)
+	held, err := b.HeldCmp(ctx, lock.Key(), lock.Fence())
+	if err != nil {
+		log.Fatal(err) // dlock.ErrNotHeld: lost already
+	}
+	resp, err := cli.Txn(ctx).If(held).Then(clientv3.OpPut("config/current", "v2")).Commit()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if !resp.Succeeded {
+		log.Print("lost the lock; nothing written")
+	}
+}

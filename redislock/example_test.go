@@ -2,6 +2,7 @@ package redislock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -64,4 +65,41 @@ func ExampleNew_cluster() {
 	}
 	locker := dlock.New(b, nil)
 	defer locker.Close(context.Background())
+}
+
+func ExampleFencedSet() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	b, err := redislock.New(rdb, nil)
+	if err != nil {
+		panic(err)
+	}
+	locker := dlock.New(b, nil)
+	defer locker.Close(ctx)
+
+	lock, err := locker.Acquire(ctx, "report")
+	if err != nil {
+		panic(err)
+	}
+	defer lock.Release(ctx)
+	// The hash tag {report} keeps the record and the data in one slot of
+	// a cluster. A holder that lost the lock to a newer one gets
+	// ErrStaleFence here, and the value stays the newer holder's.
+	err = redislock.FencedSet(ctx, rdb, "{report}", lock.Fence(), "{report}:latest", "v2", 0)
+	if errors.Is(err, redislock.ErrStaleFence) {
+		fmt.Println("lost the lock; nothing written")
+	}
+}
+
+func ExampleFenced() {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	defer rdb.Close()
+	var fence uint64 = 42 // lock.Fence() of the lock guarding {orders}
+	replies, err := redislock.Fenced(ctx, rdb, "{orders}", fence,
+		[]string{"{orders}:total", "{orders}:log"},
+		redislock.Cmd{"INCRBY", "{orders}:total", 3},
+		redislock.Cmd{"RPUSH", "{orders}:log", "added 3"})
+	fmt.Println(replies, err)
 }

@@ -70,6 +70,15 @@
 // of clients whose version publishes them (the one that added Watch and
 // later).
 //
+// # Fenced writes
+//
+// Fenced and FencedSet write to Redis only with the newest fence of a
+// resource, checked and applied in one script against the resource's
+// fence record (FenceKey: "dlock:fence:" + the resource), so that a holder
+// that lost its lock without knowing it cannot overwrite the writes of the
+// holder after it. The fence may come from a lock on any backend. See
+// docs/fencing-stores.md.
+//
 // Reentrancy (dlock.WithOwner) is counted by the dlock.Locker, per Locker; the
 // scripts do not count it again, and a second acquisition with a different
 // token is always refused.
