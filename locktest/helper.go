@@ -104,10 +104,13 @@ func (s *suite) runHelper(t *testing.T, role string) error {
 		return nil
 	case "pause":
 		return pauseHelper(l, k)
-	case "hold", "hold-limited":
+	case "hold", "hold-limited", "hold-delay":
 		opts := []dlock.AcquireOption{dlock.WithTTL(ttl)}
-		if role == "hold-limited" {
+		switch role {
+		case "hold-limited":
 			opts = append(opts, dlock.WithLimit(1))
+		case "hold-delay":
+			opts = append(opts, dlock.WithLockDelay(killedDelay))
 		}
 		lk, err := l.Acquire(ctx, k, opts...)
 		if err != nil {
@@ -243,7 +246,8 @@ type holderProc struct {
 	fence uint64
 }
 
-// spawnHolder starts a helper process in role ("hold", "hold-limited", "lead") and
+// spawnHolder starts a helper process in role ("hold", "hold-limited",
+// "hold-delay", "lead") and
 // waits until it holds k. It is killed at the end of the test.
 func (s *suite) spawnHolder(t *testing.T, k, role string) *holderProc {
 	t.Helper()

@@ -110,4 +110,31 @@ func (s *suite) lockDelay(t *testing.T) {
 	if _, err := other.TryAcquire(ctxT(t, 10*time.Second), lost, dlock.WithLockDelay(-time.Second)); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("a negative lock-delay: %v, want ErrInvalidOption", err)
 	}
+	if !s.inProcess {
+		s.lockDelayKilled(t, other)
+	}
+}
+
+// killedDelay is the lock-delay of the "hold-delay" helper.
+const killedDelay = 2 * time.Second
+
+// lockDelayKilled checks the lock-delay of a holder whose process is
+// killed: its session or connection ends with it, and the key stays held
+// until TTL + lock-delay after the acquisition all the same.
+func (s *suite) lockDelayKilled(t *testing.T, other *dlock.Locker) {
+	k := key(t, "killed")
+	sent := time.Now()
+	held := s.spawnHolder(t, k, "hold-delay")
+	held.kill(t)
+	next, err := other.Acquire(ctxT(t, ttl+killedDelay+s.crashBound), k, dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("rule: a killed holder's lock-delay ends; the key was not free: %v", err)
+	}
+	if got := time.Since(sent); got < ttl+killedDelay {
+		t.Errorf("rule: a killed holder's key stays held for TTL + lock-delay (%s); another client took it %s after the acquisition was sent", ttl+killedDelay, got)
+	}
+	if next.Fence() <= held.fence {
+		t.Errorf("fencing: %d after the killed holder's %d", next.Fence(), held.fence)
+	}
+	_ = next.Release(context.Background())
 }
