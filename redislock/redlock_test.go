@@ -226,3 +226,46 @@ func TestRedlockOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestRedlockWatchMinority checks Redlock's Watch with one server of three
+// down: it starts, reports a grant, and closes when a second server goes
+// (fewer than the servers that must see every grant are left).
+func TestRedlockWatchMinority(t *testing.T) {
+	servers := startServers(t, 3)
+	r := newRedlock(t, addrsOf(servers), nil)
+	servers[0].kill()
+	k := locktest.UniqueKey("watched")
+	ctx := ctxT(t, 60*time.Second)
+	ch, err := r.Watch(ctx, k)
+	if err != nil {
+		t.Fatalf("Watch with one server of three down: %v", err)
+	}
+	l := locktest.NewLocker(t, newRedlock(t, addrsOf(servers), nil))
+	lk, err := l.TryAcquire(ctx, k, dlock.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	select {
+	case _, open := <-ch:
+		if !open {
+			t.Fatal("the watch closed with two servers of three up")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a grant was not reported within 10 s")
+	}
+	servers[1].kill()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case _, open := <-ch:
+			if !open {
+				return
+			}
+			continue
+		case <-deadline:
+			t.Fatal("the watch stayed open with one server of three up")
+		}
+		break
+	}
+}
