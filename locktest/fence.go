@@ -269,17 +269,17 @@ func fenceInvalid(t *testing.T, f *fenceDB) {
 	f.rows(t) // the data table is still there
 }
 
-// fenceSnapshot: a transaction that read before a newer fence committed
-// must not accept an older one on the strength of its snapshot (MySQL's
-// REPEATABLE READ, SQLite's WAL readers).
+// fenceSnapshot: a transaction that read fence 8 before fence 9 committed
+// must not accept 8 on the strength of its snapshot (MySQL's REPEATABLE
+// READ, SQLite's WAL readers), where 8 is still the newest.
 func fenceSnapshot(t *testing.T, f *fenceDB) {
 	const r = "r"
-	if err := f.checkTx(t, r, 7); err != nil {
+	if err := f.checkTx(t, r, 8); err != nil {
 		t.Fatal(err)
 	}
 	a := f.begin(t)
 	var seen uint64
-	if err := a.QueryRowContext(ctxT(t, 20*time.Second), f.q("SELECT fence FROM "+f.tb.Name+" WHERE resource = ?"), r).Scan(&seen); err != nil || seen != 7 {
+	if err := a.QueryRowContext(ctxT(t, 20*time.Second), f.q("SELECT fence FROM "+f.tb.Name+" WHERE resource = ?"), r).Scan(&seen); err != nil || seen != 8 {
 		t.Fatalf("read in A: %d, %v", seen, err)
 	}
 	if err := f.checkTx(t, r, 9); err != nil {
