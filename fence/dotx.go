@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -29,11 +30,16 @@ const releaseTimeout = 5 * time.Second
 // error is Acquire's, or one matching ErrStaleFence (a newer holder has
 // written), or fn's, or the database's; when the lock was lost before the
 // commit, the error also matches dlock.ErrLockLost. An error from Commit
-// itself leaves the outcome unknown, as database/sql documents. A panic in
+// itself leaves the outcome unknown, as database/sql documents. A nil l, db
+// or fn is dlock.ErrInvalidOption, as an invalid Table is, before any I/O.
+// A panic in
 // fn rolls the transaction back and releases the lock, then goes on.
 func (t Table) DoTx(ctx context.Context, l *dlock.Locker, db *sql.DB, key string, fn func(ctx context.Context, tx *sql.Tx) error, opts ...dlock.AcquireOption) (err error) {
 	if _, err := t.quoted(); err != nil {
 		return err
+	}
+	if l == nil || db == nil || fn == nil {
+		return fmt.Errorf("%w: fence: DoTx needs a Locker, a DB and a function", dlock.ErrInvalidOption)
 	}
 	lk, err := l.Acquire(ctx, key, opts...)
 	if err != nil {

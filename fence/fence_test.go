@@ -69,12 +69,28 @@ func TestInvalidCheckArgumentsAreRefusedBeforeIO(t *testing.T) {
 func TestDoTxWithInvalidKeyAcquiresNothing(t *testing.T) {
 	l := dlock.New(memlock.New(), nil)
 	defer l.Close(context.Background())
-	err := fence.Table{Dialect: fence.SQLite}.DoTx(context.Background(), l, nil, "", func(context.Context, *sql.Tx) error {
+	err := fence.Table{Dialect: fence.SQLite}.DoTx(context.Background(), l, new(sql.DB), "", func(context.Context, *sql.Tx) error {
 		t.Error("fn ran")
 		return nil
 	})
 	if !errors.Is(err, dlock.ErrInvalidKey) {
 		t.Errorf("DoTx(\"\"): got %v, want ErrInvalidKey", err)
+	}
+}
+
+func TestDoTxWithoutLockerOrDBIsRefused(t *testing.T) {
+	l := dlock.New(memlock.New(), nil)
+	defer l.Close(context.Background())
+	tb := fence.Table{Dialect: fence.MySQL}
+	fn := func(context.Context, *sql.Tx) error { t.Error("fn ran"); return nil }
+	for name, err := range map[string]error{
+		"nil Locker": tb.DoTx(context.Background(), nil, new(sql.DB), "k", fn),
+		"nil DB":     tb.DoTx(context.Background(), l, nil, "k", fn),
+		"nil fn":     tb.DoTx(context.Background(), l, new(sql.DB), "k", nil),
+	} {
+		if !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
 	}
 }
 

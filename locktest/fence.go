@@ -23,11 +23,11 @@ import (
 // end. newBackend returns a new client of a lock store for the DoTx cases
 // (the backend module's own store; it may live elsewhere than db).
 //
-// db must let several transactions run at once (a pool of at least 3
+// db must let two transactions run at once (a pool of at least 2
 // connections) and wait for locks rather than fail at once: for SQLite, WAL
 // mode and a busy timeout of several seconds.
 func RunFence(t *testing.T, db *sql.DB, d fence.Dialect, newBackend func(t *testing.T) dlock.Backend) {
-	s := &suite{newBackend: newBackend, crashBound: ttl + time.Second}
+	s := &suite{newBackend: newBackend}
 	cases := []namedCase{
 		{"MigrateIsIdempotent", func(t *testing.T) { fenceMigrate(t, newFenceDB(t, db, d)) }},
 		{"EqualAndNewerFencesAreAcceptedOlderRefused", func(t *testing.T) { fenceOrder(t, newFenceDB(t, db, d)) }},
