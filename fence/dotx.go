@@ -32,8 +32,8 @@ const releaseTimeout = 5 * time.Second
 // commit, the error also matches dlock.ErrLockLost. An error from Commit
 // itself leaves the outcome unknown, as database/sql documents. A nil l, db
 // or fn is dlock.ErrInvalidOption, as an invalid Table is, before any I/O.
-// A panic in
-// fn rolls the transaction back and releases the lock, then goes on.
+// A panic in fn rolls the transaction back and releases the lock, then goes
+// on.
 func (t Table) DoTx(ctx context.Context, l *dlock.Locker, db *sql.DB, key string, fn func(ctx context.Context, tx *sql.Tx) error, opts ...dlock.AcquireOption) (err error) {
 	if _, err := t.quoted(); err != nil {
 		return err
