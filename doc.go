@@ -40,5 +40,6 @@
 // Holding a *Lock does not mean holding the lock: a lease can be lost (the
 // process paused, the store unreachable). Watch [Lock.Done], use the context
 // from [Lock.Context] or [Locker.Do], and pass [Lock.Fence] to the resources
-// you guard so they can refuse a stale holder.
+// you guard so they can refuse a stale holder (package
+// github.com/dlock-dev/dlock/fence does it for SQL databases).
 package dlock
