@@ -50,6 +50,12 @@ var (
 	// ErrNoSchema means the backend's table does not exist: run the backend's
 	// Migrate (or `dlock migrate`) once.
 	ErrNoSchema = errors.New("dlock: schema missing (run migrate)")
+
+	// ErrStaleFence means a guarded write presented a fence older than the
+	// newest its resource has recorded: the lock that gave it has passed to
+	// a newer holder, who has written. Nothing was changed. The fence
+	// helpers of every store (package fence, redislock, etcdlock) return it.
+	ErrStaleFence = errors.New("dlock: stale fence")
 )
 
 // HeldError is returned when a lock is held by someone else. It matches

@@ -2,7 +2,6 @@ package etcdlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -15,7 +14,8 @@ import (
 // ErrStaleFence means a fenced transaction presented an older fence than
 // the newest its resource has seen: the lock that gave it has passed to
 // another holder. Nothing was changed.
-var ErrStaleFence = errors.New("etcdlock: stale fence")
+// It is dlock.ErrStaleFence.
+var ErrStaleFence = dlock.ErrStaleFence
 
 // HeldCmp returns a comparison for the caller's own etcd transaction
 // (clientv3.Txn.If) that is true only while the lock of key granted with

@@ -18,8 +18,9 @@ import (
 var (
 	// ErrStaleFence means a fence older than the newest one recorded for
 	// the resource was presented: a newer lock holder has written. Check
-	// changed nothing; the caller must roll its transaction back.
-	ErrStaleFence = errors.New("fence: stale fence")
+	// changed nothing; the caller must roll its transaction back. It is
+	// dlock.ErrStaleFence, which every store's fence helper returns.
+	ErrStaleFence = dlock.ErrStaleFence
 
 	// ErrInvalidFence means a fence of 0 (fences start at 1) or one above
 	// math.MaxInt64 (beyond what every dialect's column holds). It is

@@ -3,7 +3,6 @@ package redislock
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -15,7 +14,8 @@ import (
 // ErrStaleFence means a fenced write presented an older fence than the
 // newest its resource has seen: the lock that gave it has passed to
 // another holder. Nothing was changed.
-var ErrStaleFence = errors.New("redislock: stale fence")
+// It is dlock.ErrStaleFence.
+var ErrStaleFence = dlock.ErrStaleFence
 
 // FencePrefix starts the name of every fence record: resource r's record
 // is the Redis key FencePrefix + r (see FenceKey).

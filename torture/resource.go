@@ -3,7 +3,11 @@ package torture
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/fence"
 )
 
 // Resource is the shared resource the workers guard with their locks: one
@@ -21,6 +25,12 @@ import (
 // can keep a paused holder out (see checkModes). With NoFencing it accepts
 // everything: the positive control.
 //
+// An exclusive access to a key that only exclusive holders use (not the mode
+// keys) is decided by package fence, as an application would guard its
+// writes: fence.Table.Check in the access's transaction, against a fence
+// table of the run's own, so that what the run proves is that helper. The
+// mode keys' rules (readers among writers, semaphores) are the harness's own.
+//
 // An access is one transaction that locks the row (SELECT … FOR UPDATE),
 // decides, updates, and appends to the log. The log's AUTO_INCREMENT ids are
 // taken under the row lock, so per key they are in commit order, and the log
@@ -29,6 +39,7 @@ import (
 type Resource struct {
 	db        *sql.DB
 	res, log  string
+	fences    fence.Table
 	noFencing bool
 }
 
@@ -37,11 +48,17 @@ func resourceTables(tag string) (res, log string) {
 	return "torture_" + tag + "_res", "torture_" + tag + "_reslog"
 }
 
+// fenceTable returns the fence table of a run tag.
+func fenceTable(tag string) fence.Table {
+	return fence.Table{Dialect: fence.MySQL, Name: "torture_" + tag + "_fences"}
+}
+
 // setupResource drops and recreates the resource tables with a row per key.
 func setupResource(ctx context.Context, db *sql.DB, tag string, keys []string) error {
 	res, log := resourceTables(tag)
+	fences := fenceTable(tag)
 	stmts := []string{
-		"DROP TABLE IF EXISTS " + res + ", " + log,
+		"DROP TABLE IF EXISTS " + res + ", " + log + ", " + fences.Name,
 		"CREATE TABLE " + res + ` (
   k      VARCHAR(64)     NOT NULL PRIMARY KEY,
   fence  BIGINT UNSIGNED NOT NULL DEFAULT 0,
@@ -76,12 +93,15 @@ func setupResource(ctx context.Context, db *sql.DB, tag string, keys []string) e
 			return fmt.Errorf("resource setup: %w", err)
 		}
 	}
+	if err := fences.Migrate(ctx, db); err != nil {
+		return fmt.Errorf("resource setup: %w", err)
+	}
 	return nil
 }
 
 func newResource(db *sql.DB, tag string, noFencing bool) *Resource {
 	res, log := resourceTables(tag)
-	return &Resource{db: db, res: res, log: log, noFencing: noFencing}
+	return &Resource{db: db, res: res, log: log, fences: fenceTable(tag), noFencing: noFencing}
 }
 
 // Access modes: the mode of the lock an access is made under.
@@ -138,7 +158,19 @@ func (r *Resource) access(ctx context.Context, op byte, a access, readValue int6
 	if err != nil {
 		return 0, false, err
 	}
-	accepted := r.noFencing || admits(mode, fence, seen, xseen)
+	var accepted bool
+	switch {
+	case r.noFencing:
+		accepted = true
+	case mode == accessExclusive && key != rwKey && key != semKey:
+		err := r.fences.Check(ctx, tx, key, fence)
+		if err != nil && !errors.Is(err, dlock.ErrStaleFence) {
+			return 0, false, err
+		}
+		accepted = err == nil
+	default:
+		accepted = admits(mode, fence, seen, xseen)
+	}
 	xfence := uint64(0)
 	if mode == accessExclusive {
 		xfence = fence
