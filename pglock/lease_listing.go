@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/keylist"
 )
 
 var (
@@ -65,48 +66,23 @@ func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo,
 	var out []dlock.KeyInfo
 	for rows.Next() {
 		var (
-			h                        holderRow
-			held, exclusive, expired bool
-			endedUs                  int64
+			h       holderRow
+			r       keylist.Row
+			endedUs int64
 		)
-		if err := rows.Scan(&h.name, &h.fence, &h.token, &h.owner, &h.metadata, &h.acquiredAt, &held, &exclusive, &expired, &endedUs); err != nil {
+		if err := rows.Scan(&h.name, &h.fence, &h.token, &h.owner, &h.metadata, &h.acquiredAt, &r.Held, &r.LastKnown, &r.Expired, &endedUs); err != nil {
 			return nil, wrapErr(b.tb, "list keys", err)
 		}
-		last, _ := h.info("", now)
-		k := dlock.KeyInfo{Key: last.Key, Fence: last.Fence}
-		if !held {
-			k.FreedAt, k.Expired = now.Add(time.Duration(endedUs)*time.Microsecond), expired
-			if exclusive {
-				k.Last = &last
-			}
-		}
-		out = append(out, k)
+		r.Last, _ = h.info("", now)
+		r.Ended = time.Duration(endedUs) * time.Microsecond
+		out = append(out, r.Info(now))
 	}
 	if err := rows.Err(); err != nil {
 		return nil, wrapErr(b.tb, "list keys", err)
 	}
-	return withHolders(out, func() ([]dlock.LockInfo, error) { return b.List(ctx, prefix) })
-}
-
-// withHolders fills in the Holders of keys (ordered by key) from list; a
-// key held meanwhile is held, and loses its last holder.
-func withHolders(keys []dlock.KeyInfo, list func() ([]dlock.LockInfo, error)) ([]dlock.KeyInfo, error) {
-	hs, err := list()
+	hs, err := b.List(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
-	i := 0
-	for _, h := range hs {
-		for i < len(keys) && keys[i].Key < h.Key {
-			i++
-		}
-		if i == len(keys) || keys[i].Key != h.Key {
-			continue // granted after the rows were read
-		}
-		k := &keys[i]
-		k.Holders = append(k.Holders, h)
-		k.Last, k.FreedAt, k.Expired = nil, time.Time{}, false
-		k.Fence = max(k.Fence, h.Fence)
-	}
-	return keys, nil
+	return keylist.MergeHolders(out, hs), nil
 }
