@@ -21,8 +21,9 @@ type Row struct {
 	// released.
 	Expired bool
 	// Ended is how long ago (negative) the last lease ended, by the store's
-	// clock.
-	Ended time.Duration
+	// clock, unless EndUnknown.
+	Ended      time.Duration
+	EndUnknown bool
 }
 
 // Info is row's KeyInfo, without holders, read at the local time now. Its
@@ -30,7 +31,10 @@ type Row struct {
 func (r Row) Info(now time.Time) dlock.KeyInfo {
 	k := dlock.KeyInfo{Key: r.Last.Key, Fence: r.Last.Fence}
 	if !r.Held {
-		k.FreedAt, k.Expired = now.Add(r.Ended), r.Expired
+		k.Expired = r.Expired
+		if !r.EndUnknown {
+			k.FreedAt = now.Add(r.Ended)
+		}
 		if r.LastKnown {
 			last := r.Last
 			k.Last = &last
