@@ -71,9 +71,9 @@ type Lister interface {
 // WaiterLister is implemented by backends whose store records the
 // acquisitions waiting for a key (a queue entry, a statement blocked in the
 // server), so that an operator can tell who waits. A store that cannot tell
-// does not implement it, and a backend that wraps another returns
-// ErrUnsupported when the wrapped one cannot: an empty list always means
-// that nobody waits in the store.
+// does not implement it, and a backend that wraps another, or that cannot
+// tell as it is configured, returns ErrUnsupported: an empty list always
+// means that nobody waits in the store.
 type WaiterLister interface {
 	// ListWaiters returns the acquisitions waiting in the store for a key
 	// that starts with prefix, ordered by key, then in the order they will

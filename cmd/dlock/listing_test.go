@@ -10,8 +10,9 @@ import (
 
 // listsWaiters and listsKeys are the stores whose dlock list --waiters and
 // --all work; on the others they must exit 64, never print an empty list.
+// listsWaiters says what names a waiter: its owner, or its connection.
 var (
-	listsWaiters = map[string]bool{"etcd": true, "postgres": true}
+	listsWaiters = map[string]string{"etcd": "owner", "postgres": "owner", "mysql": "connection", "mysql-getlock": "connection"}
 	listsKeys    = map[string]bool{"embedded": true, "postgres": true, "mysql": true}
 )
 
@@ -24,8 +25,8 @@ func TestListWaitersAndFreeKeys(t *testing.T) {
 			if r := run(t, e, "list", "--all", key); listsKeys[name] && (r.code != 0 || !strings.Contains(r.stdout, "held:exclusive") || !strings.Contains(r.stdout, "alice")) {
 				t.Errorf("list --all of a held key: exit %d, %q %q", r.code, r.stdout, r.stderr)
 			}
-			if listsWaiters[name] {
-				checkWaiters(t, e, key, h)
+			if by := listsWaiters[name]; by != "" {
+				checkWaiters(t, e, key, h, by)
 			} else {
 				r := run(t, e, "list", "--waiters", key)
 				if r.code != exitUsage || r.stdout != "" || !strings.Contains(r.stderr, "cannot list waiters") {
@@ -45,23 +46,29 @@ func TestListWaitersAndFreeKeys(t *testing.T) {
 }
 
 // checkWaiters starts a run waiting for key, held by h, and checks that
-// dlock list --waiters shows it until h ends and it takes the key.
-func checkWaiters(t *testing.T, e env, key string, h *holder) {
+// dlock list --waiters shows it (named by its owner, or its connection)
+// until h ends and it takes the key.
+func checkWaiters(t *testing.T, e env, key string, h *holder, by string) {
 	t.Helper()
 	w := startHolder(t, e, "run", "--ttl", "5s", "--owner", "bob", key, "--", "true")
+	want := "bob"
+	if by == "connection" {
+		want = "connection "
+	}
 	var last result
 	for range 300 {
-		if last = run(t, e, "list", "--waiters", key); strings.Contains(last.stdout, "bob") {
+		if last = run(t, e, "list", "--waiters", key); strings.Contains(last.stdout, want) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if last.code != 0 || !strings.Contains(last.stdout, "WAITING") || !strings.Contains(last.stdout, "bob") || strings.Contains(last.stdout, "alice") {
-		t.Fatalf("list --waiters never showed bob alone: exit %d, %q %q", last.code, last.stdout, last.stderr)
+	if last.code != 0 || !strings.Contains(last.stdout, "WAITING") || !strings.Contains(last.stdout, want) || strings.Contains(last.stdout, "alice") {
+		t.Fatalf("list --waiters never showed the waiter alone (%q): exit %d, %q %q", want, last.code, last.stdout, last.stderr)
 	}
 	r := run(t, e, "list", "--waiters", "--json", key)
 	var ws []jsonWaiter
-	if err := json.Unmarshal([]byte(r.stdout), &ws); err != nil || len(ws) != 1 || ws[0].Key != key || ws[0].Owner != "bob" || ws[0].Mode != "exclusive" {
+	if err := json.Unmarshal([]byte(r.stdout), &ws); err != nil || len(ws) != 1 || ws[0].Key != key || ws[0].Mode != "exclusive" ||
+		by == "owner" && ws[0].Owner != "bob" || by == "connection" && !strings.HasPrefix(ws[0].Client, "connection ") {
 		t.Errorf("list --waiters --json: %v %q", err, r.stdout)
 	}
 	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
