@@ -68,6 +68,73 @@ type Lister interface {
 	List(ctx context.Context, prefix string) ([]LockInfo, error)
 }
 
+// WaiterLister is implemented by backends whose store records the
+// acquisitions waiting for a key (a queue entry, a statement blocked in the
+// server), so that an operator can tell who waits. A store that cannot tell
+// does not implement it, and a backend that wraps another, or that cannot
+// tell as it is configured, returns ErrUnsupported: an empty list always
+// means that nobody waits in the store.
+type WaiterLister interface {
+	// ListWaiters returns the acquisitions waiting in the store for a key
+	// that starts with prefix, ordered by key, then in the order they will
+	// be served where the store has one (else by arrival). A waiter shows
+	// from the moment the store records its wait until it takes the key or
+	// gives up. Acquisitions that wait by retrying after a backoff (on a
+	// backend that is not a Waiter, or a wait the backend does not record)
+	// are not in the store and do not show.
+	ListWaiters(ctx context.Context, prefix string) ([]WaiterInfo, error)
+}
+
+// WaiterInfo describes an acquisition waiting for a key. Fields the store
+// does not record are zero.
+type WaiterInfo struct {
+	Key      string
+	Owner    string // explicit owner identity ("" if none was given)
+	Token    Token  // the waiter's random owner token
+	Metadata string
+	Mode     Mode // the mode it asks for
+	Limit    int  // the key's holder limit it asks for, for ModeLimited
+	// Since is when the store recorded the wait (the current statement's
+	// start, for a statement blocked in the server), converted to the
+	// local clock.
+	Since time.Time
+	// Client is the store's own name for the waiting client (a server
+	// connection id and address) where the store records no token.
+	Client string
+}
+
+// KeyLister is implemented by backends whose store keeps a key's record
+// after its release or expiry (a lease row), so that an operator can tell
+// when a free key was last held, by whom, and with which fence. A store
+// that forgets a key on release does not implement it, and a backend that
+// wraps another returns ErrUnsupported when the wrapped one cannot.
+type KeyLister interface {
+	// ListKeys returns every key that starts with prefix of which the store
+	// keeps a record, held or free, ordered by key.
+	ListKeys(ctx context.Context, prefix string) ([]KeyInfo, error)
+}
+
+// KeyInfo describes a key the store keeps a record of.
+type KeyInfo struct {
+	Key string
+	// Fence is the last fence granted for Key (0 if none was ever).
+	Fence uint64
+	// Holders are Key's unexpired holders, as Lister reports them; none when
+	// Key is free.
+	Holders []LockInfo
+	// Last is the holder whose lease ended last, when Key is free and the
+	// store remembers it: its Owner, Metadata, Fence, AcquiredAt and Mode
+	// (Token and ExpiresAt may be zero). It is nil while Key is held.
+	Last *LockInfo
+	// FreedAt is when the last lease ended, by release or by expiry,
+	// converted to the local clock; zero while Key is held or if the store
+	// does not know.
+	FreedAt time.Time
+	// Expired reports that the last lease ran out (or its session ended)
+	// rather than being released.
+	Expired bool
+}
+
 // ForceReleaser is implemented by backends that can free a key whatever
 // token holds it (for administrators). It returns ErrNotHeld if the key was
 // not held.

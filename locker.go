@@ -194,6 +194,30 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]LockInfo, error) {
 	return ls.List(ctx, prefix)
 }
 
+// ListWaiters returns the acquisitions waiting in the store for a key that
+// starts with prefix (see WaiterLister for which waits show). It returns
+// ErrUnsupported if the store cannot tell who waits: an empty list means
+// nobody waits.
+func (l *Locker) ListWaiters(ctx context.Context, prefix string) ([]WaiterInfo, error) {
+	wl, ok := l.b.(WaiterLister)
+	if !ok {
+		return nil, ErrUnsupported
+	}
+	return wl.ListWaiters(ctx, prefix)
+}
+
+// ListKeys returns the keys starting with prefix that the store keeps a
+// record of, held or free, each with its last fence and its holders or, when
+// free, its last holder and when it was freed. It returns ErrUnsupported if
+// the store forgets a key on release.
+func (l *Locker) ListKeys(ctx context.Context, prefix string) ([]KeyInfo, error) {
+	kl, ok := l.b.(KeyLister)
+	if !ok {
+		return nil, ErrUnsupported
+	}
+	return kl.ListKeys(ctx, prefix)
+}
+
 // Close releases every lock this Locker holds (their Done channels close and
 // Err reports ErrClosed), makes later acquisitions fail with ErrClosed, and
 // waits for the Locker's goroutines to stop, or for ctx to end: store calls

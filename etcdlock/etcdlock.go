@@ -919,28 +919,9 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 // lease's last second). It costs one request per holder, for operators
 // rather than hot paths.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
-	from := b.prefix + keyEscaper.Replace(prefix)
-	end := clientv3.GetPrefixRangeEnd(from)
-	entries := map[string][]*mvccpb.KeyValue{}
-	for range 1_000_000 { // bounded: each page moves past 1,000 keys
-		var resp *clientv3.GetResponse
-		err := b.retry(ctx, func(ctx context.Context) error {
-			var err error
-			resp, err = b.c.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(1000))
-			return err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("etcdlock: list: %w", err)
-		}
-		for _, kv := range resp.Kvs {
-			if k, ok := b.keyOf(string(kv.Key)); ok && strings.HasPrefix(k, prefix) {
-				entries[k] = append(entries[k], kv)
-			}
-		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			break
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	entries, err := b.entries(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("etcdlock: list: %w", err)
 	}
 	type holder struct {
 		info dlock.LockInfo
@@ -978,5 +959,66 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 		})
 	}
 	wg.Wait()
+	return out, nil
+}
+
+// entries reads every entry under the prefix whose key starts with prefix,
+// in pages of 1,000, by key.
+func (b *Backend) entries(ctx context.Context, prefix string) (map[string][]*mvccpb.KeyValue, error) {
+	from := b.prefix + keyEscaper.Replace(prefix)
+	end := clientv3.GetPrefixRangeEnd(from)
+	entries := map[string][]*mvccpb.KeyValue{}
+	for range 1_000_000 { // bounded: each page moves past 1,000 keys
+		var resp *clientv3.GetResponse
+		err := b.retry(ctx, func(ctx context.Context) error {
+			var err error
+			resp, err = b.c.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(1000))
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range resp.Kvs {
+			if k, ok := b.keyOf(string(kv.Key)); ok && strings.HasPrefix(k, prefix) {
+				entries[k] = append(entries[k], kv)
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return entries, nil
+}
+
+var _ dlock.WaiterLister = (*Backend)(nil)
+
+// ListWaiters implements dlock.WaiterLister: the queue entries that do not
+// hold their key, in queue order (the order they will be served), with
+// Since the time the entry was written. An entry stays queued between two
+// AcquireWait calls of one acquisition, so a Locker's waiter shows for its
+// whole wait; a TryAcquire never queues.
+func (b *Backend) ListWaiters(ctx context.Context, prefix string) ([]dlock.WaiterInfo, error) {
+	entries, err := b.entries(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("etcdlock: list waiters: %w", err)
+	}
+	keys := make([]string, 0, len(entries))
+	for k := range entries {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var out []dlock.WaiterInfo
+	for _, k := range keys {
+		q := items(entries[k])
+		for i, held := range holders(q) {
+			if held {
+				continue
+			}
+			h := info(k, q[i].kv)
+			out = append(out, dlock.WaiterInfo{Key: k, Owner: h.Owner, Token: h.Token, Metadata: h.Metadata,
+				Mode: h.Mode, Limit: h.Limit, Since: h.AcquiredAt})
+		}
+	}
 	return out, nil
 }

@@ -105,6 +105,8 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"DoCancelsContextOnLoss", s.doLoss},
 		{"CloseReleasesEverything", s.closeReleases},
 		{"ListShowsHolders", s.list},
+		{"ListWaitersShowsWhoWaits", s.listWaiters},
+		{"ListKeysShowsTheLastHolderOfAFreeKey", s.listKeys},
 		{"ForceReleaseFencesOutTheHolder", s.forceRelease},
 		{"CallerDeadlineNeverDisturbsOtherLocks", s.callerDeadlines},
 		{"AnyPoolSizeWorks", s.anyPoolSize},

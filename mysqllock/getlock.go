@@ -508,7 +508,7 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 		if err := g.cover(sctx, ss); err != nil {
 			return err
 		}
-		return ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, wait.Seconds()).Scan(&got)
+		return ss.conn.QueryRowContext(sctx, waitStatement(name, wait)).Scan(&got)
 	}, nil)
 	if !stop() {
 		// ctx ended: whatever the wait's outcome, drop the session so

@@ -299,6 +299,7 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 type queries struct {
 	acquire, acquireBell, release, releaseNoBell, forceRelease, list string
 	setMetadata, setSharedMetadata, held                             string
+	listKeys                                                         string
 }
 
 // The acquisition statement decides once whether the row is free, in the
@@ -359,6 +360,14 @@ WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
 WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
 		held: `SELECT (SELECT COUNT(*) FROM ` + t + ` WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6))
   + (SELECT COUNT(*) FROM ` + holdersTable(t) + ` WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6))`,
+		// Rows of fence 0 were made for a shared request and never granted.
+		// The row keeps its last exclusive holder, who held last unless a
+		// shared or limited holder ended after it (shared_until); a release
+		// clears the token, an expiry leaves it.
+		listKeys: `SELECT name, fence, token, owner, metadata, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at),
+  GREATEST(expires_at, shared_until) > UTC_TIMESTAMP(6), shared_until <= expires_at, token <> ` + noToken + `,
+  TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), GREATEST(expires_at, shared_until))
+FROM ` + t + ` WHERE LEFT(name, ?) = ? AND fence > 0 ORDER BY name`,
 		list: `SELECT ` + holderCols + `, 0, 0 FROM ` + t + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6)
 UNION ALL
 SELECT ` + holderCols + `, 1, share_limit FROM ` + holdersTable(t) + ` WHERE LEFT(name, ?) = ? AND expires_at > UTC_TIMESTAMP(6)`,

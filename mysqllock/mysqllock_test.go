@@ -894,8 +894,8 @@ func TestDoorbellRecheckKeepsItsSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lk.Release(context.Background())
-	// Interpolated parameters put the doorbell's name in the processlist.
-	wb := newBackend(t, "interpolateParams=true")
+	// The doorbell's wait names it in hex in the processlist.
+	wb := newBackend(t, "")
 	bell := mysqllock.DoorbellName(wb, key)
 	waiter := locktest.NewLocker(t, wb)
 	wctx, cancel := context.WithTimeout(ctx, 5*ttl/2) // about 4 re-checks
@@ -905,7 +905,7 @@ func TestDoorbellRecheckKeepsItsSession(t *testing.T) {
 	go func() {
 		defer close(sampled)
 		for wctx.Err() == nil {
-			rows, err := db.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE STATE = 'User lock' AND INFO LIKE CONCAT('%', ?, '%')", bell)
+			rows, err := db.QueryContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE STATE = 'User lock' AND INFO LIKE CONCAT('%', LOWER(HEX(?)), '%')", bell)
 			if err != nil {
 				return
 			}

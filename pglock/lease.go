@@ -97,6 +97,7 @@ func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(c
 
 type leaseQueries struct {
 	acquire, unregister, extend, release, forceRelease, list, setMetadata string
+	listWaiters, listKeys                                                 string
 	// lockKey, lockShared and lockMany lock the lease rows that a
 	// statement on shared or limited holders is about to read, first,
 	// in the same transaction: see newLeaseQueries.
@@ -216,8 +217,8 @@ func newLeaseQueries(tb tables) leaseQueries {
 	// grant was made) and refused (the caller may wait for the key).
 	register := func(refused, lim string) string {
 		return `reg AS (
-  INSERT INTO ` + w + ` AS q (name, token, since, until, lim)
-  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond', ` + lim + ` FROM c
+  INSERT INTO ` + w + ` AS q (name, token, since, until, lim, owner, metadata)
+  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond', ` + lim + `, $3, $5 FROM c
   WHERE $8::bigint > 0 AND ` + refused + `
     AND NOT EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.token = $2
       AND q.until > c.now + $8::bigint * interval '1 microsecond' / 2)
@@ -359,8 +360,10 @@ SELECT name, token FROM ex UNION ALL SELECT name, token FROM sh`,
 		// first: an exclusive holder's release updates the row itself.
 		lockShared: `SELECT ` + syncOn + `, (SELECT true FROM ` + l + `
   WHERE name = $1 AND shared_until > clock_timestamp() FOR UPDATE)`,
+		// An exclusive release ends the lease and sets freed_at to the same
+		// instant: the lease was released, not expired (ListKeys).
 		release: `WITH ex AS (
-  UPDATE ` + l + ` SET expires_at = clock_timestamp()
+  UPDATE ` + l + ` SET (expires_at, freed_at) = (SELECT t, t FROM (SELECT clock_timestamp() AS t) x)
   WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
   RETURNING name
 ),
@@ -401,6 +404,24 @@ sh AS (
   RETURNING name
 )
 SELECT pg_notify($4, encode(r.name, 'hex')) FROM c, (SELECT name FROM ex UNION ALL SELECT name FROM sh) r`,
+
+		listWaiters: `SELECT name, token, owner, metadata, lim, ` + rem("since") + `
+FROM ` + w + `, (SELECT clock_timestamp() AS now) c
+WHERE until > c.now AND substring(name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
+ORDER BY name, since, token`,
+
+		// Rows of fence 0 were locked by a shared request and never granted.
+		// The last grant was exclusive unless a shared or limited holder
+		// ended after the row's lease (freed_at, shared_until), and a lease
+		// ended by release has freed_at at its end (release, forceRelease).
+		listKeys: `SELECT name, fence, token, owner, metadata, acquired_at,
+  expires_at > c.now OR shared_until > c.now,
+  GREATEST(freed_at, shared_until) <= expires_at,
+  CASE WHEN GREATEST(freed_at, shared_until) <= expires_at THEN freed_at < expires_at ELSE shared_until > freed_at END,
+  ` + rem("GREATEST(expires_at, shared_until, freed_at)") + `
+FROM ` + l + `, (SELECT clock_timestamp() AS now) c
+WHERE fence > 0 AND substring(name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
+ORDER BY name`,
 
 		list: `SELECT name, token, owner, fence, metadata, acquired_at, ` + rem("expires_at") + `, -1
 FROM ` + l + `, (SELECT clock_timestamp() AS now) c

@@ -79,6 +79,15 @@ VALUES ($1, $2, clock_timestamp(), clock_timestamp() + interval '1 hour')`, []by
 	if err := pool.QueryRow(ctx, `SELECT lim FROM "`+table+`_waiters" WHERE name = $1 AND token = $2`, []byte(held), waiter[:]).Scan(&lim); err != nil || lim != -1 {
 		t.Errorf("rule: a queued waiter of the previous schema stays queued as an exclusive waiter; lim %d, %v; want -1", lim, err)
 	}
+	ws, err := b.ListWaiters(ctx, "upgrade/")
+	if err != nil || len(ws) != 1 || ws[0].Key != held || ws[0].Token != waiter || ws[0].Owner != "" || ws[0].Mode != dlock.ModeExclusive {
+		t.Errorf("ListWaiters after the upgrade = %+v, %v; want the queued waiter, exclusive, without owner", ws, err)
+	}
+	ks, err := b.ListKeys(ctx, "upgrade/")
+	if err != nil || len(ks) != 2 || ks[0].Key != free || ks[0].Fence != 7 || ks[0].Last == nil || ks[0].Last.Owner != "old" ||
+		ks[1].Key != held || len(ks[1].Holders) != 1 || ks[1].Last != nil {
+		t.Errorf("ListKeys after the upgrade = %+v, %v; want the free key with its last holder, then the held one", ks, err)
+	}
 	if _, err := pool.Exec(ctx, `DELETE FROM "`+table+`_waiters"`); err != nil {
 		t.Fatal(err)
 	}

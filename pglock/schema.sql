@@ -76,6 +76,18 @@ BEGIN
   END IF;
 END $$;
 
+-- Lease strategy: who each waiter is, for dlock list --waiters. Added by
+-- ALTER so that tables of earlier versions gain them.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_waiters"')
+      AND attname = 'owner' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks_waiters"
+      ADD COLUMN IF NOT EXISTS owner    text NOT NULL DEFAULT '',
+      ADD COLUMN IF NOT EXISTS metadata text NOT NULL DEFAULT '';
+  END IF;
+END $$;
+
 -- Advisory strategy (pglock.NewAdvisory): the lock itself is a session-level
 -- advisory lock; this row keeps the key's fencing counter and its last holder.
 CREATE TABLE IF NOT EXISTS "dlock_locks_session" (

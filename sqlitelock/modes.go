@@ -40,9 +40,12 @@ FROM dlock_shares WHERE name = ?1 AND expires_us > ` + now
 FROM dlock_shares WHERE name = ? AND expires_us > ` + now + ` ORDER BY expires_us LIMIT 1`
 	markSQL = `UPDATE dlock_locks SET writer_us = ?2 WHERE name = ?1`
 	// nextFenceSQL counts an acquisition on the key's row, making it if the
-	// key is new (with no exclusive holder).
+	// key is new (with no exclusive holder). The row's exclusive lease has
+	// ended (a shared or limited grant needs that): its holder is cleared,
+	// so that the row names its key's last holder only while that was
+	// exclusive (listKeysSQL).
 	nextFenceSQL = `INSERT INTO dlock_locks (name, token, fence, acquired_us, expires_us) VALUES (?1, x'', 1, 0, 0)
-ON CONFLICT (name) DO UPDATE SET fence = fence + 1
+ON CONFLICT (name) DO UPDATE SET fence = fence + 1, token = x'', owner = '', metadata = ''
 RETURNING fence`
 	insertShareSQL = `INSERT INTO dlock_shares (name, token, owner, fence, acquired_us, expires_us, metadata, mode, lim)
 VALUES (?1, ?2, ?3, ?4, ?5, ?5 + ?6, ?7, ?8, ?9)`

@@ -94,6 +94,16 @@ func TestMigrateUpgradesExclusiveOnlyTable(t *testing.T) {
 	if err := b.Release(ctx, "held", tok); err != nil {
 		t.Errorf("the old holder's release: %v", err)
 	}
+	ks, err := b.ListKeys(ctx, "")
+	if err != nil || len(ks) != 2 {
+		t.Fatalf("ListKeys after the upgrade: %+v, %v", ks, err)
+	}
+	if g := ks[0]; g.Key != "gone" || g.Fence != 7 || !g.Expired || g.Last == nil || g.FreedAt.Year() != 1970 {
+		t.Errorf("a key that expired before the upgrade: %+v", g)
+	}
+	if h := ks[1]; h.Key != "held" || h.Fence != 41 || h.Expired || h.Last == nil || h.Last.Owner != "alice" || time.Since(h.FreedAt) > time.Minute {
+		t.Errorf("a key released after the upgrade: %+v", h)
+	}
 	for _, c := range []struct {
 		key   string
 		mode  dlock.Mode
@@ -352,5 +362,39 @@ func TestListAndForceReleaseSeeEveryHolder(t *testing.T) {
 	}
 	if err := b.ForceRelease(ctx, base+"b"); err != nil {
 		t.Errorf("ForceRelease of a limited key: %v", err)
+	}
+}
+
+// TestListKeysAfterSharedHolders checks that a key whose last holder was
+// shared names no last holder (the row keeps only exclusive ones) and says
+// when it was released.
+func TestListKeysAfterSharedHolders(t *testing.T) {
+	b := open(t, filepath.Join(t.TempDir(), "locks.db"))
+	ctx := context.Background()
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	k := testKey(t, "k")
+	ex := request(k, dlock.ModeExclusive, 0)
+	ex.Owner = "writer"
+	acquire(t, b, ex)
+	if err := b.Release(ctx, k, ex.Token); err != nil {
+		t.Fatal(err)
+	}
+	sh := request(k, dlock.ModeShared, 0)
+	res := acquire(t, b, sh)
+	if !res.Acquired {
+		t.Fatalf("shared acquisition of a free key: %+v", res)
+	}
+	before := time.Now()
+	if err := b.Release(ctx, k, sh.Token); err != nil {
+		t.Fatal(err)
+	}
+	ks, err := b.ListKeys(ctx, k)
+	if err != nil || len(ks) != 1 {
+		t.Fatalf("ListKeys: %+v, %v", ks, err)
+	}
+	if g := ks[0]; g.Fence != res.Fence || g.Last != nil || g.Expired || g.FreedAt.Before(before.Add(-time.Second)) || len(g.Holders) != 0 {
+		t.Errorf("a key last held shared: %+v; want fence %d, no last holder, freed after %v", g, res.Fence, before)
 	}
 }

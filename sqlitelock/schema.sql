@@ -10,7 +10,8 @@ CREATE TABLE IF NOT EXISTS "dlock_locks" (
   acquired_us INTEGER NOT NULL,              -- Unix µs, host clock read by SQLite
   expires_us  INTEGER NOT NULL,              -- Unix µs; past = no exclusive holder
   metadata    TEXT    NOT NULL DEFAULT '',
-  writer_us   INTEGER NOT NULL DEFAULT 0     -- Unix µs; until then new shared requests wait for a writer
+  writer_us   INTEGER NOT NULL DEFAULT 0,    -- Unix µs; until then new shared requests wait for a writer
+  freed_us    INTEGER NOT NULL DEFAULT 0     -- Unix µs of the key's last release in any mode; 0 = none recorded
 ) WITHOUT ROWID;
 -- Shared and limited holders, one row each; a row goes at its release.
 CREATE TABLE IF NOT EXISTS "dlock_shares" (

@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/keylist"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -77,17 +78,30 @@ UNION ALL
 SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `, mode, lim
 FROM dlock_shares WHERE expires_us > ` + now + ` AND substr(name, 1, length(?1)) = ?1
 ORDER BY 1, 4`
+	// listKeysSQL reads every key's row (fence 0: made for a shared
+	// request and never granted), whether it is held, and whether its
+	// last holder was exclusive (a shared or limited grant clears the
+	// row's holder), then expired (a release sets expires_us to 0).
+	listKeysSQL = `SELECT name, fence, token, owner, metadata, acquired_us,
+  expires_us > ` + now + ` OR EXISTS (SELECT 1 FROM dlock_shares s WHERE s.name = l.name AND s.expires_us > ` + now + `),
+  length(token) > 0, length(token) > 0 AND expires_us <> 0, expires_us, freed_us, ` + now + `
+FROM dlock_locks l WHERE fence > 0 AND substr(name, 1, length(?1)) = ?1 ORDER BY name`
 	extendSQL      = `UPDATE dlock_locks SET expires_us = ` + now + ` + ?1 WHERE name = ?2 AND token = ?3 AND expires_us > ` + now
 	extendShareSQL = `UPDATE dlock_shares SET expires_us = ` + now + ` + ?1 WHERE name = ?2 AND token = ?3 AND expires_us > ` + now
-	releaseSQL     = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND token = ? AND expires_us > ` + now
-	// releaseShareSQL deletes the row: the key's fence is in dlock_locks.
+	// A release sets expires_us to 0, not to now, so that a host clock
+	// that steps back cannot keep the key held, and records its time in
+	// freed_us (listKeysSQL).
+	releaseSQL = `UPDATE dlock_locks SET expires_us = 0, freed_us = ` + now + ` WHERE name = ? AND token = ? AND expires_us > ` + now
+	// releaseShareSQL deletes the row: the key's fence is in dlock_locks,
+	// where freedSQL then records the release.
 	releaseShareSQL = `DELETE FROM dlock_shares WHERE name = ? AND token = ? AND expires_us > ` + now
+	freedSQL        = `UPDATE dlock_locks SET freed_us = ` + now + ` WHERE name = ?`
 	// A holder's metadata changes only while its lease is unexpired. SQLite
 	// counts every row an UPDATE matches as changed, even to the value it
 	// had.
 	setMetadataSQL       = `UPDATE dlock_locks SET metadata = ? WHERE name = ? AND token = ? AND expires_us > ` + now
 	setShareMetadataSQL  = `UPDATE dlock_shares SET metadata = ? WHERE name = ? AND token = ? AND expires_us > ` + now
-	forceReleaseSQL      = `UPDATE dlock_locks SET expires_us = 0 WHERE name = ? AND expires_us > ` + now
+	forceReleaseSQL      = `UPDATE dlock_locks SET expires_us = 0, freed_us = ` + now + ` WHERE name = ? AND expires_us > ` + now
 	forceReleaseShareSQL = `DELETE FROM dlock_shares WHERE name = ? AND expires_us > ` + now
 )
 
@@ -104,6 +118,7 @@ var (
 	_ dlock.ForceReleaser  = (*Backend)(nil)
 	_ dlock.Sharer         = (*Backend)(nil)
 	_ dlock.MetadataSetter = (*Backend)(nil)
+	_ dlock.KeyLister      = (*Backend)(nil)
 )
 
 // Open opens (creating if needed) the SQLite file at path in WAL mode with a
@@ -182,26 +197,32 @@ func (b *Backend) Migrate(ctx context.Context) error {
 const migrateBusyTimeout = 10 * time.Second
 
 // schemaStateSQL tells whether dlock_locks exists, whether it has the
-// writer mark's column, and whether dlock_shares exists.
+// writer mark's and the release time's columns, and whether dlock_shares
+// exists.
 const schemaStateSQL = `SELECT
   (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_locks'),
   (SELECT count(*) FROM pragma_table_info('dlock_locks') WHERE name = 'writer_us'),
+  (SELECT count(*) FROM pragma_table_info('dlock_locks') WHERE name = 'freed_us'),
   (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_shares')`
 
 // upgradeSQL brings a dlock_locks table made before the shared modes up to
-// date; schemaSQL then adds dlock_shares.
-const upgradeSQL = `ALTER TABLE "dlock_locks" ADD COLUMN writer_us INTEGER NOT NULL DEFAULT 0`
+// date; schemaSQL then adds dlock_shares. upgradeFreedSQL adds the release
+// time (dlock.KeyLister) to one made before it.
+const (
+	upgradeSQL      = `ALTER TABLE "dlock_locks" ADD COLUMN writer_us INTEGER NOT NULL DEFAULT 0`
+	upgradeFreedSQL = `ALTER TABLE "dlock_locks" ADD COLUMN freed_us INTEGER NOT NULL DEFAULT 0`
+)
 
 // schemaState is what schemaStateSQL finds.
-type schemaState struct{ locks, writerCol, shares bool }
+type schemaState struct{ locks, writerCol, freedCol, shares bool }
 
 func readSchemaState(ctx context.Context, q querier) (schemaState, error) {
 	var st schemaState
-	err := q.QueryRowContext(ctx, schemaStateSQL).Scan(&st.locks, &st.writerCol, &st.shares)
+	err := q.QueryRowContext(ctx, schemaStateSQL).Scan(&st.locks, &st.writerCol, &st.freedCol, &st.shares)
 	return st, err
 }
 
-func (st schemaState) current() bool { return st.locks && st.writerCol && st.shares }
+func (st schemaState) current() bool { return st.locks && st.writerCol && st.freedCol && st.shares }
 
 func (b *Backend) migrate(ctx context.Context) error {
 	st, err := readSchemaState(ctx, b.db)
@@ -219,6 +240,11 @@ func (b *Backend) migrate(ctx context.Context) error {
 	}
 	if st.locks && !st.writerCol {
 		if _, err := tx.ExecContext(ctx, upgradeSQL); err != nil {
+			return err
+		}
+	}
+	if st.locks && !st.freedCol {
+		if _, err := tx.ExecContext(ctx, upgradeFreedSQL); err != nil {
 			return err
 		}
 	}
@@ -315,6 +341,11 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	n, err := affected(b.db.ExecContext(ctx, releaseSQL, key, token[:]))
 	if err == nil && n == 0 {
 		n, err = affected(b.db.ExecContext(ctx, releaseShareSQL, key, token[:]))
+		if err == nil && n > 0 {
+			// After the release itself, which this does not undo if it
+			// fails: the time is for operators only.
+			_, _ = b.db.ExecContext(ctx, freedSQL, key)
+		}
 	}
 	if err != nil {
 		return wrap("release", err)
@@ -356,6 +387,9 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 		return wrap("force release", err)
 	}
 	m, err := affected(tx.ExecContext(ctx, forceReleaseShareSQL, key))
+	if err == nil && m > 0 {
+		_, err = tx.ExecContext(ctx, freedSQL, key)
+	}
 	if err != nil {
 		return wrap("force release", err)
 	}
@@ -413,4 +447,52 @@ func query(ctx context.Context, q querier, stmt string, args ...any) ([]holder, 
 		out = append(out, h)
 	}
 	return out, rows.Err()
+}
+
+// ListKeys implements dlock.KeyLister: every key's row (rows are kept after
+// release), with its holders as List reports them. A free key's last
+// holder is known when it was exclusive: the row keeps its owner, metadata,
+// token and fence. A shared or limited holder's row goes with its release,
+// and such a key has no Last and no Expired, and its FreedAt is its last
+// release. A release made by a version that did not record its time has
+// no FreedAt. The holders are read by a second statement, so a key granted
+// between the two shows as held.
+func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo, error) {
+	rows, err := b.db.QueryContext(ctx, listKeysSQL, prefix)
+	if err != nil {
+		return nil, wrap("list keys", err)
+	}
+	defer rows.Close()
+	t := time.Now()
+	var out []dlock.KeyInfo
+	for rows.Next() {
+		var (
+			r                                     keylist.Row
+			token                                 []byte
+			acquiredUs, expiresUs, freedUs, nowUs int64
+		)
+		if err := rows.Scan(&r.Last.Key, &r.Last.Fence, &token, &r.Last.Owner, &r.Last.Metadata, &acquiredUs,
+			&r.Held, &r.LastKnown, &r.Expired, &expiresUs, &freedUs, &nowUs); err != nil {
+			return nil, wrap("list keys", err)
+		}
+		copy(r.Last.Token[:], token)
+		r.Last.AcquiredAt = time.UnixMicro(acquiredUs)
+		switch {
+		case r.Expired:
+			r.Ended = usec(expiresUs - nowUs)
+		case freedUs > 0:
+			r.Ended = usec(freedUs - nowUs)
+		default:
+			r.EndUnknown = true
+		}
+		out = append(out, r.Info(t))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("list keys", err)
+	}
+	hs, err := b.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	return keylist.MergeHolders(out, hs), nil
 }

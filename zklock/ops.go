@@ -241,7 +241,34 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 // leader's clock read as the local one; nodes whose lease has run out by
 // that reading are left out.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
-	out, err := run(ctx, func() ([]dlock.LockInfo, error) {
+	out, err := eachKey(ctx, b, prefix, b.holders, func(h dlock.LockInfo) string { return h.Key })
+	if err != nil {
+		return nil, fmt.Errorf("zklock: list: %w", err)
+	}
+	return out, nil
+}
+
+var _ dlock.WaiterLister = (*Backend)(nil)
+
+// ListWaiters implements dlock.WaiterLister: the live nodes that do not
+// hold their key, in queue order (the order they will be served), with
+// Since the time their current wait began. A waiter's node stays queued
+// between two AcquireWait calls of one acquisition, so a Locker's waiter
+// shows for its whole wait; writer marks, which an exclusive TryAcquire
+// leaves, are not waiters. It costs what List costs.
+func (b *Backend) ListWaiters(ctx context.Context, prefix string) ([]dlock.WaiterInfo, error) {
+	out, err := eachKey(ctx, b, prefix, b.waiters, func(w dlock.WaiterInfo) string { return w.Key })
+	if err != nil {
+		return nil, fmt.Errorf("zklock: list waiters: %w", err)
+	}
+	return out, nil
+}
+
+// eachKey calls of for every key under the root that starts with prefix
+// (16 at a time) and returns what they return, ordered by key (keyOf) and
+// then as of returned them.
+func eachKey[T any](ctx context.Context, b *Backend, prefix string, of func(key string) ([]T, error), keyOf func(T) string) ([]T, error) {
+	return run(ctx, func() ([]T, error) {
 		names, _, err := b.c.Children(b.root)
 		if errors.Is(err, zk.ErrNoNode) {
 			return nil, nil
@@ -259,7 +286,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 				keys = append(keys, k)
 			}
 		}
-		infos := make([][]dlock.LockInfo, len(keys))
+		found := make([][]T, len(keys))
 		errs := make([]error, len(keys))
 		sem := make(chan struct{}, 16)
 		var wg sync.WaitGroup
@@ -267,22 +294,48 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				infos[i], errs[i] = b.holders(k)
+				found[i], errs[i] = of(k)
 			})
 		}
 		wg.Wait()
 		if err := dlock.Join(errs...); err != nil {
 			return nil, err
 		}
-		var out []dlock.LockInfo
-		for _, hs := range infos {
-			out = append(out, hs...)
+		var out []T
+		for _, f := range found {
+			out = append(out, f...)
 		}
-		slices.SortStableFunc(out, func(x, y dlock.LockInfo) int { return strings.Compare(x.Key, y.Key) })
+		slices.SortStableFunc(out, func(x, y T) int { return strings.Compare(keyOf(x), keyOf(y)) })
 		return out, nil
 	}, nil)
+}
+
+// waiters describes key's waiting nodes, in queue order.
+func (b *Backend) waiters(key string) ([]dlock.WaiterInfo, error) {
+	dir := b.dir(key)
+	q, err := b.queue(dir)
 	if err != nil {
-		return nil, fmt.Errorf("zklock: list: %w", err)
+		return nil, err
+	}
+	v := b.newView(dir, q, time.Now().UnixMilli())
+	var out []dlock.WaiterInfo
+	for j := range q {
+		s, err := v.look(j)
+		if err != nil {
+			return nil, err
+		}
+		if s.dead || s.r.Mark {
+			continue
+		}
+		held, err := v.holds(j)
+		if err != nil {
+			return nil, err
+		}
+		if !held {
+			h := v.holderInfo(key, j)
+			out = append(out, dlock.WaiterInfo{Key: key, Owner: h.Owner, Token: h.Token, Metadata: h.Metadata,
+				Mode: h.Mode, Limit: h.Limit, Since: h.AcquiredAt})
+		}
 	}
 	return out, nil
 }

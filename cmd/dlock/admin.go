@@ -17,17 +17,29 @@ import (
 )
 
 func (a *app) listCmd() *cobra.Command {
-	var asJSON bool
+	var asJSON, waiters, all bool
 	cmd := &cobra.Command{
 		Use:   "list [PREFIX]",
-		Short: "List held locks",
+		Short: "List held locks, who waits for them, or every key",
+		Long: `list shows the locks held on keys starting with PREFIX.
+
+--waiters shows instead the acquisitions waiting for them, where the store
+records them (etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB); --all shows every key
+the store keeps a record of, free ones too, with the last holder, when it was
+released or expired, and the last fencing token (MySQL/MariaDB lease,
+PostgreSQL lease, SQLite). A store that cannot tell says so and exits 64.`,
 		Example: `  dlock list
-  dlock list cron: --json`,
+  dlock list cron: --json
+  dlock list --waiters nightly-
+  dlock list --all nightly-report`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			prefix := ""
 			if len(args) == 1 {
 				prefix = args[0]
+			}
+			if waiters && all {
+				return usageError("--waiters and --all do not go together")
 			}
 			ctx := a.ctx
 			s, err := a.openStore(ctx, false)
@@ -35,6 +47,12 @@ func (a *app) listCmd() *cobra.Command {
 				return err
 			}
 			defer s.close()
+			switch {
+			case waiters:
+				return a.listWaiters(ctx, s, prefix, asJSON)
+			case all:
+				return a.listKeys(ctx, s, prefix, asJSON)
+			}
 			locks, err := dlock.New(s.backend, nil).List(ctx, prefix)
 			if err != nil {
 				return a.storeErr(s, err)
@@ -45,22 +63,33 @@ func (a *app) listCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "KEY\tMODE\tOWNER\tTOKEN\tACQUIRED\tEXPIRES IN\tMETADATA")
 			for _, l := range locks {
-				owner := l.Owner
-				if owner == "" {
-					owner = "-"
-				}
-				expires := "-" // session locks: as long as the holder's session
-				if !l.ExpiresAt.IsZero() {
-					expires = time.Until(l.ExpiresAt).Round(100 * time.Millisecond).String()
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", printable(l.Key), listMode(l), printable(owner), l.Fence,
-					l.AcquiredAt.Local().Format(listTime), expires, printable(l.Metadata))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", printable(l.Key), listMode(l), orDash(l.Owner), l.Fence,
+					l.AcquiredAt.Local().Format(listTime), expiresIn(l), printable(l.Metadata))
 			}
 			return tw.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&waiters, "waiters", false, "list who waits for the keys, not who holds them")
+	cmd.Flags().BoolVar(&all, "all", false, "list free keys too, with their last holder")
 	return cmd
+}
+
+// orDash is s for a table cell, printable, or "-" when empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return printable(s)
+}
+
+// expiresIn is a holder's remaining lease for a table, or "-" for a
+// session lock, which lasts as long as its holder's session.
+func expiresIn(l dlock.LockInfo) string {
+	if l.ExpiresAt.IsZero() {
+		return "-"
+	}
+	return time.Until(l.ExpiresAt).Round(100 * time.Millisecond).String()
 }
 
 // listMode is a holder's mode in dlock list's table, one word:
@@ -110,19 +139,28 @@ type jsonLock struct {
 func (a *app) printJSON(locks []dlock.LockInfo) error {
 	out := make([]jsonLock, len(locks))
 	for i, l := range locks {
-		out[i] = jsonLock{Key: l.Key, Owner: l.Owner, OwnerToken: l.Token.String(), Token: l.Fence,
-			AcquiredAt: l.AcquiredAt.UTC(), Metadata: l.Metadata, Mode: l.Mode.String()}
-		if l.Mode == dlock.ModeLimited {
-			out[i].Limit = l.Limit
-		}
-		if !l.ExpiresAt.IsZero() {
-			at, in := l.ExpiresAt.UTC(), time.Until(l.ExpiresAt).Seconds()
-			out[i].ExpiresAt, out[i].ExpiresIn = &at, &in
-		}
+		out[i] = newJSONLock(l)
 	}
+	return a.encodeJSON(out)
+}
+
+func newJSONLock(l dlock.LockInfo) jsonLock {
+	j := jsonLock{Key: l.Key, Owner: l.Owner, OwnerToken: l.Token.String(), Token: l.Fence,
+		AcquiredAt: l.AcquiredAt.UTC(), Metadata: l.Metadata, Mode: l.Mode.String()}
+	if l.Mode == dlock.ModeLimited {
+		j.Limit = l.Limit
+	}
+	if !l.ExpiresAt.IsZero() {
+		at, in := l.ExpiresAt.UTC(), time.Until(l.ExpiresAt).Seconds()
+		j.ExpiresAt, j.ExpiresIn = &at, &in
+	}
+	return j
+}
+
+func (a *app) encodeJSON(v any) error {
 	enc := json.NewEncoder(a.stdout)
 	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return enc.Encode(v)
 }
 
 func (a *app) releaseCmd() *cobra.Command {

@@ -35,6 +35,8 @@ type guardWaiter struct{ *guard }
 // ErrUnsupported, or false, where the store's Backend lacks it).
 var (
 	_ dlock.Lister         = (*guard)(nil)
+	_ dlock.WaiterLister   = (*guard)(nil)
+	_ dlock.KeyLister      = (*guard)(nil)
 	_ dlock.ForceReleaser  = (*guard)(nil)
 	_ dlock.LossReporter   = (*guard)(nil)
 	_ dlock.Sharer         = (*guard)(nil)
@@ -172,6 +174,28 @@ func (g *guard) List(ctx context.Context, prefix string) ([]dlock.LockInfo, erro
 	}
 	return bounded(g, ctx, "a listing", func(ctx context.Context) ([]dlock.LockInfo, error) {
 		return l.List(ctx, prefix)
+	})
+}
+
+// ListWaiters passes dlock.WaiterLister through, bounded as List.
+func (g *guard) ListWaiters(ctx context.Context, prefix string) ([]dlock.WaiterInfo, error) {
+	l, ok := g.b.(dlock.WaiterLister)
+	if !ok {
+		return nil, dlock.ErrUnsupported
+	}
+	return bounded(g, ctx, "a listing", func(ctx context.Context) ([]dlock.WaiterInfo, error) {
+		return l.ListWaiters(ctx, prefix)
+	})
+}
+
+// ListKeys passes dlock.KeyLister through, bounded as List.
+func (g *guard) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo, error) {
+	l, ok := g.b.(dlock.KeyLister)
+	if !ok {
+		return nil, dlock.ErrUnsupported
+	}
+	return bounded(g, ctx, "a listing", func(ctx context.Context) ([]dlock.KeyInfo, error) {
+		return l.ListKeys(ctx, prefix)
 	})
 }
 

@@ -1,0 +1,88 @@
+package pglock
+
+import (
+	"context"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/keylist"
+)
+
+var (
+	_ dlock.WaiterLister = (*Backend)(nil)
+	_ dlock.KeyLister    = (*Backend)(nil)
+)
+
+// ListWaiters implements dlock.WaiterLister: the live entries of the
+// waiter queue, by key and then in queue order, with Since the time the
+// entry was queued. An acquisition queues when the Locker waits for the key
+// (AcquireWait) and leaves the queue when it takes the key or gives up; an
+// entry of a waiter that vanished lapses within the Backend's grace period.
+// Entries written before the queue recorded owners have none. With a
+// negative Options.Grace there is no queue, and the list is always empty.
+func (b *Backend) ListWaiters(ctx context.Context, prefix string) ([]dlock.WaiterInfo, error) {
+	rows, err := b.pool.Query(ctx, b.q.listWaiters, []byte(prefix))
+	if err != nil {
+		return nil, wrapErr(b.tb, "list waiters", err)
+	}
+	defer rows.Close()
+	now := time.Now()
+	var out []dlock.WaiterInfo
+	for rows.Next() {
+		var (
+			name, token []byte
+			w           dlock.WaiterInfo
+			lim         int32
+			sinceUs     int64
+		)
+		if err := rows.Scan(&name, &token, &w.Owner, &w.Metadata, &lim, &sinceUs); err != nil {
+			return nil, wrapErr(b.tb, "list waiters", err)
+		}
+		w.Key, w.Since = string(name), now.Add(time.Duration(sinceUs)*time.Microsecond)
+		copy(w.Token[:], token)
+		w.Mode, w.Limit = modeOf(lim)
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrapErr(b.tb, "list waiters", err)
+	}
+	return out, nil
+}
+
+// ListKeys implements dlock.KeyLister: every key's row (rows are kept
+// after release), with its holders as List reports them. A free key's last
+// holder is known when its last grant was exclusive: the row keeps that
+// holder; shared and limited holders' rows go with their release, and such
+// a key has no Last. Keys released by a version that did not record
+// releases show as expired. The holders are read by a second statement, so
+// a key granted or freed between the two may show the later state.
+func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo, error) {
+	rows, err := b.pool.Query(ctx, b.q.listKeys, []byte(prefix))
+	if err != nil {
+		return nil, wrapErr(b.tb, "list keys", err)
+	}
+	defer rows.Close()
+	now := time.Now()
+	var out []dlock.KeyInfo
+	for rows.Next() {
+		var (
+			h       holderRow
+			r       keylist.Row
+			endedUs int64
+		)
+		if err := rows.Scan(&h.name, &h.fence, &h.token, &h.owner, &h.metadata, &h.acquiredAt, &r.Held, &r.LastKnown, &r.Expired, &endedUs); err != nil {
+			return nil, wrapErr(b.tb, "list keys", err)
+		}
+		r.Last, _ = h.info("", now)
+		r.Ended = time.Duration(endedUs) * time.Microsecond
+		out = append(out, r.Info(now))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrapErr(b.tb, "list keys", err)
+	}
+	hs, err := b.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	return keylist.MergeHolders(out, hs), nil
+}
