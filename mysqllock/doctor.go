@@ -27,10 +27,13 @@ func (f Finding) String() string {
 
 // Check reports the server settings under which the lease strategy's
 // guarantees do not hold: commits that are not durable (a grant can be
-// lost in a crash, and its fence handed out again). None of them
-// can be overridden per transaction. No finding and no error means that
-// nothing known to be unsafe was found; settings outside the server, such
-// as asynchronous replicas that a failover promotes, are not seen.
+// lost in a crash, and its fence handed out again), replicas that a
+// failover could promote without the last grants (replication that is not
+// semi-synchronous with wait point AFTER_SYNC), and a server that is itself
+// a replica. None of them can be overridden per transaction. No finding and
+// no error means that nothing known to be unsafe was found; replicas are
+// seen only while attached, and only with the privileges that SHOW REPLICA
+// HOSTS or the process list need.
 func (b *Backend) Check(ctx context.Context) ([]Finding, error) {
 	return checkServer(ctx, b.db, false)
 }
@@ -74,6 +77,11 @@ func checkServer(ctx context.Context, db querier, session bool) ([]Finding, erro
 			Fix:     "SET GLOBAL sync_binlog = 1",
 		})
 	}
+	r, err := readReplication(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: check replication: %w", err)
+	}
+	out = append(out, replicationFindings(r)...)
 	if session {
 		var on sql.NullString
 		err := queryRow(ctx, db, "SELECT @@wsrep_on", &on)

@@ -87,3 +87,9 @@ func IdleSessionsTwice(g *GetLock) bool {
 	}
 	return false
 }
+
+// Replication is what Check reads of a server's replication.
+type Replication = replication
+
+// ReplicationFindings decides Check's replication findings.
+var ReplicationFindings = replicationFindings

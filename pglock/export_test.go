@@ -45,3 +45,12 @@ func SessionCounts(a *Advisory) (counts []int, held int) {
 	}
 	return counts, held
 }
+
+// Replication is what Check reads of a server's replication.
+type Replication = replication
+
+// Standby is a row of pg_stat_replication.
+type Standby = standby
+
+// ReplicationFindings decides Check's replication findings.
+var ReplicationFindings = replicationFindings

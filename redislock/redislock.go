@@ -62,9 +62,11 @@
 // locked. Run Redis with maxmemory-policy noeviction (the default): an
 // evicted lock frees it early, an evicted counter can reset it. Without
 // persistence a restart frees every lock at once; with a replica, a failover
-// can lose the newest acquisitions (replication is asynchronous). Where that
-// matters, use Redlock over independent servers or a consensus store, and
-// pass the fence to the resources you guard. Every client of a key must run
+// can lose the newest acquisitions (replication is asynchronous), unless
+// Options.MinReplicas makes each grant and extension wait for replicas to
+// acknowledge it. Even then Redis is not strongly consistent: see
+// docs/replication.md. Where that matters, use a consensus store, and pass
+// the fence to the resources you guard. Every client of a key must run
 // a version of this package that knows the modes: an older one sees no
 // holder in a key held shared or limited. Likewise a watch sees the grants
 // of clients whose version publishes them (the one that added Watch and
@@ -131,6 +133,20 @@ type Options struct {
 	// or '}', which would change the cluster hash tags. The default is
 	// DefaultPrefix.
 	Prefix string
+
+	// MinReplicas is how many replicas must acknowledge each grant and
+	// each extension before it counts. After the script, on the same
+	// connection, the Backend sends WAIT MinReplicas with a timeout of a
+	// quarter of the lease, cut to the caller's deadline: a grant that
+	// fewer replicas acknowledge in time is released and reported as an
+	// error matching ErrNotReplicated, and so is an extension (the lease
+	// may still be held; the Locker retries it until its safe deadline).
+	// WAIT makes a failover to an acknowledging replica keep the grant; it
+	// does not make Redis strongly consistent (see docs/replication.md).
+	// It needs a client of one server (*redis.Client, also Sentinel's
+	// failover client), and must not be negative. The default, 0, waits
+	// for no replica and costs no round trip.
+	MinReplicas int
 }
 
 // Backend is a dlock.Backend on one Redis deployment (a server, a Sentinel
@@ -146,6 +162,9 @@ type Backend struct {
 	// Sentinel's): its renewals go in scripts of many keys each, which
 	// Redis Cluster would refuse (the keys live in different slots).
 	oneNode bool
+	// minReplicas is Options.MinReplicas; server is the client then.
+	minReplicas int
+	server      *redis.Client
 }
 
 var (
@@ -187,13 +206,19 @@ var (
 )
 
 // New returns a Backend over c. It does no I/O. The error matches
-// dlock.ErrInvalidOption for a nil client or a bad prefix.
+// dlock.ErrInvalidOption for a nil client, a bad prefix, a negative
+// MinReplicas, or a MinReplicas with a client of several servers.
 func New(c Client, opts *Options) (*Backend, error) {
 	b, err := newBackend(c, opts)
 	if err != nil {
 		return nil, err
 	}
 	b.clockFloor = true
+	if opts != nil && opts.MinReplicas != 0 {
+		if err := b.setMinReplicas(opts.MinReplicas); err != nil {
+			return nil, err
+		}
+	}
 	return b, nil
 }
 
@@ -290,7 +315,15 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err != nil {
 		return dlock.Result{}, err
 	}
+	if b.minReplicas > 0 {
+		return b.acquireReplicated(ctx, req, script, args)
+	}
 	v, err := script.Run(ctx, b.c, b.acquireKeys(req.Key), args...).Slice()
+	return acquireResult(req, v, err)
+}
+
+// acquireResult reads the reply of req's acquisition script.
+func acquireResult(req dlock.Request, v []any, err error) (dlock.Result, error) {
 	if err != nil {
 		return dlock.Result{}, fmt.Errorf("redislock: acquire %q: %w", req.Key, err)
 	}
@@ -391,7 +424,15 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		per = extendChunk
 	}
 	span := func(j int) (lo, hi int) { return j * per, min((j+1)*per, len(leases)) }
-	cmds := b.runEach(ctx, extendScript, (len(leases)+per-1)/per, func(j int) ([]string, []any) {
+	var on pipeliner = b.c
+	var conn *redis.Conn
+	if b.minReplicas > 0 {
+		// WAIT counts the writes of its own connection.
+		conn = b.server.Conn()
+		defer conn.Close()
+		on = conn
+	}
+	cmds := b.runEach(ctx, on, extendScript, (len(leases)+per-1)/per, func(j int) ([]string, []any) {
 		lo, hi := span(j)
 		keys, argv := make([]string, 0, 3*(hi-lo)), make([]any, 0, 2*(hi-lo))
 		for _, l := range leases[lo:hi] {
@@ -401,7 +442,7 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		return keys, argv
 	})
 	errs := make([]error, len(leases))
-	failed := 0
+	failed, extended := 0, 0
 	for j, c := range cmds {
 		lo, hi := span(j)
 		renewed, err := c.Int64Slice()
@@ -415,6 +456,20 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 				failed++
 			case renewed[i-lo] == 0:
 				errs[i] = dlock.ErrNotHeld
+			default:
+				extended++
+			}
+		}
+	}
+	if conn != nil && extended > 0 {
+		if err := b.awaitReplicas(ctx, conn, minTTL(leases)); err != nil {
+			// Extended on the primary alone. Not ErrNotHeld: the lease may
+			// still be held, and the Locker retries it.
+			for i, e := range errs {
+				if e == nil {
+					errs[i] = fmt.Errorf("redislock: extend %q: %w", leases[i].Key, err)
+					failed++
+				}
 			}
 		}
 	}
@@ -424,16 +479,19 @@ func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 	return errs, nil
 }
 
+// pipeliner is what runs a pipeline: the client, or one of its connections.
+type pipeliner interface{ Pipeline() redis.Pipeliner }
+
 // runEach runs script s n times in one pipeline with the keys and arguments
 // args(i) gives, by digest, then runs again with the script's body those the
 // server had not cached (after a restart or SCRIPT FLUSH). A NOSCRIPT call
 // did nothing, so repeating it is safe.
-func (b *Backend) runEach(ctx context.Context, s *redis.Script, n int, args func(i int) ([]string, []any)) []*redis.Cmd {
+func (b *Backend) runEach(ctx context.Context, on pipeliner, s *redis.Script, n int, args func(i int) ([]string, []any)) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, n)
 	if n == 0 {
 		return cmds
 	}
-	pipe := b.c.Pipeline()
+	pipe := on.Pipeline()
 	for i := range n {
 		keys, argv := args(i)
 		cmds[i] = s.EvalSha(ctx, pipe, keys, argv...)
@@ -446,7 +504,7 @@ func (b *Backend) runEach(ctx context.Context, s *redis.Script, n int, args func
 		}
 	}
 	if len(again) > 0 {
-		pipe = b.c.Pipeline()
+		pipe = on.Pipeline()
 		for _, i := range again {
 			keys, argv := args(i)
 			cmds[i] = s.Eval(ctx, pipe, keys, argv...)
@@ -502,7 +560,7 @@ func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, er
 			keys = append(keys, k)
 		}
 	}
-	cmds := b.runEach(ctx, infoScript, len(keys), func(i int) ([]string, []any) {
+	cmds := b.runEach(ctx, b.c, infoScript, len(keys), func(i int) ([]string, []any) {
 		return b.modeKeys(keys[i]), nil
 	})
 	now := time.Now()

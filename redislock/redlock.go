@@ -71,6 +71,11 @@ type RedlockOptions struct {
 // when correctness depends on the lock, have the guarded resource check the
 // token, or use a consensus store (etcd, ZooKeeper).
 //
+// A Redlock has no MinReplicas: its servers are meant to have no replicas,
+// and its safety rests on the majority, not on any one server's copies. A
+// server that does have a replica and fails over to it counts, like a
+// restart without persistence, as a server that lost its data.
+//
 // Release and ForceRelease publish on every server; AcquireWait subscribes
 // on every reachable server and wakes on the first message.
 //

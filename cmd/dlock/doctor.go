@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -138,9 +139,10 @@ func pgDoctor(pool *pgxpool.Pool) doctorFunc {
 }
 
 // redisDoctor reads INFO (and CONFIG where allowed) for the settings that
-// decide whether leases and fencing counters survive a restart, and
-// whether lock keys can be evicted.
-func redisDoctor(c *redis.Client) doctorFunc {
+// decide whether leases and fencing counters survive a restart or a
+// failover, and whether lock keys can be evicted. minReplicas is the
+// store URL's min_replicas.
+func redisDoctor(c *redis.Client, minReplicas int) doctorFunc {
 	return func(ctx context.Context) ([]finding, error) {
 		raw, err := c.Info(ctx, "persistence", "memory", "replication").Result()
 		if err != nil {
@@ -161,16 +163,33 @@ func redisDoctor(c *redis.Client) doctorFunc {
 			out = append(out, finding{text: "maxmemory-policy=" + policy + " with maxmemory set: Redis can evict lock keys and fencing counters " +
 				"when memory runs short (a held lock becomes free); fix: CONFIG SET maxmemory-policy noeviction, or a Redis of its own for locks"})
 		}
-		switch {
-		case info["role"] == "slave":
+		if info["role"] == "slave" {
 			out = append(out, finding{text: "this server is a replica: lock writes fail or go to a copy that a failover may not keep; " +
 				"fix: point --db at the primary"})
-		case info["connected_slaves"] != "" && info["connected_slaves"] != "0":
-			out = append(out, finding{text: "connected_slaves=" + info["connected_slaves"] + ": replication is asynchronous, so a failover " +
-				"to a replica can lose recent grants (two holders, a repeated fence); fix: a Redis without failover for locks, or Redlock over independent servers"})
+		} else {
+			replicas, _ := strconv.Atoi(info["connected_slaves"])
+			out = append(out, redisReplicationFindings(replicas, minReplicas)...)
 		}
 		return out, nil
 	}
+}
+
+// redisReplicationFindings compares a primary's connected replicas with
+// the replicas each grant waits for (min_replicas).
+func redisReplicationFindings(replicas, minReplicas int) []finding {
+	switch {
+	case minReplicas > replicas:
+		return []finding{{text: fmt.Sprintf("min_replicas=%d but connected_slaves=%d: every acquisition waits for replicas that are not there, "+
+			"and fails; fix: attach the replicas, or lower min_replicas", minReplicas, replicas)}}
+	case replicas > 0 && minReplicas == 0:
+		return []finding{{text: fmt.Sprintf("connected_slaves=%d: replication is asynchronous, so a Sentinel failover "+
+			"to a replica can lose recent grants (two holders, a repeated fence); fix: min_replicas=%d in the store URL "+
+			"(each grant waits for the replicas to acknowledge it), or a Redis without failover for locks", replicas, replicas)}}
+	case replicas > 0:
+		return []finding{{info: true, text: fmt.Sprintf("each grant waits for %d of %d replicas (min_replicas): a failover keeps it "+
+			"only if the replica promoted is one that acknowledged; Redis stays not strongly consistent (see docs/replication.md)", minReplicas, replicas)}}
+	}
+	return nil
 }
 
 func parseRedisInfo(raw string) map[string]string {

@@ -96,6 +96,38 @@ func TestDoctorRedis(t *testing.T) {
 	if r := run(t, env{"DLOCK_DB=redis://" + replica + "/0"}, "doctor"); r.code != 1 || !strings.Contains(r.stdout, "replica") {
 		t.Errorf("a replica: doctor exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
+
+	// min_replicas: each grant waits for the replica; more than there are
+	// makes every acquisition fail.
+	waiting := env{"DLOCK_DB=redis://" + primary + "/0?min_replicas=1"}
+	if r := run(t, waiting, "doctor"); r.code != 0 || !strings.Contains(r.stdout, "info: each grant waits for 1 of 1 replicas") {
+		t.Errorf("a primary with a replica and min_replicas=1: doctor exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, waiting, "run", "-q", "repl", "--", "true"); r.code != 0 {
+		t.Errorf("run with min_replicas=1: exit %d %q", r.code, r.stderr)
+	}
+	tooMany := env{"DLOCK_DB=redis://" + primary + "/0?min_replicas=2"}
+	if r := run(t, tooMany, "doctor"); r.code != 1 || !strings.Contains(r.stdout, "unsafe: min_replicas=2 but connected_slaves=1") {
+		t.Errorf("min_replicas=2 with one replica: doctor exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, tooMany, "run", "-q", "repl", "--", "true"); r.code != exitFailure || !strings.Contains(r.stderr, "replicas") {
+		t.Errorf("run with min_replicas=2 and one replica: exit %d %q, want %d", r.code, r.stderr, exitFailure)
+	}
+	// The grant that was not replicated was released.
+	if r := run(t, waiting, "run", "-q", "-n", "repl", "--", "true"); r.code != 0 {
+		t.Errorf("the key after a grant that was not replicated: exit %d %q", r.code, r.stderr)
+	}
+}
+
+// TestRedisMinReplicasURL checks that a bad min_replicas is refused before
+// any I/O.
+func TestRedisMinReplicasURL(t *testing.T) {
+	for _, v := range []string{"-1", "x", "1.5"} {
+		r := run(t, env{"DLOCK_DB=redis://127.0.0.1:1/0?min_replicas=" + v}, "list")
+		if r.code != exitUsage || !strings.Contains(r.stderr, "min_replicas") {
+			t.Errorf("min_replicas=%s: exit %d %q, want %d", v, r.code, r.stderr, exitUsage)
+		}
+	}
 }
 
 // TestDoctorHealthyStores runs the doctor on the other stores: the ones the

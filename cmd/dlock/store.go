@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -196,30 +197,24 @@ func (s *store) explain(err error) error {
 	return fmt.Errorf("%s: %w", s.name, err)
 }
 
-// openRedis opens redis://[user:pass@]host:6379/db[?prefix=dlock:] (go-redis
-// URL options are accepted too).
+// openRedis opens
+// redis://[user:pass@]host:6379/db[?prefix=dlock:&min_replicas=N] (go-redis
+// URL options are accepted too). parseStore has checked min_replicas.
 func openRedis(spec *storeSpec) (*store, error) {
-	q := url.Values{}
-	for k, v := range spec.params {
-		if k != "prefix" {
-			q[k] = v
-		}
-	}
-	u2 := *spec.u
-	u2.RawQuery = q.Encode()
-	opts, err := redis.ParseURL(u2.String())
+	opts, err := redis.ParseURL(goRedisURL(spec.u, spec.params))
 	if err != nil {
 		return nil, usageError("%s: %s", spec.name, spec.scrub(redactErr(err).Error()))
 	}
+	minReplicas, _ := strconv.Atoi(spec.params.Get("min_replicas"))
 	c := redis.NewClient(opts)
-	b, err := redislock.New(c, &redislock.Options{Prefix: spec.params.Get("prefix")})
+	b, err := redislock.New(c, &redislock.Options{Prefix: spec.params.Get("prefix"), MinReplicas: minReplicas})
 	if err != nil {
 		c.Close()
 		return nil, usageError("%w", err)
 	}
 	ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
 	return &store{name: spec.name, backend: b, migrate: ping,
-		schema: "-- Redis needs no schema.", doctor: redisDoctor(c), close: c.Close}, nil
+		schema: "-- Redis needs no schema.", doctor: redisDoctor(c, minReplicas), close: c.Close}, nil
 }
 
 // openPostgres opens postgres://user:pass@host:5432/db[?strategy=lease|advisory&table=…]

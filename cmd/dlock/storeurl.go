@@ -57,7 +57,7 @@ var (
 		"pool_max_conns", "pool_min_conns", "pool_min_idle_conns", "require_auth", "search_path",
 		"service", "servicefile", "sslcert", "sslcertmode", "sslkey", "sslmode", "sslnegotiation",
 		"sslpassword", "sslrootcert", "sslsni", "statement_cache_capacity", "target_session_attrs"}
-	redisParams = []string{"prefix",
+	redisParams = []string{"prefix", "min_replicas",
 		"client_name", "conn_max_idle_time", "conn_max_lifetime", "context_timeout_enabled", "db",
 		"dial_timeout", "max_idle_conns", "max_redirects", "max_retries", "max_retry_backoff",
 		"min_idle_conns", "min_retry_backoff", "pool_fifo", "pool_size", "pool_timeout",
@@ -183,15 +183,12 @@ func parseStore(raw, source string) (*storeSpec, error) {
 			}
 		}
 	case "redis", "rediss":
-		q := url.Values{}
-		for k, v := range params {
-			if k != "prefix" {
-				q[k] = v
+		if v := params.Get("min_replicas"); v != "" {
+			if n, err := strconv.Atoi(v); err != nil || n < 0 {
+				return nil, usageError("bad min_replicas %s in %s (want a number of replicas, 0 or more)", spec.show(v), spec.name)
 			}
 		}
-		u2 := *u
-		u2.RawQuery = q.Encode()
-		if _, err := redis.ParseURL(u2.String()); err != nil {
+		if _, err := redis.ParseURL(goRedisURL(u, params)); err != nil {
 			return nil, usageError("%s: %s", spec.name, spec.scrub(redactErr(err).Error()))
 		}
 	}
@@ -204,6 +201,23 @@ func parseStore(raw, source string) (*storeSpec, error) {
 		}
 	}
 	return spec, nil
+}
+
+// dlockRedisParams are the redis:// parameters that dlock reads itself;
+// go-redis reads the others.
+var dlockRedisParams = []string{"prefix", "min_replicas"}
+
+// goRedisURL is u with only the parameters go-redis reads.
+func goRedisURL(u *url.URL, params url.Values) string {
+	q := url.Values{}
+	for k, v := range params {
+		if !slices.Contains(dlockRedisParams, k) {
+			q[k] = v
+		}
+	}
+	u2 := *u
+	u2.RawQuery = q.Encode()
+	return u2.String()
 }
 
 // redacted is the URL for messages: without the password of its user info
