@@ -246,6 +246,7 @@ func split(id uint64) (int32, int32) { return int32(id >> 32), int32(id) }
 
 type advisoryQueries struct {
 	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list, setMetadata string
+	listWaiters                                                                                    string
 	notify, forceRelease                                                                           string
 }
 
@@ -404,6 +405,17 @@ SELECT x.name, x.token, x.owner, x.fence, x.metadata, x.acquired_at, 0 FROM ` + 
 WHERE substring(x.name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
   AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND l.pid = x.pid AND ` + keyLock + `)
 ORDER BY 1, 4`,
+		// Sessions blocked in pg_advisory_lock(_shared) on a key's lock,
+		// named through the key's fencing row (a key is waited for only
+		// while held, so its row exists).
+		listWaiters: `SELECT s.name, l.mode = 'ShareLock', l.pid, COALESCE(a.usename, ''), COALESCE(host(a.client_addr), 'local'),
+  (extract(epoch FROM COALESCE(a.query_start, clock_timestamp()) - clock_timestamp()) * 1000000)::bigint
+FROM pg_locks l JOIN ` + s + ` s ON ` + keyLock + `
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 2
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND substring(s.name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
+ORDER BY 1, a.query_start, l.pid`,
 	}
 }
 

@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -85,4 +86,45 @@ func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo,
 		return nil, err
 	}
 	return keylist.MergeHolders(out, hs), nil
+}
+
+var _ dlock.WaiterLister = (*Advisory)(nil)
+
+// ListWaiters implements dlock.WaiterLister: the server sessions blocked in
+// pg_advisory_lock or pg_advisory_lock_shared on a key's lock (pg_locks rows
+// not granted), by key and then by when their statement started (Since),
+// named by Client ("pid N user@address"). PostgreSQL records no token, owner
+// or metadata for a wait. Seeing other roles' sessions' details needs
+// pg_read_all_stats (or superuser); without it Client lacks user and
+// address.
+func (a *Advisory) ListWaiters(ctx context.Context, prefix string) ([]dlock.WaiterInfo, error) {
+	rows, err := a.pool.Query(ctx, a.q.listWaiters, []byte(prefix))
+	if err != nil {
+		return nil, wrapErr(a.tb, "advisory list waiters", err)
+	}
+	defer rows.Close()
+	now := time.Now()
+	var out []dlock.WaiterInfo
+	for rows.Next() {
+		var (
+			name       []byte
+			shared     bool
+			pid        int32
+			user, addr string
+			sinceUs    int64
+		)
+		if err := rows.Scan(&name, &shared, &pid, &user, &addr, &sinceUs); err != nil {
+			return nil, wrapErr(a.tb, "advisory list waiters", err)
+		}
+		w := dlock.WaiterInfo{Key: string(name), Mode: dlock.ModeExclusive, Since: now.Add(time.Duration(sinceUs) * time.Microsecond)}
+		if shared {
+			w.Mode = dlock.ModeShared
+		}
+		w.Client = fmt.Sprintf("pid %d %s@%s", pid, user, addr)
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrapErr(a.tb, "advisory list waiters", err)
+	}
+	return out, nil
 }
