@@ -71,10 +71,17 @@ func (s *suite) minHold(t *testing.T) {
 // key from others for the delay past the TTL (counted from before the
 // acquisition was sent: a lower bound of the store's grant), and the
 // Locker does not release it behind the holder's back; a release frees the
-// key at once. A backend whose locks end with their session refuses it.
+// key at once. A backend whose locks end with their session keeps the delay
+// itself (dlock.LockDelayer) or refuses it. Its lock ends when the holder's
+// renewals fail (the Locker abandons it), not at TTL + lock-delay: the key
+// then stays held for the lock-delay after the holder was told of the loss,
+// which is the promise for both kinds (a lease's holder is told a margin
+// before its TTL).
 func (s *suite) lockDelay(t *testing.T) {
 	const d = time.Second
-	if _, ok := s.newBackend(t).(dlock.SessionBound); ok {
+	b := s.newBackend(t)
+	_, session := b.(dlock.SessionBound)
+	if _, keeps := b.(dlock.LockDelayer); session && !keeps {
 		l := lockerOver(t, s.newBackend(t))
 		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.WithLockDelay(d)); !errors.Is(err, dlock.ErrUnsupported) {
 			t.Errorf("rule: a session-bound store refuses a lock-delay; got %v, want ErrUnsupported", err)
@@ -89,12 +96,19 @@ func (s *suite) lockDelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustBeFree(t, other, released)
+	closing, _ := s.locker(t)
+	mustAcquire(t, closing, released, dlock.WithLockDelay(d))
+	if err := closing.Close(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mustBeFree(t, other, released) // Close releases: no lock-delay either
 
 	lost := key(t, "lost")
 	sent := time.Now()
 	lk = mustAcquire(t, l, lost, dlock.WithLockDelay(d))
 	f.failExtend.Store(true) // renewals fail; releases would still reach the store
 	waitDone(t, lk, 2*ttl, "a lease that cannot be renewed is reported lost after its TTL, not its TTL plus the lock-delay")
+	told := time.Now()
 	if !errors.Is(lk.Err(), dlock.ErrLockLost) {
 		t.Fatalf("Err: %v, want ErrLockLost", lk.Err())
 	}
@@ -103,7 +117,10 @@ func (s *suite) lockDelay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("rule: a lock-delay ends; the key was not free: %v", err)
 	}
-	if got := time.Since(sent); got < ttl+d {
+	if got := time.Since(told); got < d {
+		t.Errorf("rule: a lost lock keeps its key for the lock-delay (%s) after its holder is told; another client took it %s after", d, got)
+	}
+	if got := time.Since(sent); !session && got < ttl+d {
 		t.Errorf("rule: a lost lease keeps the key for TTL + lock-delay (%s); another client took it %s after the acquisition was sent", ttl+d, got)
 	}
 	_ = next.Release(context.Background())
@@ -111,7 +128,7 @@ func (s *suite) lockDelay(t *testing.T) {
 		t.Errorf("a negative lock-delay: %v, want ErrInvalidOption", err)
 	}
 	if !s.inProcess {
-		s.lockDelayKilled(t, other)
+		s.lockDelayKilled(t, other, session)
 	}
 }
 
@@ -120,21 +137,31 @@ const killedDelay = 2 * time.Second
 
 // lockDelayKilled checks the lock-delay of a holder whose process is
 // killed: its session or connection ends with it, and the key stays held
-// until TTL + lock-delay after the acquisition all the same.
-func (s *suite) lockDelayKilled(t *testing.T, other *dlock.Locker) {
+// until TTL + lock-delay after the acquisition all the same (a lease), or
+// for the lock-delay after the kill (a session lock, which the server frees
+// when the session ends: the next acquirer finds that it ended without a
+// release and keeps the key for the lock-delay from then).
+func (s *suite) lockDelayKilled(t *testing.T, other *dlock.Locker, session bool) {
 	k := key(t, "killed")
 	sent := time.Now()
 	held := s.spawnHolder(t, k, "hold-delay")
 	held.kill(t)
+	killed := time.Now()
 	next, err := other.Acquire(ctxT(t, ttl+killedDelay+s.crashBound), k, dlock.WithTTL(ttl))
 	if err != nil {
 		t.Fatalf("rule: a killed holder's lock-delay ends; the key was not free: %v", err)
 	}
-	if got := time.Since(sent); got < ttl+killedDelay {
+	switch got := time.Since(sent); {
+	case session && time.Since(killed) < killedDelay:
+		t.Errorf("rule: a killed holder's session lock stays held for the lock-delay (%s) after the kill; another client took it %s after", killedDelay, time.Since(killed))
+	case !session && got < ttl+killedDelay:
 		t.Errorf("rule: a killed holder's key stays held for TTL + lock-delay (%s); another client took it %s after the acquisition was sent", ttl+killedDelay, got)
 	}
 	if next.Fence() <= held.fence {
 		t.Errorf("fencing: %d after the killed holder's %d", next.Fence(), held.fence)
 	}
-	_ = next.Release(context.Background())
+	if err := next.Release(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mustBeFree(t, other, k) // the lock-delay was spent; a release frees at once
 }
