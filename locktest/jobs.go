@@ -130,6 +130,100 @@ func (s *suite) lockDelay(t *testing.T) {
 	if !s.inProcess {
 		s.lockDelayKilled(t, other, session)
 	}
+	if session {
+		s.lockDelayOfEndedSession(t)
+	}
+}
+
+// lockDelayOfEndedSession checks a dlock.LockDelayer at the Backend: a
+// session that ends while it holds a lock with a lock-delay (ended by
+// ForceRelease) keeps the key from every acquisition for the delay from
+// then, as a refusal with what is left of it that changes nothing (a
+// second attempt finds no more left, and the next fence follows the
+// holder's); a waiter is handed the key once the delay ends; a release
+// frees the key at once; Abandon keeps the delay as a session's end does.
+func (s *suite) lockDelayOfEndedSession(t *testing.T) {
+	const d = 2 * time.Second
+	type delayer interface {
+		dlock.Waiter
+		dlock.ForceReleaser
+		dlock.LockDelayer
+	}
+	a, b, c := s.newBackend(t), s.newBackend(t), s.newBackend(t) // c: a does not know at once that its session ended
+	bw, ok := b.(delayer)
+	if !ok {
+		t.Skip("the backend cannot end a holder's session (dlock.ForceReleaser) or wait (dlock.Waiter)")
+	}
+	ctx := ctxT(t, 30*time.Second)
+	k := key(t, "ended")
+	req := func(delay time.Duration) dlock.Request {
+		return dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl + delay, LockDelay: delay}
+	}
+	grant := func(b dlock.Backend, r dlock.Request) uint64 {
+		t.Helper()
+		res, err := b.Acquire(ctx, r)
+		if err != nil || !res.Acquired {
+			t.Fatalf("Acquire: %+v, %v; want a grant", res, err)
+		}
+		return res.Fence
+	}
+	if _, err := a.Acquire(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: ttl, LockDelay: ttl}); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("a lock-delay as long as the store's lease: %v; want ErrInvalidOption", err)
+	}
+	held := grant(a, req(d))
+	if err := bw.ForceRelease(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	ended := time.Now()
+	// The server ends the session (and frees its lock) a moment after it
+	// is told to: until then a refusal has no Remaining.
+	var left time.Duration
+	for try := 0; try < 2; {
+		res, err := b.Acquire(ctx, req(0))
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case res.Acquired:
+			t.Fatalf("rule: a lock-delay holds a key whose session ended; it was granted %s after", time.Since(ended))
+		case res.Remaining == 0 && try == 0 && time.Since(ended) < d:
+			time.Sleep(10 * time.Millisecond)
+			continue
+		case res.Remaining <= 0 || res.Remaining > d || try > 0 && res.Remaining > left:
+			t.Fatalf("attempt %d: Remaining %s; want in (0, %s], no more than the %s before", try, res.Remaining, d, left)
+		}
+		left = res.Remaining
+		try++
+	}
+	waiter := req(d)
+	var res dlock.Result
+	for !res.Acquired && ctx.Err() == nil {
+		var err error
+		if res, err = bw.AcquireWait(ctx, waiter); err != nil {
+			t.Fatal(err)
+		}
+	}
+	switch {
+	case !res.Acquired:
+		t.Fatal("rule: a lock-delay ends; a waiter was not handed the key")
+	case time.Since(ended) < d:
+		t.Errorf("rule: a lock-delay holds a key whose session ended; a waiter took it %s after, want %s", time.Since(ended), d)
+	case res.Fence <= held:
+		t.Errorf("fencing: %d after the ended holder's %d", res.Fence, held)
+	}
+	if err := b.Release(ctx, k, waiter.Token); err != nil {
+		t.Fatal(err)
+	}
+	next := req(d)
+	grant(c, next) // a release frees the key at once
+	if err := c.(dlock.LockDelayer).Abandon(ctx, k, next.Token); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.Acquire(ctx, req(0)); err != nil || res.Acquired || res.Remaining <= 0 {
+		t.Fatalf("rule: an abandoned lock keeps its lock-delay; an acquisition after Abandon: %+v, %v", res, err)
+	}
+	if err := c.Release(ctx, k, next.Token); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Errorf("Release after Abandon: %v; want ErrNotHeld", err)
+	}
 }
 
 // killedDelay is the lock-delay of the "hold-delay" helper.
