@@ -569,10 +569,10 @@ func sessionTable(table string) string { return strings.TrimSuffix(table, "`") +
 // through ex, in its own autocommit statement so that it is durable at once,
 // bumping the key's fencing counter, and returns the new fence. It runs
 // while ss holds the lock, so grants of a key are serialised. With alive,
-// the row is written only if ss is still alive (see RowLock.take); a fence
-// of 0 with a nil error then means that it was not. A grant that a
-// lock-delay refuses (see grantQuery) returns a fence of 0 and what is left
-// of the delay; the caller frees the lock.
+// the row is written only if ss is still alive (see RowLock.take), and the
+// error is errSessionGone if it was not. A grant that a lock-delay refuses
+// (see grantQuery) returns a fence of 0 and what is left of the delay; the
+// caller frees the lock.
 func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock.Request, lockName string, alive bool) (uint64, time.Duration, error) {
 	q, args := s.grantQuery, []any{req.Key, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds()}
 	if alive {

@@ -296,6 +296,9 @@ func newAdvisoryQueries(tb tables) advisoryQueries {
 	// (see Advisory.Abandon); otherwise the statement starts the delay,
 	// keeps the fence and unlocks (ul). EXCLUDED.acquired_at is the one
 	// instant, read after the lock was granted, that every column uses.
+	// The grant was made (won) if the row now has the request's token: a
+	// refusal leaves the last grant's, never this request's (after its own
+	// grant, a refusal needs another grant in between).
 	const undelayed = `s.delay_us = 0 AND s.delay_until <= EXCLUDED.acquired_at`
 	granted := func(col, val string) string {
 		return col + ` = CASE WHEN ` + undelayed + ` THEN ` + val + ` ELSE s.` + col + ` END`
