@@ -54,7 +54,7 @@ import (
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // Lister, ForceReleaser, Waiter, LossReporter, Sharer, Watcher,
-// HolderWatcher, MetadataSetter, SessionBound, TTLExtender.
+// HolderWatcher, MetadataSetter, SessionBound, LockDelayer, TTLExtender.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -219,10 +219,40 @@ type TTLExtender interface {
 // SessionBound is implemented by backends whose locks live in a server
 // session and end with it (a named lock, a row lock in an open transaction,
 // an advisory lock) rather than at a lease's expiry: the server frees them
-// the moment it sees the session end, so they cannot keep a lock-delay
-// (WithLockDelay), which the Locker then refuses with ErrUnsupported.
+// the moment it sees the session end, so a lease's TTL cannot keep a
+// lock-delay (WithLockDelay) for them. Unless they keep it themselves
+// (LockDelayer), the Locker refuses a lock-delay with ErrUnsupported.
 type SessionBound interface {
 	SessionBound()
+}
+
+// LockDelayer is implemented by backends that keep a lock-delay
+// (Request.LockDelay) themselves rather than in a lease's TTL: the
+// SessionBound ones, whose server frees a lock when its session ends.
+//
+// Contract, in addition to Backend's:
+//
+//   - A lock granted with LockDelay d that ends without a release (its
+//     session ended, or Abandon) keeps its key from every acquisition for
+//     d, by the store's clock, from an instant no earlier than the end. A
+//     release (Release) frees it at once.
+//   - The session's own timeout (how long the server keeps a silent holder)
+//     is the holder's TTL, Request.TTL − Request.LockDelay: the delay
+//     follows the session's end rather than lengthen it.
+//   - An acquisition refused by a lock-delay takes nothing, does not change
+//     the fence, and reports Acquired=false with Remaining set to what is
+//     left of the delay. AcquireWait waits for it (within ctx) before it
+//     returns Acquired=false, so that the Locker's next call can succeed.
+type LockDelayer interface {
+	// Abandon ends key's lock held by token as a lock lost without a
+	// release: the store frees it and keeps the key from others for the
+	// grant's lock-delay, from now by the store's clock. The Locker calls
+	// it when it reported a lease with a lock-delay lost while the store
+	// may still hold it (its renewals were not confirmed in time). It
+	// returns ErrNotHeld if token no longer holds key, and ErrUnsupported
+	// from a wrapper whose backend is not a LockDelayer (the Locker then
+	// leaves the lease to the store, as for any lease).
+	Abandon(ctx context.Context, key string, token Token) error
 }
 
 // LossReporter is implemented by backends that can learn by themselves that
@@ -281,11 +311,18 @@ func (h *LossHandlers) Report(key string, token Token, cause error) {
 
 // Request is one acquisition attempt handed to Backend.Acquire.
 type Request struct {
-	Key      string        // validated: 1..MaxKeyLen bytes of UTF-8, no NUL
-	Token    Token         // random, unique to this acquisition
-	Owner    string        // the explicit owner identity, or ""
-	TTL      time.Duration // at least MinTTL
-	Metadata string        // at most MaxMetadataLen bytes
+	Key   string // validated: 1..MaxKeyLen bytes of UTF-8, no NUL
+	Token Token  // random, unique to this acquisition
+	Owner string // the explicit owner identity, or ""
+	// TTL is the lease the store keeps, at least MinTTL: the holder's TTL
+	// plus LockDelay, so that a store whose leases outlive their holder
+	// keeps the lock-delay without knowing of it.
+	TTL time.Duration
+	// LockDelay is the acquisition's lock-delay (WithLockDelay), already
+	// counted in TTL; 0 for none. Only a LockDelayer reads it: the Locker
+	// sends a lock-delay to a SessionBound backend only if it is one.
+	LockDelay time.Duration
+	Metadata  string // at most MaxMetadataLen bytes
 	// Mode is how the acquisition shares the key. The Locker sends a mode
 	// other than ModeExclusive only to a backend whose Sharer says it grants it.
 	Mode Mode

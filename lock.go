@@ -42,7 +42,7 @@ type lease struct {
 	acquiredAt       time.Time     // when the acquisition was sent
 	grantRTT         time.Duration // from then to the grant's arrival
 	minHold          time.Duration // WithMinHold
-	delay            time.Duration // WithLockDelay: added to ttl in the store
+	delay            time.Duration // WithLockDelay: added to ttl in a lease store
 
 	handles  map[*Lock]struct{} // live Locks
 	ended    bool               // released, lost or closed

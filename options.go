@@ -142,20 +142,29 @@ func WithMinHold(d time.Duration) AcquireOption {
 	return func(c *acquireConfig) { c.minHold = d }
 }
 
-// WithLockDelay keeps the key from the next holder for d after this lease
-// ends without a release: the store's lease is the TTL plus d, while the
-// holder counts its own lease, its renewals and its loss notice from the
-// TTL alone. A holder that was paused, cut off or stuck and then told of
-// its loss has d more, by the store's clock, to stop before anyone else
-// can take the key (Chubby's and Consul's lock-delay); a release, a Close
-// and the end of a minimum hold (WithMinHold) free the key at once, and a
-// lease lost this way is not released in the background. Use it for work
-// that cannot check a fence and takes a bounded time to stop; the cost is
-// d more of unavailability after a crash. Backends whose locks end with
-// their server session (dlock.SessionBound: mysqllock's getlock and
-// rowlock, pglock's advisory) cannot keep it: ErrUnsupported before any
-// I/O. The store must accept a lease of TTL + d. d must not be negative;
-// 0 is none.
+// WithLockDelay keeps the key from the next holder for d after this lock
+// ends without a release: a holder that was paused, cut off, stuck or
+// killed, and then told of its loss (or not told at all), has d more, by
+// the store's clock, to stop before anyone else can take the key (Chubby's
+// and Consul's lock-delay). A release, a Close and the end of a minimum
+// hold (WithMinHold) free the key at once. Use it for work that cannot
+// check a fence and takes a bounded time to stop; the cost is d more of
+// unavailability after a crash. d must not be negative; 0 is none.
+//
+// On a lease, the store's lease is the TTL plus d, while the holder counts
+// its own lease, its renewals and its loss notice from the TTL alone, and a
+// lease lost this way is not released in the background: the key stays
+// held until TTL + d after the grant. The store must accept a lease of
+// TTL + d.
+//
+// On a lock that lives in a server session (dlock.SessionBound:
+// mysqllock's getlock and rowlock, pglock's advisory), the backend keeps
+// the delay itself (dlock.LockDelayer): after the session ends without a
+// release, the next acquirer finds the lock ended that way and keeps the
+// key from everyone for d from then; when the holder's renewals fail, the
+// Locker tells the holder, then frees the lock as lost, and the key stays
+// held for d from then. A session backend that cannot keep it refuses it
+// with ErrUnsupported before any I/O.
 func WithLockDelay(d time.Duration) AcquireOption {
 	return func(c *acquireConfig) { c.lockDelay = d }
 }
@@ -224,7 +233,7 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 	if c.lockDelay < 0 {
 		return c, fmt.Errorf("%w: lock-delay %s is negative", ErrInvalidOption, c.lockDelay)
 	}
-	if _, ok := l.b.(SessionBound); ok && c.lockDelay > 0 {
+	if c.lockDelay > 0 && !keepsLockDelay(l.b) {
 		return c, fmt.Errorf("%w: a lock-delay on a store whose locks end with their session", ErrUnsupported)
 	}
 	if _, ok := l.b.(TTLExtender); !ok && c.minHold > 0 {
@@ -253,4 +262,14 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 func defaultMetadata() string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("host=%s pid=%d prog=%s", host, os.Getpid(), filepath.Base(os.Args[0]))
+}
+
+// keepsLockDelay reports whether b can keep a lock-delay: a lease keeps it
+// in its TTL, a SessionBound backend only if it is a LockDelayer.
+func keepsLockDelay(b Backend) bool {
+	if _, ok := b.(SessionBound); !ok {
+		return true
+	}
+	_, ok := b.(LockDelayer)
+	return ok
 }

@@ -13,7 +13,8 @@ import (
 // register records a lease the backend granted at sent, and schedules its
 // renewal and its deadline.
 // The store's lease is the holder's TTL plus the lock-delay (req.TTL);
-// the holder times its own from the TTL alone.
+// the holder times its own from the TTL alone (a LockDelayer's session
+// times out after the TTL alone too).
 func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent time.Time, minHold, delay time.Duration) (*Lock, error) {
 	ttl := req.TTL - delay
 	margin := l.marginFor(ttl)
@@ -120,16 +121,28 @@ func (l *Locker) loseLocked(ls *lease, why LossCause, cause error, release bool)
 	l.queueLossLocked(ls, why, cause)
 	l.endLocked(ls, cause)
 	// A minimum hold keeps the lease to its end, and so does a lock-delay:
-	// the key stays from others for the delay after the holder is told.
-	if release && !l.closed && l.keepFor(ls) == 0 && ls.delay == 0 {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
-			defer cancel()
-			_ = l.b.Release(ctx, ls.key, ls.token)
-		}()
+	// the key stays from others for the delay after the holder is told. A
+	// LockDelayer keeps the delay itself: its lock is abandoned, not
+	// released (a session lock would otherwise stay held by a session
+	// that other locks keep alive).
+	if !release || l.closed || l.keepFor(ls) > 0 {
+		return
 	}
+	end := l.b.Release
+	if ls.delay > 0 {
+		d, ok := l.b.(LockDelayer)
+		if !ok {
+			return
+		}
+		end = d.Abandon
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		ctx, cancel := context.WithTimeout(l.bg, cleanupTimeout)
+		defer cancel()
+		_ = end(ctx, ls.key, ls.token)
+	}()
 }
 
 // endLocked ends a lease and all its Locks with err.

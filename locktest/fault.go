@@ -143,3 +143,13 @@ func (f *faulty) SetMetadata(ctx context.Context, key string, token dlock.Token,
 	}
 	return m.SetMetadata(ctx, key, token, metadata)
 }
+
+// Abandon passes dlock.LockDelayer through (ErrUnsupported where the
+// wrapped backend lacks it).
+func (f *faulty) Abandon(ctx context.Context, key string, token dlock.Token) error {
+	d, ok := f.Backend.(dlock.LockDelayer)
+	if !ok {
+		return dlock.ErrUnsupported
+	}
+	return d.Abandon(ctx, key, token)
+}

@@ -114,7 +114,7 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := newSessions(db, strings.TrimSuffix(table, "`")+"_session`").forStrategy("getlock", minSessionConns, connector(opts))
+	s := newSessions(db, sessionTable(table)).forStrategy("getlock", minSessionConns, connector(opts))
 	if err := s.checkPool(); err != nil {
 		return nil, err
 	}
@@ -155,8 +155,13 @@ func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
 	if err := g.s.checkPool(); err != nil {
 		return err
 	}
-	if !g.bell && req.TTL > MaxSessionTTL {
-		return fmt.Errorf("%w: mysqllock: getlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, req.TTL, MaxSessionTTL)
+	if !g.bell {
+		if err := checkLockDelay("getlock", req); err != nil {
+			return err
+		}
+		if ttl := holderTTL(req); ttl > MaxSessionTTL {
+			return fmt.Errorf("%w: mysqllock: getlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, ttl, MaxSessionTTL)
+		}
 	}
 	if err := ctxErr(ctx); err != nil {
 		return err
@@ -185,7 +190,7 @@ func (g *GetLock) mainSession(ctx context.Context, req dlock.Request) (*session,
 	g.mu.Unlock()
 	// Opened without g.mu: a pool with no connection to spare makes this
 	// wait, and renewals must not wait with it.
-	fresh, err := g.s.open(ctx, req.TTL)
+	fresh, err := g.s.open(ctx, g.ttl(req))
 	if err != nil {
 		return nil, false, err
 	}
@@ -217,13 +222,39 @@ func (g *GetLock) reserveLocked(ss *session, req dlock.Request) bool {
 	if _, ok := ss.keys[req.Key]; ok || ss.broken.Load() {
 		return false
 	}
-	ss.add(req.Key, req.Token, req.TTL)
+	ss.add(req.Key, req.Token, g.ttl(req), g.delay(req))
 	if g.byToken == nil {
 		g.byToken = make(map[dlock.Token]*session)
 	}
 	g.byToken[req.Token] = ss
 	g.watchLocked()
 	return true
+}
+
+// ttl is the wait_timeout that req needs: a doorbell's is the lease's
+// whole TTL, a lock's its holder's TTL (the lock-delay follows the
+// session's end).
+func (g *GetLock) ttl(req dlock.Request) time.Duration {
+	if g.bell {
+		return req.TTL
+	}
+	return holderTTL(req)
+}
+
+// delay is the lock-delay that req's grant records (doorbells have no
+// record).
+func (g *GetLock) delay(req dlock.Request) time.Duration {
+	if g.bell {
+		return 0
+	}
+	return req.LockDelay
+}
+
+// delayOf is the lock-delay of key's grant on ss.
+func (g *GetLock) delayOf(ss *session, key string) time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return ss.keys[key].delay
 }
 
 // owns reports whether tok holds (or is taking) key on ss.
@@ -415,6 +446,7 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 	name := g.name(req.Key)
 	var got sql.NullInt64
 	var fence uint64
+	var delayed time.Duration // what is left of a lock-delay that refused the grant
 	var granting time.Time
 	grab := func(sctx context.Context) error {
 		if err := g.cover(sctx, ss); err != nil {
@@ -428,7 +460,7 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 		}
 		granting = time.Now()
 		var err error
-		if fence, err = g.s.grant(sctx, ss.conn, ss, req, name); err != nil {
+		if fence, delayed, err = g.s.grant(sctx, ss.conn, ss, req, name, false); err != nil || fence == 0 {
 			got.Int64 = 0
 			if !sessionLost(err) {
 				_, err2 := ss.conn.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
@@ -459,7 +491,9 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	case got.Int64 != 1:
 		g.forget(ss, req.Key, req.Token)
-		return g.notAcquired(ctx, req.Key), nil
+		res := g.notAcquired(ctx, req.Key)
+		res.Remaining = delayed
+		return res, nil
 	}
 	if g.bell {
 		return dlock.Result{Acquired: true}, nil
@@ -486,7 +520,7 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 		return dlock.Result{}, err
 	}
 	began := time.Now()
-	ss, err := g.s.openOwn(ctx, req.TTL)
+	ss, err := g.s.openOwn(ctx, g.ttl(req))
 	if errors.Is(err, errNoSlot) {
 		return dlock.Result{}, dlock.ErrUnsupported
 	}
@@ -533,9 +567,13 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 	// lease.
 	granting := time.Now()
 	var fence uint64
+	var delayed time.Duration
 	err = ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
 		var err error
-		fence, err = g.s.grant(sctx, ss.conn, ss, req, name)
+		fence, delayed, err = g.s.grant(sctx, ss.conn, ss, req, name, false)
+		if err == nil && fence == 0 { // refused by a lock-delay
+			_, err = ss.conn.ExecContext(sctx, "DO RELEASE_LOCK(?)", name)
+		}
 		return err
 	}, func(error) { g.lost(ss, errAbandoned) }) // the session holds this lock alone
 	if err != nil {
@@ -544,6 +582,11 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 		}
 		g.lost(ss, err) // the session holds this lock alone
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+	}
+	if fence == 0 {
+		g.forget(ss, req.Key, req.Token)
+		sleepDelay(ctx, min(delayed, bound))
+		return dlock.Result{}, nil
 	}
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granting.Sub(began)}, nil
 }
@@ -639,8 +682,14 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 
 // Release implements dlock.Backend. The release goes ahead even if ctx ends
 // (or has ended) first: ctx bounds only the wait for its answer, and the
-// error is then ctx's.
+// error is then ctx's. A grant with a lock-delay is marked released first
+// (one more statement), so that the next holder does not keep the delay.
 func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) error {
+	return g.end(ctx, key, token, true)
+}
+
+// end is Release when clean, and Abandon otherwise.
+func (g *GetLock) end(ctx context.Context, key string, token dlock.Token, clean bool) error {
 	ss := g.holding(key, token)
 	if ss == nil {
 		return dlock.ErrNotHeld
@@ -648,7 +697,7 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 	var got sql.NullInt64
 	var removed bool
 	err := ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
-		return g.releaseLocked(sctx, ss, key, token, &got, &removed)
+		return g.releaseLocked(sctx, ss, key, token, clean, &got, &removed)
 	}, func(err error) { g.released(ss, key, token, err, removed) })
 	if callerLeft(err) {
 		return fmt.Errorf("mysqllock: getlock release: %w", err)
@@ -667,14 +716,20 @@ func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) er
 	return nil
 }
 
-// releaseLocked runs RELEASE_LOCK for key on ss if tok holds it there,
-// drops key from ss's records (setting *removed), then lowers the session's
-// wait_timeout to what its other locks need. The
-// caller holds ss.mu: the check and the release cannot be overtaken by
-// another statement on the session.
-func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, tok dlock.Token, got *sql.NullInt64, removed *bool) error {
+// releaseLocked runs RELEASE_LOCK for key on ss if tok holds it there
+// (first marking a grant with a lock-delay released, when clean), drops key
+// from ss's records (setting *removed), then lowers the session's
+// wait_timeout to what its other locks need. The caller holds ss.mu: the
+// check and the release cannot be overtaken by another statement on the
+// session.
+func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, tok dlock.Token, clean bool, got *sql.NullInt64, removed *bool) error {
 	if !g.owns(ss, key, tok) {
 		return dlock.ErrNotHeld
+	}
+	if clean && g.delayOf(ss, key) > 0 {
+		if err := g.s.clearDelay(ctx, ss.conn, key, tok); err != nil {
+			return err
+		}
 	}
 	if err := ss.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", g.name(key)).Scan(got); err != nil {
 		return err
@@ -716,7 +771,7 @@ func (g *GetLock) release(ss *session, key string, tok dlock.Token) {
 	var got sql.NullInt64
 	var removed bool
 	err := ss.run(context.Background(), statementTimeout, false, func(sctx context.Context) error {
-		return g.releaseLocked(sctx, ss, key, tok, &got, &removed)
+		return g.releaseLocked(sctx, ss, key, tok, true, &got, &removed)
 	}, nil)
 	g.released(ss, key, tok, err, removed)
 }

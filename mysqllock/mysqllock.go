@@ -287,8 +287,11 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 	if err := execScript(ctx, db, schemaFor(table)); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
 	}
-	if err := upgrade(ctx, db, table); err != nil {
+	if err := upgrade(ctx, db, table, modeColumns); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: add the columns of shared and limited holders: %w", table, err)
+	}
+	if err := upgrade(ctx, db, sessionTable(table), sessionColumns); err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: add the columns of lock-delays: %w", table, err)
 	}
 	if err := w.warn(ctx, check); err != nil {
 		w.log.WarnContext(ctx, "mysqllock: could not check the server's settings", "err", err)

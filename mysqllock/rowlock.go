@@ -114,7 +114,7 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 		return nil, err
 	}
 	base := strings.TrimSuffix(table, "`")
-	s := newSessions(db, base+"_session`").forStrategy("rowlock", minRowLockConns, connector(opts))
+	s := newSessions(db, sessionTable(table)).forStrategy("rowlock", minRowLockConns, connector(opts))
 	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
 	}
@@ -167,8 +167,11 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	if err := exclusiveOnly("rowlock", req); err != nil {
 		return dlock.Result{}, err
 	}
-	if req.TTL > MaxSessionTTL {
-		return dlock.Result{}, fmt.Errorf("%w: mysqllock: rowlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, req.TTL, MaxSessionTTL)
+	if err := checkLockDelay("rowlock", req); err != nil {
+		return dlock.Result{}, err
+	}
+	if ttl := holderTTL(req); ttl > MaxSessionTTL {
+		return dlock.Result{}, fmt.Errorf("%w: mysqllock: rowlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, ttl, MaxSessionTTL)
 	}
 	r.warn.warnOnce(ctx, r.Check)
 	if err := r.ac.check(ctx, r.db); err != nil {
@@ -183,7 +186,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	if mine && wait == 0 {
 		return r.s.notAcquired(ctx, req.Key), nil
 	}
-	ss, err := r.pin(ctx, req.TTL, wait > 0)
+	ss, err := r.pin(ctx, holderTTL(req), wait > 0)
 	if err != nil {
 		if wait > 0 && ctx.Err() != nil { // waited for a connection in vain
 			return dlock.Result{}, nil
@@ -242,11 +245,21 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	// If its session ended before, another client may have locked the row
 	// and written a smaller fence meanwhile; the write is then not made, so
 	// that the holder's row (List, ForceRelease) stays as it wrote it.
-	fence, err := r.grant(sctx, ss, req)
-	if err != nil {
+	fence, delayed, err := r.s.grant(sctx, r.db, ss, req, "", true)
+	if err != nil || fence == 0 {
 		_ = tx.Rollback()
 		r.unpin(ss)
+	}
+	switch {
+	case err != nil:
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
+	case fence == 0 && wait > 0: // refused by a lock-delay: wait it out
+		sleepDelay(ctx, min(delayed, wait))
+		return dlock.Result{}, nil
+	case fence == 0:
+		res := r.s.notAcquired(ctx, req.Key)
+		res.Remaining = delayed
+		return res, nil
 	}
 	if err := txOpen(sctx, tx); err != nil {
 		_ = tx.Rollback()
@@ -258,32 +271,6 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}
 	r.mu.Unlock()
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granted.Sub(began)}, nil
-}
-
-// grant bumps key's fence and records req as its holder, on a pool
-// connection, only while the locking session ss is alive: a session that
-// lives still holds the row (its transaction is open), so no other client
-// has written the key's row since ss locked it.
-func (r *RowLock) grant(ctx context.Context, ss *session, req dlock.Request) (uint64, error) {
-	res, err := r.db.ExecContext(ctx, `INSERT INTO `+r.s.table+`
-  (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
-SELECT ?, ?, ?, LAST_INSERT_ID(1), ?, '', UTC_TIMESTAMP(6), ? FROM DUAL
-WHERE EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)
-ON DUPLICATE KEY UPDATE token = ?, owner = ?, fence = LAST_INSERT_ID(fence + 1), conn_id = ?,
-  lock_name = '', acquired_at = UTC_TIMESTAMP(6), metadata = ?`,
-		req.Key, req.Token[:], req.Owner, ss.id, req.Metadata, ss.id,
-		req.Token[:], req.Owner, ss.id, req.Metadata)
-	if err != nil {
-		return 0, err
-	}
-	if n, err := res.RowsAffected(); err == nil && n == 0 {
-		return 0, errors.New("the row was not held across the fence's write: the locking session ended")
-	}
-	fence, err := res.LastInsertId()
-	if err != nil || fence <= 0 {
-		return 0, fmt.Errorf("mysqllock: no fence from the grant (%v)", err)
-	}
-	return uint64(fence), nil
 }
 
 // minRowLockConns is the smallest pool limit (SetMaxOpenConns) that rowlock
@@ -454,8 +441,18 @@ func (r *RowLock) hold(key string, tok dlock.Token) *rowHold {
 	return nil
 }
 
-// drop forgets a hold and ends its transaction and session.
-func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
+// How drop ends a locking transaction: with a ROLLBACK (the lock is lost),
+// or with a COMMIT that marks the record as released (for List) and, after
+// a Release, its lock-delay as not to be kept.
+const (
+	rollback  = ""
+	released  = "conn_id = 0, delay_us = 0"
+	abandoned = "conn_id = 0"
+)
+
+// drop forgets a hold and ends its transaction (setting set in the key's
+// record, then committing, or rolling back if set is rollback) and session.
+func (r *RowLock) drop(key string, h *rowHold, set string) error {
 	r.mu.Lock()
 	if r.held[key] == h {
 		delete(r.held, key)
@@ -465,10 +462,9 @@ func (r *RowLock) drop(key string, h *rowHold, commit bool) error {
 	// Serialized with a renewal check on the same transaction: two
 	// statements in flight on one connection break it.
 	h.ss.mu.Lock()
-	if commit {
-		// Mark the record as released in the same transaction, for List.
+	if set != rollback {
 		sctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
-		_, err = h.tx.ExecContext(sctx, `UPDATE `+r.s.table+` SET conn_id = 0 WHERE name = ? AND token = ?`, key, h.token[:])
+		_, err = h.tx.ExecContext(sctx, `UPDATE `+r.s.table+` SET `+set+` WHERE name = ? AND token = ?`, key, h.token[:])
 		cancel()
 		if err == nil {
 			err = h.tx.Commit()
@@ -503,11 +499,11 @@ func (r *RowLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 		h.ss.mu.Unlock()
 		switch {
 		case errors.Is(err, errTxEnded):
-			r.drop(l.Key, h, false)
+			r.drop(l.Key, h, rollback)
 			errs[i] = fmt.Errorf("%w: %v", dlock.ErrNotHeld, err)
 		case sessionLost(err):
 			h.ss.broken.Store(true)
-			r.drop(l.Key, h, false)
+			r.drop(l.Key, h, rollback)
 			errs[i] = fmt.Errorf("%w: session lost: %v", dlock.ErrNotHeld, err)
 		case err != nil:
 			errs[i] = wrapErr(r.rows, "rowlock extend", err)
@@ -536,13 +532,20 @@ func txOpen(ctx context.Context, tx *sql.Tx) error {
 	return err
 }
 
-// Release implements dlock.Backend: COMMIT.
+// Release implements dlock.Backend: COMMIT, with the grant marked released
+// (no lock-delay to keep) in the same transaction.
 func (r *RowLock) Release(ctx context.Context, key string, token dlock.Token) error {
+	return r.end(key, token, released)
+}
+
+// end commits key's locking transaction held by token, with set in the
+// key's record (released or abandoned).
+func (r *RowLock) end(key string, token dlock.Token, set string) error {
 	h := r.hold(key, token)
 	if h == nil {
 		return dlock.ErrNotHeld
 	}
-	if err := r.drop(key, h, true); err != nil {
+	if err := r.drop(key, h, set); err != nil {
 		return fmt.Errorf("%w: commit: %v", dlock.ErrNotHeld, err)
 	}
 	return nil

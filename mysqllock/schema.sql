@@ -1,7 +1,8 @@
 -- dlock lease table for MySQL 5.7+ / MariaDB 10.3+.
 -- Apply with mysqllock.(*Backend).Migrate or `dlock migrate`; rows are kept
 -- after release so that each key's fencing counter never goes back.
--- Migrate also adds the last three columns to a table created without them.
+-- Migrate also adds the last three columns of the lease table, and the
+-- last two of the session table, to tables created without them.
 CREATE TABLE IF NOT EXISTS `dlock_locks` (
   name         VARBINARY(255)  NOT NULL,                -- the key, byte for byte
   token        BINARY(16)      NOT NULL,                -- random owner token of the exclusive holder
@@ -41,6 +42,8 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_session` (
   lock_name   VARCHAR(64)     CHARACTER SET utf8mb4 NOT NULL DEFAULT '',  -- GET_LOCK name ('' for rowlock)
   acquired_at DATETIME(6)     NOT NULL,
   metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  delay_us    BIGINT UNSIGNED NOT NULL DEFAULT 0,       -- lock-delay of the last grant while neither released nor spent
+  delay_until DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00', -- UTC, server clock; no grant before
   PRIMARY KEY (name)
 ) ENGINE=InnoDB;
 

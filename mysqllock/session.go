@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,17 +61,18 @@ func (l stmtLock) TryLock() bool {
 // keyHold is a key held or being taken on a session.
 type keyHold struct {
 	token dlock.Token
-	secs  int // the wait_timeout that its TTL needs
+	secs  int           // the wait_timeout that its TTL needs
+	delay time.Duration // its grant's lock-delay
 }
 
 // waitSecs is the wait_timeout that a lease of ttl needs: whole seconds,
 // rounded up, at least 1.
 func waitSecs(ttl time.Duration) int { return max(1, int(math.Ceil(ttl.Seconds()))) }
 
-// add records key, held by tok for ttl, on the session.
-func (ss *session) add(key string, tok dlock.Token, ttl time.Duration) {
+// add records key, held by tok for ttl with a lock-delay, on the session.
+func (ss *session) add(key string, tok dlock.Token, ttl, delay time.Duration) {
 	n := waitSecs(ttl)
-	ss.keys[key] = keyHold{tok, n}
+	ss.keys[key] = keyHold{tok, n, delay}
 	ss.secs[n]++
 }
 
@@ -135,10 +137,13 @@ type sessions struct {
 	// the server has given one. An error is no answer: it fails that
 	// check's caller only, and the next session checks again.
 	galeraKnown, galera bool
+	// grantQuery and grantAliveQuery record a grant (see grant).
+	grantQuery, grantAliveQuery string
 }
 
 func newSessions(db *sql.DB, table string) *sessions {
-	return &sessions{db: db, table: table, all: make(map[*session]struct{})}
+	return &sessions{db: db, table: table, all: make(map[*session]struct{}),
+		grantQuery: grantQuery(table, ""), grantAliveQuery: grantQuery(table, grantIfAlive)}
 }
 
 // connectorOnly hides every method of a connector but Connect and Driver,
@@ -557,26 +562,35 @@ type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
+// sessionTable is the session table of the lock table table (quoted).
+func sessionTable(table string) string { return strings.TrimSuffix(table, "`") + "_session`" }
+
 // grant records a new holder of key (on session ss) in the session table
 // through ex, in its own autocommit statement so that it is durable at once,
 // bumping the key's fencing counter, and returns the new fence. It runs
-// while ss holds the lock, so grants of a key are serialised.
-func (s *sessions) grant(ctx context.Context, ex execer, ss *session, req dlock.Request, lockName string) (uint64, error) {
-	res, err := ex.ExecContext(ctx, `INSERT INTO `+s.table+`
-  (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
-VALUES (?, ?, ?, LAST_INSERT_ID(1), ?, ?, UTC_TIMESTAMP(6), ?)
-ON DUPLICATE KEY UPDATE token = ?, owner = ?, fence = LAST_INSERT_ID(fence + 1), conn_id = ?,
-  lock_name = ?, acquired_at = UTC_TIMESTAMP(6), metadata = ?`,
-		req.Key, req.Token[:], req.Owner, ss.id, lockName, req.Metadata,
-		req.Token[:], req.Owner, ss.id, lockName, req.Metadata)
+// while ss holds the lock, so grants of a key are serialised. With alive,
+// the row is written only if ss is still alive (see RowLock.take), and the
+// error is errSessionGone if it was not. A grant that a lock-delay refuses
+// (see grantQuery) returns a fence of 0 and what is left of the delay; the
+// caller frees the lock.
+func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock.Request, lockName string, alive bool) (uint64, time.Duration, error) {
+	q, args := s.grantQuery, []any{req.Key, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds()}
+	if alive {
+		q = s.grantAliveQuery
+		args = append(args, ss.id)
+	}
+	args = append(args, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds())
+	res, err := ex.ExecContext(ctx, q, args...)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	fence, err := res.LastInsertId()
-	if err != nil || fence <= 0 {
-		return 0, fmt.Errorf("mysqllock: no fence from the grant (%v)", err)
+	if fence, err := res.LastInsertId(); err != nil || fence > 0 {
+		if err != nil {
+			return 0, 0, fmt.Errorf("mysqllock: no fence from the grant (%v)", err)
+		}
+		return uint64(fence), 0, nil
 	}
-	return uint64(fence), nil
+	return s.delayLeft(ctx, ex, req.Key, ss, alive)
 }
 
 // notAcquired describes the key's last holder, best effort.

@@ -8,10 +8,11 @@ var (
 )
 
 // SessionBound implements dlock.SessionBound: a named lock ends with the
-// server session that holds it, so it cannot keep a lock-delay.
+// server session that holds it. GetLock keeps a lock-delay in the key's
+// record instead (dlock.LockDelayer).
 func (g *GetLock) SessionBound() {}
 
 // SessionBound implements dlock.SessionBound: a row lock ends with the
-// transaction, and so the session, that holds it, so it cannot keep a
-// lock-delay.
+// transaction, and so the session, that holds it. RowLock keeps a
+// lock-delay in the key's record instead (dlock.LockDelayer).
 func (r *RowLock) SessionBound() {}

@@ -444,21 +444,31 @@ func (b *Backend) forceRelease(ctx context.Context, key string) (excl bool, err 
 // defined as in schema.sql: Migrate adds those that a table created before
 // them lacks. Existing rows keep their fences, and read as keys without
 // shared or limited holders.
-var modeColumns = []struct{ name, def string }{
+var modeColumns = []column{
 	{"shared_until", "DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'"},
 	{"share_limit", "INT UNSIGNED NOT NULL DEFAULT 0"},
 	{"writer_until", "DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'"},
 }
 
+// sessionColumns are the session table's columns for lock-delays, defined
+// as in schema.sql: Migrate adds those that a table created before them
+// lacks. Existing rows read as keys whose last holder left no lock-delay.
+var sessionColumns = []column{
+	{"delay_us", "BIGINT UNSIGNED NOT NULL DEFAULT 0"},
+	{"delay_until", "DATETIME(6) NOT NULL DEFAULT '1970-01-01 00:00:00'"},
+}
+
+// column is a column that Migrate adds to a table created without it.
+type column struct{ name, def string }
+
 // errDupColumn is the server's error for a column that exists already.
 const errDupColumn = 1060
 
-// upgrade adds the columns of modeColumns that the lock table (quoted)
-// lacks. A concurrent Migrate may add them first; the columns are then
-// looked at again.
-func upgrade(ctx context.Context, db querier, table string) error {
+// upgrade adds the columns of cols that table (quoted) lacks. A concurrent
+// Migrate may add them first; the columns are then looked at again.
+func upgrade(ctx context.Context, db querier, table string, cols []column) error {
 	for try := 0; ; try++ {
-		missing, err := missingColumns(ctx, db, table)
+		missing, err := missingColumns(ctx, db, table, cols)
 		if err != nil || len(missing) == 0 {
 			return err
 		}
@@ -470,9 +480,9 @@ func upgrade(ctx context.Context, db querier, table string) error {
 	}
 }
 
-// missingColumns returns the ADD COLUMN clauses for the columns of
-// modeColumns that table lacks.
-func missingColumns(ctx context.Context, db querier, table string) ([]string, error) {
+// missingColumns returns the ADD COLUMN clauses for the columns of cols
+// that table lacks.
+func missingColumns(ctx context.Context, db querier, table string, cols []column) ([]string, error) {
 	parts := strings.Split(strings.ReplaceAll(table, "`", ""), ".")
 	schema, name := "", parts[len(parts)-1]
 	if len(parts) == 2 {
@@ -496,7 +506,7 @@ WHERE TABLE_SCHEMA = IF(? = '', DATABASE(), ?) AND TABLE_NAME = ?`, schema, sche
 		return nil, err
 	}
 	var add []string
-	for _, c := range modeColumns {
+	for _, c := range cols {
 		if !have[c.name] {
 			add = append(add, "ADD COLUMN "+c.name+" "+c.def)
 		}

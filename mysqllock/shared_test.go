@@ -404,6 +404,9 @@ VALUES (?, ?, 41, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)`, k, 
 	if got, want := columns(t, db, table), columns(t, db, fresh); got != want {
 		t.Errorf("the upgraded table's columns:\n%s\nwant those of a new table:\n%s", got, want)
 	}
+	if got, want := columns(t, db, table+"_session"), columns(t, db, fresh+"_session"); got != want {
+		t.Errorf("the upgraded session table's columns:\n%s\nwant those of a new table:\n%s", got, want)
+	}
 
 	for _, req := range []dlock.Request{request(k, dlock.ModeExclusive, 0, time.Second), request(k, dlock.ModeShared, 0, time.Second)} {
 		if res := mustRefuse(t, b, req); res.Holder.Token != holder {

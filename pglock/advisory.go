@@ -133,6 +133,8 @@ type hold struct {
 	ss    *session
 	// shared: a shared hold (pg_advisory_lock_shared).
 	shared bool
+	// delay: the grant's lock-delay.
+	delay time.Duration
 	// releasing: Release has sent (or is about to send) the unlock. From
 	// then on the server may grant the key to another session of this
 	// process, which must not take the hold for a local holder.
@@ -247,7 +249,7 @@ func split(id uint64) (int32, int32) { return int32(id >> 32), int32(id) }
 type advisoryQueries struct {
 	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list, setMetadata string
 	listWaiters                                                                                    string
-	notify, forceRelease                                                                           string
+	notify, forceRelease, unlockReleased                                                           string
 }
 
 // Bounds of an exclusive wait in the server (lock_timeout, local to the
@@ -291,15 +293,29 @@ func newAdvisoryQueries(tb tables) advisoryQueries {
 	const ours = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 	const keyLock = `l.classid = ((s.lock_id >> 32) & 4294967295)::oid AND l.objid = (s.lock_id & 4294967295)::oid`
+	// A grant is written only if the key's record keeps no lock-delay
+	// (see Advisory.Abandon); otherwise the statement starts the delay,
+	// keeps the fence and unlocks (ul). EXCLUDED.acquired_at is the one
+	// instant, read after the lock was granted, that every column uses.
+	// The grant was made (won) if the row now has the request's token: a
+	// refusal leaves the last grant's, never this request's (after its own
+	// grant, a refusal needs another grant in between).
+	const undelayed = `s.delay_us = 0 AND s.delay_until <= EXCLUDED.acquired_at`
+	granted := func(col, val string) string {
+		return col + ` = CASE WHEN ` + undelayed + ` THEN ` + val + ` ELSE s.` + col + ` END`
+	}
 	grant := func(lock string, shared, marks, bounded bool) string {
-		ok, bump, extra, markUs, bound := lock, `, writer_until = '-infinity'`, ``, `0::bigint`, ``
+		ok, bump, extra, markUs, bound := lock, `,
+    `+granted("writer_until", "'-infinity'"), ``, `0::bigint`, ``
+		unlockFn := `pg_advisory_unlock`
 		if shared {
 			ok = `CASE WHEN k.wu > k.now THEN false ELSE ` + lock + ` END`
 			bump = ``
+			unlockFn = `pg_advisory_unlock_shared`
 			extra = `,
 rd AS (
   INSERT INTO ` + r + ` (name, token, owner, fence, pid, acquired_at, metadata)
-  SELECT $3, $5, $6, g.fence, pg_backend_pid(), clock_timestamp(), $7 FROM g
+  SELECT $3, $5, $6, g.fence, pg_backend_pid(), clock_timestamp(), $7 FROM g WHERE g.won
 ),
 gone AS (
   DELETE FROM ` + r + ` x WHERE x.name = $3 AND EXISTS (SELECT FROM g)
@@ -317,7 +333,7 @@ gone AS (
 		if marks {
 			extra = `,
 m AS (
-  UPDATE ` + s + ` AS s SET writer_until = clock_timestamp() + $8::bigint * interval '1 microsecond'
+  UPDATE ` + s + ` AS s SET writer_until = clock_timestamp() + $9::bigint * interval '1 microsecond'
   FROM l WHERE s.name = $3 AND NOT l.ok
     AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND ` + keyLock + `)
 )`
@@ -325,15 +341,26 @@ m AS (
 		return `WITH k AS MATERIALIZED (SELECT clock_timestamp() AS now, (SELECT writer_until FROM ` + s + ` WHERE name = $3) AS wu` + bound + `),
 l AS MATERIALIZED (SELECT ` + ok + ` AS ok, set_config('synchronous_commit', 'on', true) AS sc FROM k),
 g AS (
-  INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata)
-  SELECT $3, $4, $5, $6, 1, pg_backend_pid(), clock_timestamp(), $7 FROM l WHERE l.ok
-  ON CONFLICT (name) DO UPDATE SET lock_id = EXCLUDED.lock_id, token = EXCLUDED.token, owner = EXCLUDED.owner,
-    fence = s.fence + 1, pid = EXCLUDED.pid, acquired_at = EXCLUDED.acquired_at, metadata = EXCLUDED.metadata` + bump + `
-  RETURNING s.fence
+  INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata, delay_us)
+  SELECT $3, $4, $5, $6, 1, pg_backend_pid(), clock_timestamp(), $7, $8::bigint FROM l WHERE l.ok
+  ON CONFLICT (name) DO UPDATE SET ` + granted("lock_id", "EXCLUDED.lock_id") + `,
+    ` + granted("token", "EXCLUDED.token") + `,
+    ` + granted("owner", "EXCLUDED.owner") + `,
+    ` + granted("fence", "s.fence + 1") + `,
+    ` + granted("pid", "EXCLUDED.pid") + `,
+    ` + granted("acquired_at", "EXCLUDED.acquired_at") + `,
+    ` + granted("metadata", "EXCLUDED.metadata") + bump + `,
+    delay_until = CASE WHEN ` + undelayed + ` THEN s.delay_until
+      ELSE greatest(s.delay_until, EXCLUDED.acquired_at + s.delay_us * interval '1 microsecond') END,
+    delay_us = CASE WHEN ` + undelayed + ` THEN EXCLUDED.delay_us ELSE 0 END
+  RETURNING s.fence, s.token = $5 AS won, s.delay_until
 )` + extra + `,
-gn AS (SELECT pg_notify(` + ch + `, encode($3, 'hex')) FROM g)
-SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchronous_commit'), ` + markUs + `,
-  (SELECT count(*) FROM gn) FROM l, k`
+gn AS (SELECT pg_notify(` + ch + `, encode($3, 'hex')) FROM g),
+ul AS (SELECT ` + unlockFn + `($1::int4, $2::int4) FROM g WHERE NOT g.won)
+SELECT l.ok AND coalesce((SELECT won FROM g), false), (SELECT fence FROM g WHERE won), pg_backend_pid(),
+  current_setting('synchronous_commit'), ` + markUs + `, (SELECT count(*) FROM gn), (SELECT count(*) FROM ul),
+  coalesce((SELECT (extract(epoch FROM g.delay_until - clock_timestamp()) * 1000000)::bigint FROM g WHERE NOT won), 0)
+FROM l, k`
 	}
 	// unlocked: an unlock ($4: or a retry of one that a cancel may have
 	// cut after it unlocked) tells the key's watches; its transaction need
@@ -352,6 +379,13 @@ SELECT l.ok, (SELECT fence FROM g), pg_backend_pid(), current_setting('synchrono
 		tryShared:  grant(fmt.Sprintf(try, "_shared"), true, false, false),
 		waitShared: grant(fmt.Sprintf(wait, "_shared"), true, false, false),
 		unlock: `WITH u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok)
+SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
+		// unlockReleased is unlock for a grant with a lock-delay: the grant
+		// is marked released (delay_us = 0) before the lock is unlocked (u
+		// reads c), and the next grant's statement, which waits for the
+		// row, sees it so.
+		unlockReleased: `WITH c AS (UPDATE ` + s + ` SET delay_us = 0 WHERE name = $3 AND token = $5 RETURNING 1),
+u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok FROM (SELECT count(*) FROM c) x)
 SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
 		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $5),
 u AS MATERIALIZED (SELECT pg_advisory_unlock_shared($1::int4, $2::int4) AS ok)
@@ -705,10 +739,11 @@ func (a *Advisory) find(key string, token dlock.Token) *hold {
 
 // grantResult is the outcome of a grant job.
 type grantResult struct {
-	ok     bool
-	fence  uint64
-	holder *hold         // the local hold that refused it
-	mark   time.Duration // a shared request refused by the writer mark: its remaining time
+	ok      bool
+	fence   uint64
+	holder  *hold         // the local hold that refused it
+	mark    time.Duration // a shared request refused by the writer mark: its remaining time
+	delayed time.Duration // a request refused by a lock-delay: its remaining time
 }
 
 // SupportsMode implements dlock.Sharer: exclusive and shared acquisitions
@@ -725,6 +760,12 @@ func checkAdvisoryMode(req dlock.Request) error {
 	}
 	if req.Mode == dlock.ModeLimited {
 		return fmt.Errorf("%w: pglock: the advisory strategy has no limited acquisitions", dlock.ErrUnsupported)
+	}
+	if req.LockDelay < 0 || req.LockDelay >= req.TTL {
+		return fmt.Errorf("%w: pglock: advisory: lock-delay %s outside 0..ttl %s", dlock.ErrInvalidOption, req.LockDelay, req.TTL)
+	}
+	if req.LockDelay > 0 && req.Mode == dlock.ModeShared {
+		return fmt.Errorf("%w: pglock: the advisory strategy keeps a lock-delay for exclusive acquisitions only", dlock.ErrUnsupported)
 	}
 	return nil
 }
@@ -778,7 +819,7 @@ func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result
 			if res.holder = a.heldLocally(id, ss, shared); res.holder != nil {
 				return nil
 			}
-			if err := a.cover(jctx, ss, req.TTL); err != nil {
+			if err := a.cover(jctx, ss, holderTTL(req)); err != nil {
 				return err
 			}
 			return a.grant(jctx, j, ss, q, id, req, &res)
@@ -791,7 +832,9 @@ func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result
 		case err != nil:
 			return dlock.Result{}, a.wrap("advisory acquire", err)
 		case res.holder != nil || !res.ok:
-			return a.notAcquired(ctx, req, res.holder, res.mark), nil
+			out := a.notAcquired(ctx, req, res.holder, res.mark)
+			out.Remaining = max(out.Remaining, res.delayed)
+			return out, nil
 		}
 		return dlock.Result{Acquired: true, Fence: res.fence}, nil
 	}
@@ -813,7 +856,7 @@ func (a *Advisory) record(id uint64, req dlock.Request, ss *session) {
 	a.mu.Lock()
 	// A hold being released may still be here: the server granted the key
 	// because its unlock went through. Its Release does its accounting.
-	a.held[id] = append(a.held[id], &hold{id: id, key: req.Key, token: req.Token, ss: ss, shared: req.Mode == dlock.ModeShared})
+	a.held[id] = append(a.held[id], &hold{id: id, key: req.Key, token: req.Token, ss: ss, shared: req.Mode == dlock.ModeShared, delay: req.LockDelay})
 	ss.n++
 	a.mu.Unlock()
 }
@@ -828,14 +871,17 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	var fence *int64
 	var pid uint32
 	var syncCommit string
-	var markUs int64
+	var markUs, delayUs int64
 	shared := req.Mode == dlock.ModeShared
-	args := []any{k1, k2, []byte(req.Key), int64(id), req.Token[:], req.Owner, req.Metadata}
+	args := []any{k1, k2, []byte(req.Key), int64(id), req.Token[:], req.Owner, req.Metadata, us(req.LockDelay)}
 	if q == a.q.try {
 		args = append(args, us(dlock.WriterMark))
 	}
-	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs, nil)
+	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs, nil, nil, &delayUs)
 	res.mark = time.Duration(markUs) * time.Microsecond
+	if err == nil && !res.ok && delayUs > 0 {
+		res.delayed = time.Duration(delayUs) * time.Microsecond
+	}
 	switch {
 	case err == nil && pid != ss.pid:
 		return ErrTransactionPooling
@@ -854,7 +900,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 			return err
 		}
 		j.waitCancel()
-		if _, uerr := a.unlock(ctx, ss, id, req.Key, req.Token, shared); uerr != nil {
+		if _, uerr := a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0); uerr != nil {
 			return dlock.Join(err, uerr)
 		}
 		if q != a.q.wait || !lockTimedOut(err) {
@@ -881,22 +927,26 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	// The caller left: nobody will use or release this grant.
 	if res.ok {
 		j.waitCancel()
-		_, err = a.unlock(ctx, ss, id, req.Key, req.Token, shared)
+		_, err = a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0)
 	}
 	return err
 }
 
 // unlock runs pg_advisory_unlock (pg_advisory_unlock_shared for a shared
 // hold, which also deletes the hold's row) in the session's goroutine and
-// checks the session. A statement cancelled by a late cancel request is run
-// again; if the cancelled one had unlocked, the next reports it not held,
-// which then counts as unlocked (a session holds a key at most once: see
-// heldLocally).
-func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key string, token dlock.Token, shared bool) (bool, error) {
+// checks the session. With released, the grant (which had a lock-delay) is
+// marked released first, so that the next grant keeps no lock-delay. A
+// statement cancelled by a late cancel request is run again; if the
+// cancelled one had unlocked, the next reports it not held, which then
+// counts as unlocked (a session holds a key at most once: see heldLocally).
+func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key string, token dlock.Token, shared, released bool) (bool, error) {
 	k1, k2 := split(id)
 	q, args := a.q.unlock, []any{k1, k2, []byte(key), false}
-	if shared {
+	switch {
+	case shared:
 		q, args = a.q.unlockShared, []any{k1, k2, []byte(key), false, token[:]}
+	case released:
+		q, args = a.q.unlockReleased, []any{k1, k2, []byte(key), false, token[:]}
 	}
 	var ok bool
 	var pid uint32
@@ -998,7 +1048,7 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 				a.park(ss)
 			}
 		}()
-		if err := a.cover(jctx, ss, req.TTL); err != nil {
+		if err := a.cover(jctx, ss, holderTTL(req)); err != nil {
 			return err
 		}
 		q := a.q.wait
@@ -1020,6 +1070,14 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 		case <-ctx.Done():
 		}
 		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}, nil
+	case !res.ok && res.delayed > 0: // wait out the lock-delay, then ask again
+		t := time.NewTimer(res.delayed)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		return dlock.Result{}, nil
 	case !res.ok:
 		return dlock.Result{}, nil
 	}
@@ -1177,11 +1235,17 @@ func (a *Advisory) grantedAfter(h *hold) bool {
 }
 
 // Release implements dlock.Backend: pg_advisory_unlock on the holding
-// session. A session that holds nothing more is kept for reuse. The unlock
-// runs to its end even when ctx ends first (even if it had ended before the
-// call): Release then returns the context's error at once, and the lock is
-// freed without it.
+// session (for a grant with a lock-delay, in a statement that first marks
+// it released). A session that holds nothing more is kept for reuse. The
+// unlock runs to its end even when ctx ends first (even if it had ended
+// before the call): Release then returns the context's error at once, and
+// the lock is freed without it.
 func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) error {
+	return a.end(ctx, key, token, true)
+}
+
+// end is Release when released, and Abandon otherwise.
+func (a *Advisory) end(ctx context.Context, key string, token dlock.Token, released bool) error {
 	h := a.beginRelease(key, token)
 	if h == nil {
 		return dlock.ErrNotHeld
@@ -1190,7 +1254,7 @@ func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) e
 	var ok bool
 	err := ss.do(ctx, statementBound, true, func(jctx context.Context, _ *job) error {
 		var err error
-		ok, err = a.unlock(jctx, ss, h.id, h.key, h.token, h.shared)
+		ok, err = a.unlock(jctx, ss, h.id, h.key, h.token, h.shared, released && h.delay > 0)
 		if a.afterUnlock != nil {
 			a.afterUnlock()
 		}

@@ -113,6 +113,20 @@ BEGIN
   END IF;
 END $$;
 
+-- Advisory strategy: the lock-delay of the key's last exclusive grant while
+-- it is neither released nor spent, and the instant (server clock) before
+-- which no grant is made. Added by ALTER so that tables of earlier versions
+-- gain them.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_session"')
+      AND attname = 'delay_until' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks_session"
+      ADD COLUMN IF NOT EXISTS delay_us bigint NOT NULL DEFAULT 0,
+      ADD COLUMN IF NOT EXISTS delay_until timestamptz NOT NULL DEFAULT '-infinity';
+  END IF;
+END $$;
+
 -- Advisory strategy: one row per shared holder (pg_advisory_lock_shared),
 -- deleted when it is released; rows of sessions that ended are dropped by
 -- the key's next shared grant. The fence comes from the "_session" row.

@@ -1,9 +1,42 @@
 package pglock
 
-import "github.com/dlock-dev/dlock"
+import (
+	"context"
+	"time"
 
-var _ dlock.SessionBound = (*Advisory)(nil)
+	"github.com/dlock-dev/dlock"
+)
+
+var (
+	_ dlock.SessionBound = (*Advisory)(nil)
+	_ dlock.LockDelayer  = (*Advisory)(nil)
+)
 
 // SessionBound implements dlock.SessionBound: an advisory lock ends with
-// the server session that holds it, so it cannot keep a lock-delay.
+// the server session that holds it. Advisory keeps a lock-delay in the
+// key's record instead (dlock.LockDelayer).
 func (a *Advisory) SessionBound() {}
+
+// Abandon implements dlock.LockDelayer: pg_advisory_unlock without marking
+// the grant released, so that the next grant keeps its lock-delay.
+//
+// The key's row in the "_session" table records the lock-delay of its last
+// exclusive grant (delay_us) until a release clears it, in the statement
+// that unlocks, before the unlock. The next grant's statement, once the
+// server granted it the lock, writes its grant only if no delay is kept
+// (delay_us is 0 and delay_until has passed). Otherwise the last grant
+// ended without a release (its session ended, or it was abandoned) or a
+// delay runs: the statement starts the delay (delay_until, by the server's
+// clock, from no earlier than the lock's end), keeps the fence, unlocks,
+// and the request is refused for what is left of it (AcquireWait waits
+// it out first). The check is part of the grant's statement: a lock-delay
+// of 0 costs nothing more. A lock-delay is kept for exclusive
+// acquisitions only: a shared one with a lock-delay is ErrUnsupported.
+func (a *Advisory) Abandon(ctx context.Context, key string, token dlock.Token) error {
+	return a.end(ctx, key, token, false)
+}
+
+// holderTTL is the TTL of req's holder: the store's lease less the
+// lock-delay, which the Advisory keeps after the session ends rather than
+// in its idle_session_timeout.
+func holderTTL(req dlock.Request) time.Duration { return req.TTL - req.LockDelay }

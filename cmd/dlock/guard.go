@@ -43,6 +43,7 @@ var (
 	_ dlock.Watcher        = (*guard)(nil)
 	_ dlock.MetadataSetter = (*guard)(nil)
 	_ dlock.TTLExtender    = (*guard)(nil)
+	_ dlock.LockDelayer    = (*guard)(nil)
 	_ dlock.Waiter         = guardWaiter{}
 	_ dlock.Sharer         = guardWaiter{}
 )
@@ -263,9 +264,24 @@ func (g *guard) extendsToAnyTTL() bool {
 	return ok
 }
 
-// sessionBound reports whether the store's locks end with their session
-// (dlock.SessionBound), which the guard does not pass through.
-func (g *guard) sessionBound() bool {
-	_, ok := g.b.(dlock.SessionBound)
+// Abandon passes dlock.LockDelayer through (ErrUnsupported where the
+// store's Backend lacks it: the Locker then leaves a lost lease to the
+// store). It is bounded as a release is.
+func (g *guard) Abandon(ctx context.Context, key string, token dlock.Token) error {
+	d, ok := g.b.(dlock.LockDelayer)
+	if !ok {
+		return dlock.ErrUnsupported
+	}
+	return g.call(ctx, "abandon", func(ctx context.Context) error { return d.Abandon(ctx, key, token) })
+}
+
+// keepsLockDelay reports whether the store keeps a lock-delay: in a lease's
+// TTL, or itself where its locks end with their session (dlock.SessionBound,
+// which the guard does not pass through, and dlock.LockDelayer).
+func (g *guard) keepsLockDelay() bool {
+	if _, ok := g.b.(dlock.SessionBound); !ok {
+		return true
+	}
+	_, ok := g.b.(dlock.LockDelayer)
 	return ok
 }

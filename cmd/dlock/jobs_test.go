@@ -67,8 +67,8 @@ func TestRunMaxTime(t *testing.T) {
 }
 
 // TestRunLockDelay checks --lock-delay: a run that ends normally frees its
-// key at once; a negative delay is a usage error, and so is a delay on a
-// strategy whose locks end with their session.
+// key at once; a negative delay is a usage error. On the session
+// strategies, a killed run's key stays held for the delay after the kill.
 func TestRunLockDelay(t *testing.T) {
 	e := embeddedEnv(t)
 	key := uniqueKey(t)
@@ -81,13 +81,43 @@ func TestRunLockDelay(t *testing.T) {
 	if r := run(t, e, "run", "--lock-delay", "-1s", key, "--", "true"); r.code != exitUsage {
 		t.Errorf("--lock-delay -1s: exit %d, want %d", r.code, exitUsage)
 	}
+	sessions := map[string]env{}
 	if m := mysqlStore(t); m != nil {
-		g := env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=getlock"}
-		if r := run(t, g, "run", "--lock-delay", "1s", key, "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--lock-delay") {
-			t.Errorf("--lock-delay on getlock: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
+		for _, strategy := range []string{"getlock", "rowlock"} {
+			sessions[strategy] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=" + strategy}
 		}
-		if r := run(t, g, "run", "--at-least", "1s", key, "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--at-least") {
+		if r := run(t, sessions["getlock"], "run", "--at-least", "1s", key, "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--at-least") {
 			t.Errorf("--at-least on getlock: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
 		}
+	}
+	if p := postgresStore(t); p != nil {
+		sessions["advisory"] = env{p[0] + "&strategy=advisory"}
+	}
+	for name, e := range sessions {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			const d = 2 * time.Second
+			key := uniqueKey(t)
+			if r := run(t, e, "run", "--lock-delay", d.String(), key, "--", "true"); r.code != 0 {
+				t.Fatalf("run with --lock-delay: exit %d: %s", r.code, r.stderr)
+			}
+			if r := run(t, e, "run", "-n", key, "--", "true"); r.code != 0 {
+				t.Errorf("after a released run with --lock-delay: exit %d (a release frees the key at once): %s", r.code, r.stderr)
+			}
+			h := startHolder(t, e, "run", "--lock-delay", d.String(), key, "--", "sleep", "60")
+			waitHeld(t, e, key, h)
+			h.cmd.Process.Kill()
+			<-h.done
+			killed := time.Now()
+			if r := run(t, e, "run", "-n", key, "--", "true"); r.code != exitConflict {
+				t.Errorf("a run just after a killed run with --lock-delay %s: exit %d, want %d (held): %s", d, r.code, exitConflict, r.stderr)
+			}
+			if r := run(t, e, "run", "--wait", "30s", key, "--", "true"); r.code != 0 {
+				t.Fatalf("the lock-delay of a killed run ends: exit %d: %s", r.code, r.stderr)
+			}
+			if got := time.Since(killed); got < d {
+				t.Errorf("the key of a killed run with --lock-delay %s was taken %s after the kill", d, got)
+			}
+		})
 	}
 }

@@ -120,8 +120,9 @@ COMMAND ends sooner: the release leaves the rest of D on the lease, by the
 store's clock, so that a job started by several hosts' cron, whose clocks
 disagree by less than D, runs once per period. With --lock-delay D, a lock
 lost without a release (dlock killed, paused or cut off from the store) keeps
-KEY from others for D past its lease, so that COMMAND has D to stop; a
-release frees it at once (lease strategies only). With --max-time D, COMMAND
+KEY from others for D past its lease (on getlock, rowlock and advisory: for D
+after the store saw it end), so that COMMAND has D to stop; a release frees
+it at once. With --max-time D, COMMAND
 gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
 124 once it has ended and KEY is released.`,
 		Example: `  # crontab on every machine: the report runs on one of them at a time
@@ -181,7 +182,7 @@ gets SIGTERM when it has run for D (SIGKILL after --grace), and dlock exits
 	f.BoolVar(&r.shared, "shared", false, "hold KEY shared: any number of --shared runs at once, never with a run without it (which waits for them; new --shared runs wait behind it)")
 	f.IntVar(&r.limit, "limit", 0, "at most `N` runs hold KEY at once (a semaphore); every run of KEY must give the same N")
 	f.DurationVar(&r.atLeast, "at-least", 0, "keep KEY held at least this long from its acquisition, however soon COMMAND ends (a job run from several hosts' clocks runs once; MySQL and PostgreSQL lease, Redis, SQLite, etcd)")
-	f.DurationVar(&r.lockDelay, "lock-delay", 0, "when the lock is lost without a release (dlock killed, paused, cut off), keep KEY from others this long past its lease (not on getlock, rowlock, advisory)")
+	f.DurationVar(&r.lockDelay, "lock-delay", 0, "when the lock is lost without a release (dlock killed, paused, cut off), keep KEY from others this long past its lease (session strategies: past its end)")
 	f.StringVar(&r.textfile, "metrics-textfile", "", "write the run's figures (acquired, wait, hold, fence, lost, exit status, end time) to `PATH` in the Prometheus text format, for node_exporter's textfile collector")
 	f.DurationVar(&r.maxTime, "max-time", 0, "stop COMMAND (SIGTERM, then SIGKILL after --grace) when it has run this long, then release KEY, and exit 124 (default: no limit)")
 	return cmd
@@ -253,8 +254,8 @@ func (r *runCmd) run(key string, argv []string) error {
 	}
 	defer s.close()
 	switch {
-	case r.lockDelay > 0 && s.guard.sessionBound():
-		return usageError("%s: --lock-delay needs a lease strategy: this store's locks end with their session", s.name)
+	case r.lockDelay > 0 && !s.guard.keepsLockDelay():
+		return usageError("%s: --lock-delay: this store's locks end with their session, and it cannot keep a lock-delay", s.name)
 	case r.atLeast > 0 && !s.guard.extendsToAnyTTL():
 		return usageError("%s: --at-least needs a store whose leases outlive dlock at any length (the lease strategies of MySQL, PostgreSQL, Redis, SQLite, etcd)", s.name)
 	}

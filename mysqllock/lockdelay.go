@@ -1,0 +1,145 @@
+package mysqllock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// Lock-delays on the session strategies (dlock.LockDelayer).
+//
+// The server frees a session lock the moment the session ends, so the delay
+// is kept in the key's row of the session table, where every grant is
+// recorded while its lock is held (grants of a key are serialised by the
+// lock itself): delay_us is the lock-delay of the last grant while it is
+// neither released nor spent, and delay_until the instant, by the server's
+// clock, before which no grant is made.
+//
+//   - A grant records its lock-delay in delay_us (0 without one).
+//   - A release sets delay_us to 0 while the lock is still held (getlock:
+//     a statement before RELEASE_LOCK, only for a grant with a lock-delay;
+//     rowlock: in the locking transaction, with its COMMIT), so it frees
+//     the key at once.
+//   - The next acquirer, once it holds the lock, writes its grant only if
+//     delay_us is 0 and delay_until has passed. Otherwise the last grant
+//     ended without a release (its session ended, or it was abandoned), or
+//     a delay is running: it moves delay_until to now + delay_us (if later),
+//     sets delay_us to 0, keeps the fence, frees the lock and reports the
+//     key held for what is left. Its holder lost the lock no later than
+//     this acquirer took it, so the key stays from everyone for the delay
+//     after the lock ended. Abandon frees the lock without clearing
+//     delay_us, which leaves the same work to the next acquirer.
+//
+// The check is part of the grant's statement: a lock-delay of 0 costs no
+// round trip, and a refusal one more (to read what is left of the delay).
+
+// grantIfAlive is grantQuery's condition for a grant written on another
+// connection than the locking session's (rowlock): that session is alive.
+const grantIfAlive = ` WHERE EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`
+
+// grantQuery is the statement that records a grant in the session table
+// (quoted), under the condition where (a WHERE clause, or ""). It decides
+// once, in its first assignment, whether the grant is made, into the
+// session variable @dlock_granted that the others read (MySQL evaluates
+// ON DUPLICATE KEY UPDATE assignments left to right, so delay_until is
+// assigned before delay_us, which it reads). LAST_INSERT_ID(x) makes the
+// reply carry the new fence, or 0 when no grant was made.
+func grantQuery(table, where string) string {
+	return `INSERT INTO ` + table + `
+  (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata, delay_us)
+SELECT ?, ?, ?, LAST_INSERT_ID(1), ?, ?, UTC_TIMESTAMP(6), ?, ? FROM DUAL` + where + `
+ON DUPLICATE KEY UPDATE
+  delay_until = IF(@dlock_granted := (delay_us = 0 AND delay_until <= UTC_TIMESTAMP(6)), delay_until,
+    GREATEST(delay_until, UTC_TIMESTAMP(6) + INTERVAL delay_us MICROSECOND)),
+  token = IF(@dlock_granted, ?, token),
+  owner = IF(@dlock_granted, ?, owner),
+  fence = IF(@dlock_granted, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
+  conn_id = IF(@dlock_granted, ?, conn_id),
+  lock_name = IF(@dlock_granted, ?, lock_name),
+  acquired_at = IF(@dlock_granted, UTC_TIMESTAMP(6), acquired_at),
+  metadata = IF(@dlock_granted, ?, metadata),
+  delay_us = IF(@dlock_granted, ?, 0)`
+}
+
+// errSessionGone is a rowlock grant's error when the locking session ended
+// before the grant was written.
+var errSessionGone = errors.New("the row was not held across the fence's write: the locking session ended")
+
+// delayLeft explains a grant that wrote no fence: a lock-delay refused it
+// (what is left of it is returned, at least 1 ms so that the caller knows),
+// or, with alive, the locking session had ended (errSessionGone).
+func (s *sessions) delayLeft(ctx context.Context, ex querier, key string, ss *session, alive bool) (uint64, time.Duration, error) {
+	rows, err := ex.QueryContext(ctx, `SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), delay_until), 0),
+  EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)
+FROM `+s.table+` WHERE name = ?`, ss.id, key)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer rows.Close()
+	var us int64
+	live := false
+	if rows.Next() {
+		if err := rows.Scan(&us, &live); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return 0, 0, err
+	}
+	if alive && !live {
+		return 0, 0, errSessionGone
+	}
+	return 0, max(time.Duration(us)*time.Microsecond, time.Millisecond), nil
+}
+
+// holderTTL is the TTL of req's holder: the store's lease less the
+// lock-delay, which a session strategy keeps after the session ends rather
+// than in its wait_timeout.
+func holderTTL(req dlock.Request) time.Duration { return req.TTL - req.LockDelay }
+
+// checkLockDelay refuses a lock-delay that the Locker would not send.
+func checkLockDelay(what string, req dlock.Request) error {
+	if req.LockDelay < 0 || req.LockDelay >= req.TTL {
+		return fmt.Errorf("%w: mysqllock: %s: lock-delay %s outside 0..ttl %s", dlock.ErrInvalidOption, what, req.LockDelay, req.TTL)
+	}
+	return nil
+}
+
+// sleepDelay waits out what is left of a lock-delay, or until ctx ends: a
+// waiter (AcquireWait) that a lock-delay refused does not return at once,
+// which would have the Locker call again at once.
+func sleepDelay(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// clearDelay marks key's grant to tok as released, so that the next
+// acquirer does not keep its lock-delay. It runs while the lock is held.
+func (s *sessions) clearDelay(ctx context.Context, ex querier, key string, tok dlock.Token) error {
+	_, err := ex.ExecContext(ctx, `UPDATE `+s.table+` SET delay_us = 0 WHERE name = ? AND token = ?`, key, tok[:])
+	return err
+}
+
+var (
+	_ dlock.LockDelayer = (*GetLock)(nil)
+	_ dlock.LockDelayer = (*RowLock)(nil)
+)
+
+// Abandon implements dlock.LockDelayer: RELEASE_LOCK without marking the
+// grant released, so that the next acquirer keeps its lock-delay from then.
+func (g *GetLock) Abandon(ctx context.Context, key string, token dlock.Token) error {
+	return g.end(ctx, key, token, false)
+}
+
+// Abandon implements dlock.LockDelayer: COMMIT without marking the grant
+// released, so that the next acquirer keeps its lock-delay from then.
+func (r *RowLock) Abandon(ctx context.Context, key string, token dlock.Token) error {
+	return r.end(key, token, abandoned)
+}
