@@ -10,9 +10,10 @@ import (
 
 // listsWaiters and listsKeys are the stores whose dlock list --waiters and
 // --all work; on the others they must exit 64, never print an empty list.
-// listsWaiters says what names a waiter: its owner, or its connection.
+// listsWaiters says what names a waiter: its owner, or the server's name
+// for its session (the prefix of its Client: "connection ", "pid ").
 var (
-	listsWaiters = map[string]string{"etcd": "owner", "postgres": "owner", "mysql": "connection", "mysql-getlock": "connection"}
+	listsWaiters = map[string]string{"etcd": "owner", "postgres": "owner", "mysql": "connection ", "mysql-getlock": "connection ", "postgres-advisory": "pid "}
 	listsKeys    = map[string]bool{"embedded": true, "postgres": true, "mysql": true}
 )
 
@@ -52,8 +53,8 @@ func checkWaiters(t *testing.T, e env, key string, h *holder, by string) {
 	t.Helper()
 	w := startHolder(t, e, "run", "--ttl", "5s", "--owner", "bob", key, "--", "true")
 	want := "bob"
-	if by == "connection" {
-		want = "connection "
+	if by != "owner" {
+		want = by
 	}
 	var last result
 	for range 300 {
@@ -68,7 +69,7 @@ func checkWaiters(t *testing.T, e env, key string, h *holder, by string) {
 	r := run(t, e, "list", "--waiters", "--json", key)
 	var ws []jsonWaiter
 	if err := json.Unmarshal([]byte(r.stdout), &ws); err != nil || len(ws) != 1 || ws[0].Key != key || ws[0].Mode != "exclusive" ||
-		by == "owner" && ws[0].Owner != "bob" || by == "connection" && !strings.HasPrefix(ws[0].Client, "connection ") {
+		by == "owner" && ws[0].Owner != "bob" || by != "owner" && !strings.HasPrefix(ws[0].Client, by) {
 		t.Errorf("list --waiters --json: %v %q", err, r.stdout)
 	}
 	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
