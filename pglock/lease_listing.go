@@ -55,16 +55,24 @@ func (b *Backend) ListWaiters(ctx context.Context, prefix string) ([]dlock.Waite
 // holder is known when its last grant was exclusive: the row keeps that
 // holder; shared and limited holders' rows go with their release, and such
 // a key has no Last. Keys released by a version that did not record
-// releases show as expired. The holders are read by a second statement, so
-// a key granted or freed between the two may show the later state.
+// releases show as expired. The holders are read by a second statement: a
+// key granted between the two shows as held, and a listing in which a key
+// held by the first read has no holder in the second is read again
+// (keylist.Retry).
 func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo, error) {
+	return keylist.Retry(func() ([]dlock.KeyInfo, bool, error) { return b.listKeys(ctx, prefix) })
+}
+
+// listKeys is one ListKeys by two reads, and whether it is keylist.Torn.
+func (b *Backend) listKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo, bool, error) {
 	rows, err := b.pool.Query(ctx, b.q.listKeys, []byte(prefix))
 	if err != nil {
-		return nil, wrapErr(b.tb, "list keys", err)
+		return nil, false, wrapErr(b.tb, "list keys", err)
 	}
 	defer rows.Close()
 	now := time.Now()
 	var out []dlock.KeyInfo
+	var held []bool
 	for rows.Next() {
 		var (
 			h       holderRow
@@ -72,20 +80,21 @@ func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo,
 			endedUs int64
 		)
 		if err := rows.Scan(&h.name, &h.fence, &h.token, &h.owner, &h.metadata, &h.acquiredAt, &r.Held, &r.LastKnown, &r.Expired, &endedUs); err != nil {
-			return nil, wrapErr(b.tb, "list keys", err)
+			return nil, false, wrapErr(b.tb, "list keys", err)
 		}
 		r.Last, _ = h.info("", now)
 		r.Ended = time.Duration(endedUs) * time.Microsecond
-		out = append(out, r.Info(now))
+		out, held = append(out, r.Info(now)), append(held, r.Held)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wrapErr(b.tb, "list keys", err)
+		return nil, false, wrapErr(b.tb, "list keys", err)
 	}
 	hs, err := b.List(ctx, prefix)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return keylist.MergeHolders(out, hs), nil
+	out = keylist.MergeHolders(out, hs)
+	return out, keylist.Torn(held, out), nil
 }
 
 var _ dlock.WaiterLister = (*Advisory)(nil)

@@ -456,15 +456,22 @@ func query(ctx context.Context, q querier, stmt string, args ...any) ([]holder, 
 // and such a key has no Last and no Expired, and its FreedAt is its last
 // release. A release made by a version that did not record its time has
 // no FreedAt. The holders are read by a second statement, so a key granted
-// between the two shows as held.
+// between the two shows as held, and a listing in which a key held by the
+// first read has no holder in the second is read again (keylist.Retry).
 func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo, error) {
+	return keylist.Retry(func() ([]dlock.KeyInfo, bool, error) { return b.listKeys(ctx, prefix) })
+}
+
+// listKeys is one ListKeys by two reads, and whether it is keylist.Torn.
+func (b *Backend) listKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo, bool, error) {
 	rows, err := b.db.QueryContext(ctx, listKeysSQL, prefix)
 	if err != nil {
-		return nil, wrap("list keys", err)
+		return nil, false, wrap("list keys", err)
 	}
 	defer rows.Close()
 	t := time.Now()
 	var out []dlock.KeyInfo
+	var held []bool
 	for rows.Next() {
 		var (
 			r                                     keylist.Row
@@ -473,7 +480,7 @@ func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo,
 		)
 		if err := rows.Scan(&r.Last.Key, &r.Last.Fence, &token, &r.Last.Owner, &r.Last.Metadata, &acquiredUs,
 			&r.Held, &r.LastKnown, &r.Expired, &expiresUs, &freedUs, &nowUs); err != nil {
-			return nil, wrap("list keys", err)
+			return nil, false, wrap("list keys", err)
 		}
 		copy(r.Last.Token[:], token)
 		r.Last.AcquiredAt = time.UnixMicro(acquiredUs)
@@ -485,14 +492,15 @@ func (b *Backend) ListKeys(ctx context.Context, prefix string) ([]dlock.KeyInfo,
 		default:
 			r.EndUnknown = true
 		}
-		out = append(out, r.Info(t))
+		out, held = append(out, r.Info(t)), append(held, r.Held)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wrap("list keys", err)
+		return nil, false, wrap("list keys", err)
 	}
 	hs, err := b.List(ctx, prefix)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return keylist.MergeHolders(out, hs), nil
+	out = keylist.MergeHolders(out, hs)
+	return out, keylist.Torn(held, out), nil
 }

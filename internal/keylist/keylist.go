@@ -63,3 +63,28 @@ func MergeHolders(keys []dlock.KeyInfo, holders []dlock.LockInfo) []dlock.KeyInf
 	}
 	return keys
 }
+
+// Torn reports whether a key whose row said it was held (held[i], for
+// keys[i]) has no holders once merged: its lease ended between the two
+// reads, and the listing shows it neither held nor with its last holder.
+func Torn(held []bool, keys []dlock.KeyInfo) bool {
+	for i, h := range held {
+		if h && i < len(keys) && len(keys[i].Holders) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Retry calls list (one listing by two reads, and whether it is Torn) until
+// it is not torn, at most three times, and returns the last listing: a key
+// whose lease ends between the reads is read again rather than shown
+// without holders and without its last holder.
+func Retry(list func() ([]dlock.KeyInfo, bool, error)) ([]dlock.KeyInfo, error) {
+	for attempt := 1; ; attempt++ {
+		keys, torn, err := list()
+		if err != nil || !torn || attempt == 3 {
+			return keys, err
+		}
+	}
+}

@@ -39,3 +39,29 @@ func TestMergeHolders(t *testing.T) {
 		t.Errorf("a held key: %+v", d)
 	}
 }
+
+// TestRetryReadsATornListingAgain checks that a listing in which a key held
+// by the rows' read has no holders is read again, at most three times.
+func TestRetryReadsATornListingAgain(t *testing.T) {
+	held := []bool{true, false}
+	torn := []dlock.KeyInfo{{Key: "a", Fence: 2}, {Key: "b", Fence: 1}}
+	whole := []dlock.KeyInfo{{Key: "a", Fence: 2, Holders: []dlock.LockInfo{{Key: "a", Fence: 2}}}, {Key: "b", Fence: 1}}
+	if !keylist.Torn(held, torn) || keylist.Torn(held, whole) || keylist.Torn([]bool{false, false}, torn) {
+		t.Fatalf("Torn: %v %v %v", keylist.Torn(held, torn), keylist.Torn(held, whole), keylist.Torn([]bool{false, false}, torn))
+	}
+	calls := 0
+	got, err := keylist.Retry(func() ([]dlock.KeyInfo, bool, error) {
+		calls++
+		if calls == 1 {
+			return torn, true, nil
+		}
+		return whole, false, nil
+	})
+	if err != nil || calls != 2 || len(got[0].Holders) != 1 {
+		t.Errorf("Retry after one torn listing: %d calls, %+v, %v", calls, got, err)
+	}
+	calls = 0
+	if _, err := keylist.Retry(func() ([]dlock.KeyInfo, bool, error) { calls++; return torn, true, nil }); err != nil || calls != 3 {
+		t.Errorf("Retry of listings that stay torn: %d calls, %v; want 3", calls, err)
+	}
+}
