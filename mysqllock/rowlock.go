@@ -200,8 +200,12 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
-	// The transaction outlives this call: it is the lock.
-	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), nil)
+	// The transaction outlives this call: it is the lock. READ COMMITTED:
+	// its locking read locks the key's row and no gap, where REPEATABLE
+	// READ could also lock the gap after it (seen as the supremum of the
+	// rows table), and every insert of a new key into that gap would wait
+	// for this lock's release.
+	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		ss.broken.Store(true)
 		r.unpin(ss)
