@@ -67,7 +67,7 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 			in.Problems = append(in.Problems, fmt.Sprintf("%s exited: %v (see %s.stderr)", p.id, waitErr, p.id))
 		}
 		if races > known {
-			in.Problems = append(in.Problems, fmt.Sprintf("%s: %d data race(s) in %s.stderr", p.id, races-known, p.id))
+			in.Problems = append(in.Problems, fmt.Sprintf("%s: %d data race(s) in %s.stderr; the first: %s", p.id, races-known, p.id, firstRace(errText)))
 		}
 		for _, bad := range []string{"panic:", "fatal error:"} {
 			if bytes.Contains(errText, []byte(bad)) {
@@ -175,6 +175,26 @@ func dataRaces(stderr []byte) (all, known int) {
 		}
 	}
 	return all, known
+}
+
+// firstRace is the first race report in stderr, its lines joined by " | "
+// and cut to 4,000 bytes, for a report that outlives the records.
+func firstRace(stderr []byte) string {
+	const head = "WARNING: DATA RACE\n"
+	s := string(stderr)
+	i := strings.Index(s, head)
+	if i < 0 {
+		return ""
+	}
+	s = s[i+len(head):]
+	if end := strings.Index(s, "=================="); end >= 0 {
+		s = s[:end]
+	}
+	s = strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " | ")), " ")
+	if len(s) > 4000 {
+		s = s[:4000]
+	}
+	return s
 }
 
 // raceTops returns the top frame's function of each access in one race

@@ -60,4 +60,11 @@ func TestDataRaces(t *testing.T) {
 	if all, _ := dataRaces([]byte("time=… level=WARN msg=\"dlock: lock lost\"\n")); all != 0 {
 		t.Errorf("no race: %d", all)
 	}
+	// The report names the first race's frames, on one line.
+	if got := firstRace([]byte(ours)); !strings.Contains(got, "zklock.(*Backend).wait()") || strings.Contains(got, "\n") {
+		t.Errorf("firstRace: %q", got)
+	}
+	if got := firstRace([]byte("no race\n")); got != "" {
+		t.Errorf("firstRace without a race: %q", got)
+	}
 }
