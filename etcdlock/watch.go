@@ -105,7 +105,7 @@ func (b *Backend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInf
 	for _, it := range q {
 		entries[string(it.kv.Key)] = it.kv
 	}
-	last := holdersOf(key, entries)
+	now := holdersOf(key, entries)
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -116,7 +116,8 @@ func (b *Backend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInf
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	wch := b.c.Watch(wctx, b.dir(key), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	out := make(chan []dlock.LockInfo)
-	go func() {
+	// The goroutine has its own last: the caller reads now.
+	go func(last []dlock.LockInfo) {
 		defer b.bg.Done()
 		defer close(out)
 		defer cancel()
@@ -157,8 +158,8 @@ func (b *Backend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInf
 				return
 			}
 		}
-	}()
-	return last, out, nil
+	}(now)
+	return now, out, nil
 }
 
 // holdersOf returns the holders among key's entries, in queue order.
