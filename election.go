@@ -282,10 +282,7 @@ func (e *Election) read(ctx context.Context, bo *Backoff) (Leader, error) {
 func (e *Election) followChanges(ctx context.Context, o *observed, hw HolderWatcher) bool {
 	var bo Backoff
 	for ctx.Err() == nil {
-		e.l.mu.Lock()
-		closed := e.l.closed
-		e.l.mu.Unlock()
-		if closed {
+		if e.l.isClosed() {
 			return false
 		}
 		wctx, cancel := context.WithCancel(ctx)
