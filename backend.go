@@ -210,10 +210,30 @@ type MetadataSetter interface {
 // TTLExtender is implemented by backends whose Extend sets a lease to the
 // TTL it is given, longer or shorter than before, by the store's clock, and
 // whose leases outlive the client's process. Only they can keep a minimum
-// hold (WithMinHold); elsewhere (a ZooKeeper node ends with its session, a
-// session lock with its session) the Locker refuses it with ErrUnsupported.
+// hold (WithMinHold) in a lease; a session lock keeps it in its key's row
+// (HoldKeeper); elsewhere (a ZooKeeper node ends with its session and has
+// no timer on the server's clock) the Locker refuses it with
+// ErrUnsupported.
 type TTLExtender interface {
 	ExtendsToAnyTTL()
+}
+
+// HoldKeeper is implemented by backends that keep a minimum hold
+// (WithMinHold) themselves although they are not TTLExtenders: the
+// SessionBound ones that record each grant in a row of its key, where a
+// hold after the release is kept as a lock-delay is (LockDelayer). The
+// Locker uses it for exclusive locks only.
+type HoldKeeper interface {
+	// ReleaseKeeping frees key's exclusive lock held by token, as Release
+	// does, and keeps the key from every acquisition for keep from the
+	// release, by the store's clock: an acquisition meanwhile is refused
+	// as a lock-delay refuses it (Acquired=false, Remaining set, nothing
+	// changed; AcquireWait waits it out). It returns ErrNotHeld if token
+	// does not hold key, and ErrUnsupported for a lock of another mode or
+	// from a wrapper whose backend is not a HoldKeeper (the Locker then
+	// extends the lease to keep, as for a TTLExtender). After any other
+	// error the lock is not left held: the key is then free at once.
+	ReleaseKeeping(ctx context.Context, key string, token Token, keep time.Duration) error
 }
 
 // SessionBound is implemented by backends whose locks live in a server

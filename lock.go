@@ -227,11 +227,18 @@ func (l *Locker) keepFor(ls *lease) time.Duration {
 }
 
 // letGo ends ls in the store: a release, or, with keep left of its minimum
-// hold, a last extension of its lease to keep. When that extension fails
+// hold, a release that keeps the key for keep (HoldKeeper) or a last
+// extension of its lease to keep. When that extension fails
 // the lease runs out by its TTL: never released early.
 func (l *Locker) letGo(ctx context.Context, ls *lease, keep time.Duration) error {
 	if keep == 0 {
 		return l.b.Release(ctx, ls.key, ls.token)
+	}
+	if hk, ok := l.b.(HoldKeeper); ok {
+		err := hk.ReleaseKeeping(ctx, ls.key, ls.token, keep)
+		if !errors.Is(err, ErrUnsupported) {
+			return err
+		}
 	}
 	errs, err := l.b.Extend(ctx, []Lease{{Key: ls.key, Token: ls.token, TTL: keep}})
 	if err == nil && len(errs) > 0 {

@@ -134,10 +134,17 @@ func WithMetadata(s string) AcquireOption {
 // from clocks that disagree then runs once per d, however fast it is (the
 // lockAtLeastFor of scheduled jobs). The store must accept a lease as
 // long as d. A reentrant acquisition keeps the first one's minimum hold.
-// Only backends that set a lease to any TTL, past the client's life, can
-// keep it (dlock.TTLExtender: the lease strategies of MySQL, PostgreSQL,
-// Redis and SQLite); elsewhere it is ErrUnsupported before any I/O. d must
-// not be negative; 0 (the default) frees the key at its release.
+// Backends that set a lease to any TTL, past the client's life, keep it
+// in the lease (dlock.TTLExtender: the lease strategies of MySQL,
+// PostgreSQL, Redis, SQLite and etcd). The session strategies (MySQL's
+// getlock and rowlock, PostgreSQL's advisory) keep it for exclusive locks
+// in the key's row (dlock.HoldKeeper): the release frees the lock and
+// refuses every acquisition until what is left of d has passed, by the
+// server's clock; a holder whose session ends without a release (a crash)
+// frees the key at once there, or after its lock-delay. Elsewhere (ZooKeeper,
+// whose nodes end with their session and which has no timer on its own
+// clock) it is ErrUnsupported before any I/O. d must not be negative; 0
+// (the default) frees the key at its release.
 func WithMinHold(d time.Duration) AcquireOption {
 	return func(c *acquireConfig) { c.minHold = d }
 }
@@ -236,8 +243,8 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 	if c.lockDelay > 0 && !keepsLockDelay(l.b) {
 		return c, fmt.Errorf("%w: a lock-delay on a store whose locks end with their session", ErrUnsupported)
 	}
-	if _, ok := l.b.(TTLExtender); !ok && c.minHold > 0 {
-		return c, fmt.Errorf("%w: a minimum hold on a store that cannot set a lease's TTL past the client's life", ErrUnsupported)
+	if c.minHold > 0 && !keepsMinHold(l.b, c.mode()) {
+		return c, fmt.Errorf("%w: a minimum hold of a %s lock on a store that cannot keep a key past its release", ErrUnsupported, c.mode())
 	}
 	switch {
 	case c.shared && c.limitSet:
@@ -262,6 +269,17 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 func defaultMetadata() string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("host=%s pid=%d prog=%s", host, os.Getpid(), filepath.Base(os.Args[0]))
+}
+
+// keepsMinHold reports whether b can keep a minimum hold of a lock of mode
+// m: in a lease whose TTL it sets past the client's life (TTLExtender), or
+// in the key's row for an exclusive session lock (HoldKeeper).
+func keepsMinHold(b Backend, m Mode) bool {
+	if _, ok := b.(TTLExtender); ok {
+		return true
+	}
+	_, ok := b.(HoldKeeper)
+	return ok && m == ModeExclusive
 }
 
 // keepsLockDelay reports whether b can keep a lock-delay: a lease keeps it

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dlock-dev/dlock"
 )
@@ -142,6 +143,20 @@ func (f *faulty) SetMetadata(ctx context.Context, key string, token dlock.Token,
 		return dlock.ErrUnsupported
 	}
 	return m.SetMetadata(ctx, key, token, metadata)
+}
+
+// ReleaseKeeping passes dlock.HoldKeeper through (ErrUnsupported where
+// the wrapped backend lacks it), counted and failed as a Release.
+func (f *faulty) ReleaseKeeping(ctx context.Context, key string, token dlock.Token, keep time.Duration) error {
+	h, ok := f.Backend.(dlock.HoldKeeper)
+	if !ok {
+		return dlock.ErrUnsupported
+	}
+	f.releases.Add(1)
+	if f.failRelease.Load() {
+		return errInjected
+	}
+	return h.ReleaseKeeping(ctx, key, token, keep)
 }
 
 // Abandon passes dlock.LockDelayer through (ErrUnsupported where the

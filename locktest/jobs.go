@@ -13,14 +13,26 @@ import (
 // has passed leaves the key held until it has (counted from before the
 // acquisition was sent, since the store's grant came later), and no longer
 // than a few seconds past it; a release after it frees the key at once.
+// It holds for a lease (dlock.TTLExtender) and for a session lock whose
+// store keeps the key in its row (dlock.HoldKeeper); other stores refuse
+// it.
 func (s *suite) minHold(t *testing.T) {
 	const d = 1200 * time.Millisecond // past the TTL
-	if _, ok := s.newBackend(t).(dlock.TTLExtender); !ok {
+	b := s.newBackend(t)
+	_, extends := b.(dlock.TTLExtender)
+	_, keeps := b.(dlock.HoldKeeper)
+	if !extends && !keeps {
 		l := lockerOver(t, s.newBackend(t))
 		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.WithMinHold(d)); !errors.Is(err, dlock.ErrUnsupported) {
-			t.Errorf("rule: a store that is not a TTLExtender refuses a minimum hold; got %v, want ErrUnsupported", err)
+			t.Errorf("rule: a store that is neither a TTLExtender nor a HoldKeeper refuses a minimum hold; got %v, want ErrUnsupported", err)
 		}
 		return
+	}
+	if sh, ok := b.(dlock.Sharer); ok && !extends && sh.SupportsMode(dlock.ModeShared) {
+		l := lockerOver(t, s.newBackend(t))
+		if _, err := l.TryAcquire(ctxT(t, 10*time.Second), key(t, "k"), dlock.Shared(), dlock.WithMinHold(d)); !errors.Is(err, dlock.ErrUnsupported) {
+			t.Errorf("rule: a HoldKeeper keeps the minimum hold of exclusive locks only; a shared one: %v, want ErrUnsupported", err)
+		}
 	}
 	other := lockerOver(t, s.newBackend(t))
 	check := func(t *testing.T, let func(l *dlock.Locker, lk *dlock.Lock) error) {

@@ -685,11 +685,11 @@ func (g *GetLock) Extend(ctx context.Context, leases []dlock.Lease) ([]error, er
 // error is then ctx's. A grant with a lock-delay is marked released first
 // (one more statement), so that the next holder does not keep the delay.
 func (g *GetLock) Release(ctx context.Context, key string, token dlock.Token) error {
-	return g.end(ctx, key, token, true)
+	return g.end(ctx, key, token, ending{clean: true})
 }
 
 // end is Release when clean, and Abandon otherwise.
-func (g *GetLock) end(ctx context.Context, key string, token dlock.Token, clean bool) error {
+func (g *GetLock) end(ctx context.Context, key string, token dlock.Token, how ending) error {
 	ss := g.holding(key, token)
 	if ss == nil {
 		return dlock.ErrNotHeld
@@ -697,7 +697,7 @@ func (g *GetLock) end(ctx context.Context, key string, token dlock.Token, clean 
 	var got sql.NullInt64
 	var removed bool
 	err := ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
-		return g.releaseLocked(sctx, ss, key, token, clean, &got, &removed)
+		return g.releaseLocked(sctx, ss, key, token, how, &got, &removed)
 	}, func(err error) { g.released(ss, key, token, err, removed) })
 	if callerLeft(err) {
 		return fmt.Errorf("mysqllock: getlock release: %w", err)
@@ -717,16 +717,22 @@ func (g *GetLock) end(ctx context.Context, key string, token dlock.Token, clean 
 }
 
 // releaseLocked runs RELEASE_LOCK for key on ss if tok holds it there
-// (first marking a grant with a lock-delay released, when clean), drops key
+// (first marking a grant with a lock-delay released, when clean, or
+// keeping the key for how.keep), drops key
 // from ss's records (setting *removed), then lowers the session's
 // wait_timeout to what its other locks need. The caller holds ss.mu: the
 // check and the release cannot be overtaken by another statement on the
 // session.
-func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, tok dlock.Token, clean bool, got *sql.NullInt64, removed *bool) error {
+func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, tok dlock.Token, how ending, got *sql.NullInt64, removed *bool) error {
 	if !g.owns(ss, key, tok) {
 		return dlock.ErrNotHeld
 	}
-	if clean && g.delayOf(ss, key) > 0 {
+	switch {
+	case how.keep > 0:
+		if err := g.s.keepHold(ctx, ss.conn, key, tok, how.keep); err != nil {
+			return err
+		}
+	case how.clean && g.delayOf(ss, key) > 0:
 		if err := g.s.clearDelay(ctx, ss.conn, key, tok); err != nil {
 			return err
 		}
@@ -771,7 +777,7 @@ func (g *GetLock) release(ss *session, key string, tok dlock.Token) {
 	var got sql.NullInt64
 	var removed bool
 	err := ss.run(context.Background(), statementTimeout, false, func(sctx context.Context) error {
-		return g.releaseLocked(sctx, ss, key, tok, true, &got, &removed)
+		return g.releaseLocked(sctx, ss, key, tok, ending{clean: true}, &got, &removed)
 	}, nil)
 	g.released(ss, key, tok, err, removed)
 }

@@ -120,6 +120,31 @@ func sleepDelay(ctx context.Context, d time.Duration) {
 	}
 }
 
+// ending says how a session lock ends: released (clean) or abandoned, and
+// with keep, for a minimum hold, the time its key stays from everyone.
+type ending struct {
+	clean bool
+	keep  time.Duration
+}
+
+// keepHold marks key's grant to tok as released and keeps the key from
+// every grant for keep from now, by the server's clock, in the same
+// delay_until a lock-delay uses (the grant's statement refuses while it
+// lasts). It runs while the lock is held; a grant row that tok no longer
+// has is an error (the lock is then released all the same, early).
+func (s *sessions) keepHold(ctx context.Context, ex querier, key string, tok dlock.Token, keep time.Duration) error {
+	res, err := ex.ExecContext(ctx, `UPDATE `+s.table+` SET delay_us = 0,
+  delay_until = GREATEST(delay_until, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+WHERE name = ? AND token = ?`, keep.Microseconds(), key, tok[:])
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return fmt.Errorf("the minimum hold was not recorded: %d rows, %v", n, err)
+	}
+	return nil
+}
+
 // clearDelay marks key's grant to tok as released, so that the next
 // acquirer does not keep its lock-delay. It runs while the lock is held.
 func (s *sessions) clearDelay(ctx context.Context, ex querier, key string, tok dlock.Token) error {
@@ -130,12 +155,31 @@ func (s *sessions) clearDelay(ctx context.Context, ex querier, key string, tok d
 var (
 	_ dlock.LockDelayer = (*GetLock)(nil)
 	_ dlock.LockDelayer = (*RowLock)(nil)
+	_ dlock.HoldKeeper  = (*GetLock)(nil)
+	_ dlock.HoldKeeper  = (*RowLock)(nil)
 )
+
+// ReleaseKeeping implements dlock.HoldKeeper: the key's row keeps it from
+// every grant for keep (delay_until, by the server's clock), written on the
+// holding session before RELEASE_LOCK.
+func (g *GetLock) ReleaseKeeping(ctx context.Context, key string, token dlock.Token, keep time.Duration) error {
+	if g.bell {
+		return dlock.ErrUnsupported // a doorbell has no record
+	}
+	return g.end(ctx, key, token, ending{clean: true, keep: keep})
+}
+
+// ReleaseKeeping implements dlock.HoldKeeper: the key's row keeps it from
+// every grant for keep (delay_until, by the server's clock), written in the
+// locking transaction with its COMMIT.
+func (r *RowLock) ReleaseKeeping(ctx context.Context, key string, token dlock.Token, keep time.Duration) error {
+	return r.end(key, token, kept(keep))
+}
 
 // Abandon implements dlock.LockDelayer: RELEASE_LOCK without marking the
 // grant released, so that the next acquirer keeps its lock-delay from then.
 func (g *GetLock) Abandon(ctx context.Context, key string, token dlock.Token) error {
-	return g.end(ctx, key, token, false)
+	return g.end(ctx, key, token, ending{})
 }
 
 // Abandon implements dlock.LockDelayer: COMMIT without marking the grant

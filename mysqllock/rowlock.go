@@ -445,18 +445,30 @@ func (r *RowLock) hold(key string, tok dlock.Token) *rowHold {
 	return nil
 }
 
-// How drop ends a locking transaction: with a ROLLBACK (the lock is lost),
-// or with a COMMIT that marks the record as released (for List) and, after
-// a Release, its lock-delay as not to be kept.
-const (
-	rollback  = ""
-	released  = "conn_id = 0, delay_us = 0"
-	abandoned = "conn_id = 0"
+// rowEnd is how drop ends a locking transaction: with a ROLLBACK (the
+// lock is lost), or with a COMMIT that sets set in the key's record: it
+// marks the record as released (for List) and, after a Release, its
+// lock-delay as not to be kept; with keep, for a minimum hold, the key
+// stays from every grant for keep from the COMMIT (delay_until, which the
+// grant's statement checks, as for a lock-delay).
+type rowEnd struct {
+	set  string
+	keep time.Duration
+}
+
+var (
+	rollback  = rowEnd{}
+	released  = rowEnd{set: "conn_id = 0, delay_us = 0"}
+	abandoned = rowEnd{set: "conn_id = 0"}
 )
 
-// drop forgets a hold and ends its transaction (setting set in the key's
-// record, then committing, or rolling back if set is rollback) and session.
-func (r *RowLock) drop(key string, h *rowHold, set string) error {
+func kept(keep time.Duration) rowEnd {
+	return rowEnd{set: "conn_id = 0, delay_us = 0, delay_until = GREATEST(delay_until, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", keep: keep}
+}
+
+// drop forgets a hold and ends its transaction (setting how.set in the
+// key's record, then committing, or rolling back for rollback) and session.
+func (r *RowLock) drop(key string, h *rowHold, how rowEnd) error {
 	r.mu.Lock()
 	if r.held[key] == h {
 		delete(r.held, key)
@@ -466,10 +478,20 @@ func (r *RowLock) drop(key string, h *rowHold, set string) error {
 	// Serialized with a renewal check on the same transaction: two
 	// statements in flight on one connection break it.
 	h.ss.mu.Lock()
-	if set != rollback {
+	if how != rollback {
+		args := []any{key, h.token[:]}
+		if how.keep > 0 {
+			args = append([]any{how.keep.Microseconds()}, args...)
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), statementTimeout)
-		_, err = h.tx.ExecContext(sctx, `UPDATE `+r.s.table+` SET `+set+` WHERE name = ? AND token = ?`, key, h.token[:])
+		var res sql.Result
+		res, err = h.tx.ExecContext(sctx, `UPDATE `+r.s.table+` SET `+how.set+` WHERE name = ? AND token = ?`, args...)
 		cancel()
+		if err == nil && how.keep > 0 {
+			if n, rerr := res.RowsAffected(); rerr != nil || n != 1 {
+				err = fmt.Errorf("the minimum hold was not recorded: %d rows, %v", n, rerr)
+			}
+		}
 		if err == nil {
 			err = h.tx.Commit()
 		} else {
@@ -542,14 +564,14 @@ func (r *RowLock) Release(ctx context.Context, key string, token dlock.Token) er
 	return r.end(key, token, released)
 }
 
-// end commits key's locking transaction held by token, with set in the
-// key's record (released or abandoned).
-func (r *RowLock) end(key string, token dlock.Token, set string) error {
+// end commits key's locking transaction held by token, ending it as how
+// says (released, abandoned or kept).
+func (r *RowLock) end(key string, token dlock.Token, how rowEnd) error {
 	h := r.hold(key, token)
 	if h == nil {
 		return dlock.ErrNotHeld
 	}
-	if err := r.drop(key, h, set); err != nil {
+	if err := r.drop(key, h, how); err != nil {
 		return fmt.Errorf("%w: commit: %v", dlock.ErrNotHeld, err)
 	}
 	return nil

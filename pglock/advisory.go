@@ -249,7 +249,7 @@ func split(id uint64) (int32, int32) { return int32(id >> 32), int32(id) }
 type advisoryQueries struct {
 	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list, setMetadata string
 	listWaiters                                                                                    string
-	notify, forceRelease, unlockReleased                                                           string
+	notify, forceRelease, unlockReleased, unlockKept                                               string
 }
 
 // Bounds of an exclusive wait in the server (lock_timeout, local to the
@@ -385,6 +385,15 @@ SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM 
 		// reads c), and the next grant's statement, which waits for the
 		// row, sees it so.
 		unlockReleased: `WITH c AS (UPDATE ` + s + ` SET delay_us = 0 WHERE name = $3 AND token = $5 RETURNING 1),
+u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok FROM (SELECT count(*) FROM c) x)
+SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
+		// unlockKept is unlock for a release within a minimum hold: the
+		// grant is marked released and the key kept from every grant for
+		// $6 µs from now (delay_until, which the grant's statement checks
+		// as it does a lock-delay) before the lock is unlocked.
+		unlockKept: `WITH c AS (UPDATE ` + s + ` SET delay_us = 0,
+    delay_until = greatest(delay_until, clock_timestamp() + $6::bigint * interval '1 microsecond')
+  WHERE name = $3 AND token = $5 RETURNING 1),
 u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok FROM (SELECT count(*) FROM c) x)
 SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
 		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $5),
@@ -900,7 +909,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 			return err
 		}
 		j.waitCancel()
-		if _, uerr := a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0); uerr != nil {
+		if _, uerr := a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0, 0); uerr != nil {
 			return dlock.Join(err, uerr)
 		}
 		if q != a.q.wait || !lockTimedOut(err) {
@@ -927,7 +936,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	// The caller left: nobody will use or release this grant.
 	if res.ok {
 		j.waitCancel()
-		_, err = a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0)
+		_, err = a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0, 0)
 	}
 	return err
 }
@@ -939,12 +948,14 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 // statement cancelled by a late cancel request is run again; if the
 // cancelled one had unlocked, the next reports it not held, which then
 // counts as unlocked (a session holds a key at most once: see heldLocally).
-func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key string, token dlock.Token, shared, released bool) (bool, error) {
+func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key string, token dlock.Token, shared, released bool, keep time.Duration) (bool, error) {
 	k1, k2 := split(id)
 	q, args := a.q.unlock, []any{k1, k2, []byte(key), false}
 	switch {
 	case shared:
 		q, args = a.q.unlockShared, []any{k1, k2, []byte(key), false, token[:]}
+	case keep > 0:
+		q, args = a.q.unlockKept, []any{k1, k2, []byte(key), false, token[:], us(keep)}
 	case released:
 		q, args = a.q.unlockReleased, []any{k1, k2, []byte(key), false, token[:]}
 	}
@@ -1241,11 +1252,11 @@ func (a *Advisory) grantedAfter(h *hold) bool {
 // before the call): Release then returns the context's error at once, and
 // the lock is freed without it.
 func (a *Advisory) Release(ctx context.Context, key string, token dlock.Token) error {
-	return a.end(ctx, key, token, true)
+	return a.end(ctx, key, token, true, 0)
 }
 
 // end is Release when released, and Abandon otherwise.
-func (a *Advisory) end(ctx context.Context, key string, token dlock.Token, released bool) error {
+func (a *Advisory) end(ctx context.Context, key string, token dlock.Token, released bool, keep time.Duration) error {
 	h := a.beginRelease(key, token)
 	if h == nil {
 		return dlock.ErrNotHeld
@@ -1254,7 +1265,7 @@ func (a *Advisory) end(ctx context.Context, key string, token dlock.Token, relea
 	var ok bool
 	err := ss.do(ctx, statementBound, true, func(jctx context.Context, _ *job) error {
 		var err error
-		ok, err = a.unlock(jctx, ss, h.id, h.key, h.token, h.shared, released && h.delay > 0)
+		ok, err = a.unlock(jctx, ss, h.id, h.key, h.token, h.shared, released && h.delay > 0, keep)
 		if a.afterUnlock != nil {
 			a.afterUnlock()
 		}

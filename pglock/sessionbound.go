@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -33,7 +34,38 @@ func (a *Advisory) SessionBound() {}
 // of 0 costs nothing more. A lock-delay is kept for exclusive
 // acquisitions only: a shared one with a lock-delay is ErrUnsupported.
 func (a *Advisory) Abandon(ctx context.Context, key string, token dlock.Token) error {
-	return a.end(ctx, key, token, false)
+	return a.end(ctx, key, token, false, 0)
+}
+
+var _ dlock.HoldKeeper = (*Advisory)(nil)
+
+// ReleaseKeeping implements dlock.HoldKeeper for exclusive locks: the
+// statement that unlocks first marks the grant released and keeps the key
+// from every grant for keep from now, by the server's clock, in the key's
+// row (delay_until, which the grant's statement checks as it does a
+// lock-delay). A shared lock is ErrUnsupported. If the unlock may not have
+// run, the lock is released plainly, so that it is not left held.
+func (a *Advisory) ReleaseKeeping(ctx context.Context, key string, token dlock.Token, keep time.Duration) error {
+	a.mu.Lock()
+	shared := false
+	for _, hs := range a.held {
+		for _, h := range hs {
+			if h.key == key && h.token == token && h.shared {
+				shared = true
+			}
+		}
+	}
+	a.mu.Unlock()
+	if shared {
+		return dlock.ErrUnsupported
+	}
+	err := a.end(ctx, key, token, true, keep)
+	if err != nil && !errors.Is(err, dlock.ErrNotHeld) && ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(context.Background(), statementBound)
+		defer cancel()
+		_ = a.end(rctx, key, token, true, 0)
+	}
+	return err
 }
 
 // holderTTL is the TTL of req's holder: the store's lease less the

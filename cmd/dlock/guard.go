@@ -44,6 +44,7 @@ var (
 	_ dlock.MetadataSetter = (*guard)(nil)
 	_ dlock.TTLExtender    = (*guard)(nil)
 	_ dlock.LockDelayer    = (*guard)(nil)
+	_ dlock.HoldKeeper     = (*guard)(nil)
 	_ dlock.Waiter         = guardWaiter{}
 	_ dlock.Sharer         = guardWaiter{}
 )
@@ -254,14 +255,30 @@ func (g *guard) SetMetadata(ctx context.Context, key string, token dlock.Token, 
 }
 
 // ExtendsToAnyTTL claims dlock.TTLExtender for every store: dlock run
-// refuses --at-least itself where the store's Backend is not one
-// (extendsToAnyTTL).
+// refuses --at-least itself where the store's Backend cannot keep it
+// (keepsMinHold).
 func (g *guard) ExtendsToAnyTTL() {}
 
-// extendsToAnyTTL reports whether the store's Backend is a dlock.TTLExtender.
-func (g *guard) extendsToAnyTTL() bool {
-	_, ok := g.b.(dlock.TTLExtender)
-	return ok
+// keepsMinHold reports whether the store's Backend keeps a minimum hold: in
+// its leases (dlock.TTLExtender) or, for an exclusive lock, in the key's
+// row (dlock.HoldKeeper).
+func (g *guard) keepsMinHold(exclusive bool) bool {
+	if _, ok := g.b.(dlock.TTLExtender); ok {
+		return true
+	}
+	_, ok := g.b.(dlock.HoldKeeper)
+	return ok && exclusive
+}
+
+// ReleaseKeeping passes dlock.HoldKeeper through (ErrUnsupported where the
+// store's Backend lacks it: the Locker then extends the lease instead). It
+// is bounded as a release is.
+func (g *guard) ReleaseKeeping(ctx context.Context, key string, token dlock.Token, keep time.Duration) error {
+	h, ok := g.b.(dlock.HoldKeeper)
+	if !ok {
+		return dlock.ErrUnsupported
+	}
+	return g.call(ctx, "release", func(ctx context.Context) error { return h.ReleaseKeeping(ctx, key, token, keep) })
 }
 
 // Abandon passes dlock.LockDelayer through (ErrUnsupported where the

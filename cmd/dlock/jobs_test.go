@@ -9,25 +9,43 @@ import (
 // TestRunAtLeast checks --at-least: a command that ends at once leaves its
 // key held for the rest of the minimum hold (a second run is refused), and
 // the key is free after it.
+// On the session strategies (getlock, rowlock, advisory) the key's row
+// keeps the hold, for runs without --shared.
 func TestRunAtLeast(t *testing.T) {
-	e := embeddedEnv(t)
-	key := uniqueKey(t)
-	const d = 2 * time.Second
-	start := time.Now()
-	if r := run(t, e, "run", "--at-least", d.String(), key, "--", "true"); r.code != 0 {
-		t.Fatalf("first run: exit %d: %s", r.code, r.stderr)
+	stores := map[string]env{"embedded": embeddedEnv(t)}
+	if m := mysqlStore(t); m != nil {
+		for _, strategy := range []string{"getlock", "rowlock"} {
+			stores[strategy] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=" + strategy}
+		}
 	}
-	if r := run(t, e, "run", "-n", key, "--", "true"); r.code != exitConflict {
-		t.Fatalf("a run %s after a fast job with --at-least %s: exit %d, want %d (held): %s", time.Since(start).Round(time.Millisecond), d, r.code, exitConflict, r.stderr)
+	if p := postgresStore(t); p != nil {
+		stores["advisory"] = env{p[0] + "&strategy=advisory"}
+		if r := run(t, stores["advisory"], "run", "--shared", "--at-least", "1s", uniqueKey(t), "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--at-least") {
+			t.Errorf("--shared --at-least on advisory: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
+		}
 	}
-	if r := run(t, e, "run", "-w", "30", key, "--", "true"); r.code != 0 {
-		t.Fatalf("a run that waits: exit %d: %s", r.code, r.stderr)
-	}
-	if got := time.Since(start); got < d {
-		t.Errorf("the key was free %s after the first run started, before --at-least %s", got, d)
-	}
-	if r := run(t, e, "run", "--at-least", "-1s", key, "--", "true"); r.code != exitUsage {
-		t.Errorf("--at-least -1s: exit %d, want %d", r.code, exitUsage)
+	for name, e := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			key := uniqueKey(t)
+			const d = 2 * time.Second
+			start := time.Now()
+			if r := run(t, e, "run", "--at-least", d.String(), key, "--", "true"); r.code != 0 {
+				t.Fatalf("first run: exit %d: %s", r.code, r.stderr)
+			}
+			if r := run(t, e, "run", "-n", key, "--", "true"); r.code != exitConflict {
+				t.Fatalf("a run %s after a fast job with --at-least %s: exit %d, want %d (held): %s", time.Since(start).Round(time.Millisecond), d, r.code, exitConflict, r.stderr)
+			}
+			if r := run(t, e, "run", "-w", "30", key, "--", "true"); r.code != 0 {
+				t.Fatalf("a run that waits: exit %d: %s", r.code, r.stderr)
+			}
+			if got := time.Since(start); got < d {
+				t.Errorf("the key was free %s after the first run started, before --at-least %s", got, d)
+			}
+			if r := run(t, e, "run", "--at-least", "-1s", key, "--", "true"); r.code != exitUsage {
+				t.Errorf("--at-least -1s: exit %d, want %d", r.code, exitUsage)
+			}
+		})
 	}
 }
 
@@ -85,9 +103,6 @@ func TestRunLockDelay(t *testing.T) {
 	if m := mysqlStore(t); m != nil {
 		for _, strategy := range []string{"getlock", "rowlock"} {
 			sessions[strategy] = env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&strategy=" + strategy}
-		}
-		if r := run(t, sessions["getlock"], "run", "--at-least", "1s", key, "--", "true"); r.code != exitUsage || !strings.Contains(r.stderr, "--at-least") {
-			t.Errorf("--at-least on getlock: exit %d, want %d: %s", r.code, exitUsage, r.stderr)
 		}
 	}
 	if p := postgresStore(t); p != nil {

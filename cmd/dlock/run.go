@@ -256,8 +256,8 @@ func (r *runCmd) run(key string, argv []string) error {
 	switch {
 	case r.lockDelay > 0 && !s.guard.keepsLockDelay():
 		return usageError("%s: --lock-delay: this store's locks end with their session, and it cannot keep a lock-delay", s.name)
-	case r.atLeast > 0 && !s.guard.extendsToAnyTTL():
-		return usageError("%s: --at-least needs a store whose leases outlive dlock at any length (the lease strategies of MySQL, PostgreSQL, Redis, SQLite, etcd)", s.name)
+	case r.atLeast > 0 && !s.guard.keepsMinHold(!r.shared && !r.limitSet):
+		return usageError("%s: --at-least needs a store whose leases outlive dlock at any length (the lease strategies of MySQL, PostgreSQL, Redis, SQLite, etcd) or, without --shared or --limit, a session strategy (getlock, rowlock, advisory)", s.name)
 	}
 	if s.embedded && !r.quiet && !stdinTerminal() {
 		fmt.Fprintf(r.a.stderr, "dlock: no --db or $DLOCK_DB: using this host's embedded store %s, which excludes only processes of this host\n", s.name)
