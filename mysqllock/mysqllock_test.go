@@ -138,6 +138,7 @@ func TestConformance(t *testing.T) {
 
 func TestConformanceLeaseNoDoorbell(t *testing.T) {
 	needServer(t)
+	t.Parallel() // the suites wait far more than they compute: two run at once
 	locktest.Run(t, func(t *testing.T) dlock.Backend {
 		return newLease(t, "", &mysqllock.Options{Table: testTable, NoDoorbell: true})
 	})
@@ -149,6 +150,7 @@ func TestConformanceLeaseNoDoorbell(t *testing.T) {
 // time zone far from UTC.
 func TestConformanceDriverOptions(t *testing.T) {
 	needServer(t)
+	t.Parallel()
 	params := "clientFoundRows=true&interpolateParams=true&time_zone=%27%2B09%3A00%27"
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newBackend(t, params) })
 }
@@ -331,6 +333,7 @@ func newGetLock(t testing.TB, params string) *mysqllock.GetLock {
 
 func TestConformanceGetLock(t *testing.T) {
 	needServer(t)
+	t.Parallel()
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newGetLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint(),
 		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
 			db, opts := pooled(t, conns)
@@ -373,6 +376,7 @@ func newRowLock(t testing.TB, params string) *mysqllock.RowLock {
 
 func TestConformanceRowLock(t *testing.T) {
 	needServer(t)
+	t.Parallel()
 	locktest.Run(t, func(t *testing.T) dlock.Backend { return newRowLock(t, "") }, locktest.CrashFreesWithin(time.Second), locktest.NoRemainingHint(),
 		locktest.PoolOf(func(t *testing.T, conns int) dlock.Backend {
 			db, opts := pooled(t, conns)
