@@ -265,6 +265,7 @@ func (b *Backend) fenceKey(key string) string   { return b.tagged(key) + ":fence
 func (b *Backend) holdersKey(key string) string { return b.tagged(key) + holdersSuffix }
 func (b *Backend) infoKey(key string) string    { return b.tagged(key) + ":info" }
 func (b *Backend) writerKey(key string) string  { return b.tagged(key) + ":writer" }
+func (b *Backend) changesKey(key string) string { return b.tagged(key) + ":changes" }
 func (b *Backend) channel(key string) string    { return b.tagged(key) + ":released" }
 
 // watchChannel carries the changes of key's holders that wake no waiter
@@ -276,6 +277,12 @@ func (b *Backend) watchChannel(key string) string { return b.tagged(key) + ":cha
 // the lock, the shared and limited holders and their descriptions.
 func (b *Backend) modeKeys(key string) []string {
 	return []string{b.lockKey(key), b.holdersKey(key), b.infoKey(key)}
+}
+
+// changeKeys are the names a script that changes key's holders needs:
+// modeKeys and the key's change counter.
+func (b *Backend) changeKeys(key string) []string {
+	return append(b.modeKeys(key), b.changesKey(key))
 }
 
 // keyOf returns the dlock key of the Redis name of a lock or of its shared
@@ -353,7 +360,7 @@ func acquireResult(req dlock.Request, v []any, err error) (dlock.Result, error) 
 
 // acquireKeys are the names the acquisition scripts need.
 func (b *Backend) acquireKeys(key string) []string {
-	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key)}
+	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key), b.changesKey(key)}
 }
 
 // acquireCall returns the script that takes req and its arguments, or an
@@ -518,7 +525,7 @@ func (b *Backend) runEach(ctx context.Context, on pipeliner, s *redis.Script, n 
 // may now be granted it: at an exclusive or limited release, and at the
 // release of the last shared holder.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	n, err := releaseScript.Run(ctx, b.c, b.modeKeys(key), token.String(), b.channel(key), b.watchChannel(key)).Int64()
+	n, err := releaseScript.Run(ctx, b.c, b.changeKeys(key), token.String(), b.channel(key), b.watchChannel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: release %q: %w", key, err)
 	}
@@ -532,7 +539,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 // key, in any mode, and wakes the key's waiters; the holders learn of the
 // loss at their next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	n, err := forceReleaseScript.Run(ctx, b.c, b.modeKeys(key), b.channel(key)).Int64()
+	n, err := forceReleaseScript.Run(ctx, b.c, b.changeKeys(key), b.channel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: force release %q: %w", key, err)
 	}
