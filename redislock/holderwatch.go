@@ -15,8 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var _ dlock.HolderWatcher = (*Backend)(nil)
-
 var (
 	//go:embed watchholders.lua
 	watchHoldersLua string

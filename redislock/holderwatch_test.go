@@ -215,3 +215,32 @@ func (c scriptsVia) Eval(ctx context.Context, script string, keys []string, args
 func (c scriptsVia) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
 	return c.scripts.EvalSha(ctx, sha1, keys, args...)
 }
+
+// TestWatchHoldersClassicAndSentinel: a holder watch works on a server
+// without sharded pub/sub (as before Redis 7), on classic channels, and
+// through a Sentinel-discovered client.
+func TestWatchHoldersClassicAndSentinel(t *testing.T) {
+	classic := startServer(t, "--rename-command", "SPUBLISH", "", "--rename-command", "SSUBSCRIBE", "")
+	_, sentinel := startSentinel(t)
+	failover := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "primary", SentinelAddrs: []string{sentinel.addr()}})
+	t.Cleanup(func() { failover.Close() })
+	for name, c := range map[string]redislock.Client{"classic": classic.client(t), "sentinel": failover} {
+		t.Run(name, func(t *testing.T) {
+			b := newBackend(t, c, nil)
+			ctx, k := ctxT(t, 30*time.Second), locktest.UniqueKey("holders"+name)
+			_, ch := mustWatchHolders(t, b, k)
+			req := modeReq(k, dlock.ModeExclusive, 0, 30*time.Second)
+			mustGrant(t, b, req)
+			if err := b.SetMetadata(ctx, k, req.Token, "v2"); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Release(ctx, k, req.Token); err != nil {
+				t.Fatal(err)
+			}
+			wantHolders(t, next(t, ch, "a grant"), "a grant", req)
+			req.Metadata = "v2"
+			wantHolders(t, next(t, ch, "a metadata change"), "a metadata change", req)
+			wantHolders(t, next(t, ch, "a release"), "a release")
+		})
+	}
+}

@@ -14,8 +14,11 @@
 // metadata (dlock.MetadataSetter), for elections: grants, metadata changes
 // and the releases that wake no waiter publish on a second per-key channel
 // that only watches subscribe to, beside the release channel; each script
-// publishes at most once. Expiries are not reported (Redis tells of them
-// only through keyspace notifications, a server setting).
+// publishes at most once. Each of those messages also carries the number of
+// the change, counted per key, and the key's holders after it, so that a
+// watch can follow every change in order (dlock.HolderWatcher, for
+// observers that see every term). Expiries are not reported (Redis tells of
+// them only through keyspace notifications, a server setting).
 //
 // A Backend grants every mode (dlock.Sharer): dlock.Shared (readers, whose
 // writer is the exclusive acquisition) and dlock.WithLimit (a counting
@@ -48,7 +51,8 @@
 // # Keys
 //
 // Key k uses the Redis key "dlock:{k}" (the exclusive lock hash; inspect it
-// with HGETALL), "dlock:{k}:fence" (its counter), "dlock:{k}:holders" and
+// with HGETALL), "dlock:{k}:fence" (its counter), "dlock:{k}:changes" (the
+// number of changes of its holders), "dlock:{k}:holders" and
 // "dlock:{k}:info" (the shared or limited holders and their descriptions),
 // "dlock:{k}:writer" (the writer mark) and the channels "dlock:{k}:released"
 // and "dlock:{k}:changed", where "dlock:" is Options.Prefix. The braces are a cluster hash tag: all of
@@ -57,9 +61,10 @@
 //
 // # Operations
 //
-// Counters are never deleted (deleting one could hand out a token again), so
-// a store with unbounded distinct keys keeps one small string per key ever
-// locked. Run Redis with maxmemory-policy noeviction (the default): an
+// Counters are never deleted (deleting a fence counter could hand out a
+// token again; deleting a change counter would hide changes from holder
+// watches), so a store with unbounded distinct keys keeps two small strings
+// per key ever locked. Run Redis with maxmemory-policy noeviction (the default): an
 // evicted lock frees it early, an evicted counter can reset it. Without
 // persistence a restart frees every lock at once; with a replica, a failover
 // can lose the newest acquisitions (replication is asynchronous), unless
@@ -70,7 +75,8 @@
 // a version of this package that knows the modes: an older one sees no
 // holder in a key held shared or limited. Likewise a watch sees the grants
 // of clients whose version publishes them (the one that added Watch and
-// later).
+// later), and a holder watch (WatchHolders) ends at a change made by a
+// client whose version does not number its changes.
 //
 // # Fenced writes
 //
@@ -174,6 +180,7 @@ var (
 	_ dlock.Waiter         = (*Backend)(nil)
 	_ dlock.Sharer         = (*Backend)(nil)
 	_ dlock.Watcher        = (*Backend)(nil)
+	_ dlock.HolderWatcher  = (*Backend)(nil)
 	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
