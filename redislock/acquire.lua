@@ -7,6 +7,7 @@
 -- KEYS[3]  the key's shared and limited holders (see holders.lua)
 -- KEYS[4]  their descriptions
 -- KEYS[5]  the writer mark: while it exists, shared requests are refused
+-- KEYS[6]  the key's change counter (see announcement in holders.lua)
 -- ARGV[1]  owner token (hex)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  owner identity
@@ -48,5 +49,5 @@ local fence = nextFence(KEYS[2], us, ARGV[5])
 redis.call('hset', KEYS[1], 'token', ARGV[1], 'owner', ARGV[3],
   'fence', int(fence), 'metadata', ARGV[4], 'acquired_us', us)
 redis.call('pexpire', KEYS[1], ARGV[2])
-changed(ARGV[6], 'granted')
+changed(ARGV[6], announcement(KEYS[6], 'granted', KEYS[1], KEYS[3], KEYS[4]))
 return {1, fence}

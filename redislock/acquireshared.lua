@@ -53,5 +53,5 @@ redis.call('zadd', KEYS[3], int(ms + tonumber(ARGV[2])), ARGV[1])
 redis.call('hset', KEYS[4], ARGV[1], cmsgpack.pack(mode, limit, int(fence), us, ARGV[3], ARGV[4]))
 cover(KEYS[3], ARGV[2])
 cover(KEYS[4], ARGV[2])
-changed(ARGV[6], 'granted')
+changed(ARGV[6], announcement(KEYS[6], 'granted', KEYS[1], KEYS[3], KEYS[4]))
 return {1, fence}

@@ -26,3 +26,6 @@ func AcquireArgs(b *Backend, req dlock.Request) ([]string, []any) {
 	_, args, _ := b.acquireCall(req)
 	return b.acquireKeys(req.Key), args
 }
+
+// ChangesKey returns the name of key's change counter.
+func (b *Backend) ChangesKey(key string) string { return b.changesKey(key) }

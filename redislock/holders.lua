@@ -76,6 +76,56 @@ local function nextFence(counter, us, floor)
   return fence
 end
 
+-- live describes every live holder of a key, as first does.
+local function live(lock, holders, info)
+  local out = {}
+  local h = redis.call('hmget', lock, 'token', 'owner', 'fence', 'metadata', 'acquired_us')
+  if h[1] then
+    out[1] = {redis.call('pttl', lock), h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or '', 0, 0}
+  end
+  if redis.call('exists', holders) == 1 then
+    local ms = clock()
+    local l = redis.call('zrangebyscore', holders, '(' .. int(ms), '+inf', 'withscores')
+    for i = 1, #l, 2 do
+      out[#out + 1] = describe(info, l[i], tonumber(l[i + 1]) - ms)
+    end
+  end
+  return out
+end
+
+-- maxCarried is the most holders a change's message describes: a key with
+-- more is announced without them, and its holder watches end.
+local maxCarried = 100
+
+-- announcement counts a change of a key's holders on the key's change
+-- counter (a string that never expires) and returns the message that tells
+-- of it: what, the counter's new value and the number of live holders after
+-- the change (-1 for more than maxCarried), separated by spaces, then each
+-- holder's fields as live gives them, each written as its length, ':' and
+-- the field. A holder watch applies the changes in the counter's order and
+-- ends at a gap.
+local function announcement(counter, what, lock, holders, info)
+  local seq = redis.call('incr', counter)
+  local n = redis.call('exists', lock)
+  if n == 0 and redis.call('exists', holders) == 1 then
+    n = redis.call('zcount', holders, '(' .. int(clock()), '+inf')
+  end
+  if n > maxCarried then
+    return what .. ' ' .. int(seq) .. ' -1 '
+  end
+  local hs = live(lock, holders, info)
+  local parts = {what .. ' ' .. int(seq) .. ' ' .. #hs .. ' '}
+  for _, h in ipairs(hs) do
+    for _, f in ipairs(h) do
+      if type(f) == 'number' then
+        f = int(f)
+      end
+      parts[#parts + 1] = #f .. ':' .. f
+    end
+  end
+  return table.concat(parts)
+end
+
 -- publish sends msg on channel ch. Sharded pub/sub keeps the message on the
 -- key's shard in a cluster; servers before 7.0 lack SPUBLISH and get a
 -- classic PUBLISH (their subscribers use SUBSCRIBE). A failure to publish
@@ -88,16 +138,16 @@ local function publish(ch, msg)
   end
 end
 
--- wake publishes a release on the key's release channel ch, which its
--- waiters and its watches subscribe to.
-local function wake(ch)
-  publish(ch, 'released')
+-- wake publishes a release (an announcement) on the key's release channel
+-- ch, which its waiters and its watches subscribe to.
+local function wake(ch, msg)
+  publish(ch, msg)
 end
 
 -- changed publishes a change that helps no waiter (a grant, a metadata
--- change, a shared release that leaves other readers) on the key's change
--- channel ch, which only its watches subscribe to: waiters are not woken
--- to race for a key that was just taken.
-local function changed(ch, what)
-  publish(ch, what)
+-- change, a shared release that leaves other readers; an announcement) on
+-- the key's change channel ch, which only its watches subscribe to: waiters
+-- are not woken to race for a key that was just taken.
+local function changed(ch, msg)
+  publish(ch, msg)
 end

@@ -14,8 +14,11 @@
 // metadata (dlock.MetadataSetter), for elections: grants, metadata changes
 // and the releases that wake no waiter publish on a second per-key channel
 // that only watches subscribe to, beside the release channel; each script
-// publishes at most once. Expiries are not reported (Redis tells of them
-// only through keyspace notifications, a server setting).
+// publishes at most once. Each of those messages also carries the number of
+// the change, counted per key, and the key's holders after it, so that a
+// watch can follow every change in order (dlock.HolderWatcher, for
+// observers that see every term). Expiries are not reported (Redis tells of
+// them only through keyspace notifications, a server setting).
 //
 // A Backend grants every mode (dlock.Sharer): dlock.Shared (readers, whose
 // writer is the exclusive acquisition) and dlock.WithLimit (a counting
@@ -48,7 +51,8 @@
 // # Keys
 //
 // Key k uses the Redis key "dlock:{k}" (the exclusive lock hash; inspect it
-// with HGETALL), "dlock:{k}:fence" (its counter), "dlock:{k}:holders" and
+// with HGETALL), "dlock:{k}:fence" (its counter), "dlock:{k}:changes" (the
+// number of changes of its holders), "dlock:{k}:holders" and
 // "dlock:{k}:info" (the shared or limited holders and their descriptions),
 // "dlock:{k}:writer" (the writer mark) and the channels "dlock:{k}:released"
 // and "dlock:{k}:changed", where "dlock:" is Options.Prefix. The braces are a cluster hash tag: all of
@@ -57,9 +61,10 @@
 //
 // # Operations
 //
-// Counters are never deleted (deleting one could hand out a token again), so
-// a store with unbounded distinct keys keeps one small string per key ever
-// locked. Run Redis with maxmemory-policy noeviction (the default): an
+// Counters are never deleted (deleting a fence counter could hand out a
+// token again; deleting a change counter would hide changes from holder
+// watches), so a store with unbounded distinct keys keeps two small strings
+// per key ever locked. Run Redis with maxmemory-policy noeviction (the default): an
 // evicted lock frees it early, an evicted counter can reset it. Without
 // persistence a restart frees every lock at once; with a replica, a failover
 // can lose the newest acquisitions (replication is asynchronous), unless
@@ -70,7 +75,8 @@
 // a version of this package that knows the modes: an older one sees no
 // holder in a key held shared or limited. Likewise a watch sees the grants
 // of clients whose version publishes them (the one that added Watch and
-// later).
+// later), and a holder watch (WatchHolders) ends at a change made by a
+// client whose version does not number its changes.
 //
 // # Fenced writes
 //
@@ -174,6 +180,7 @@ var (
 	_ dlock.Waiter         = (*Backend)(nil)
 	_ dlock.Sharer         = (*Backend)(nil)
 	_ dlock.Watcher        = (*Backend)(nil)
+	_ dlock.HolderWatcher  = (*Backend)(nil)
 	_ dlock.MetadataSetter = (*Backend)(nil)
 )
 
@@ -265,6 +272,7 @@ func (b *Backend) fenceKey(key string) string   { return b.tagged(key) + ":fence
 func (b *Backend) holdersKey(key string) string { return b.tagged(key) + holdersSuffix }
 func (b *Backend) infoKey(key string) string    { return b.tagged(key) + ":info" }
 func (b *Backend) writerKey(key string) string  { return b.tagged(key) + ":writer" }
+func (b *Backend) changesKey(key string) string { return b.tagged(key) + ":changes" }
 func (b *Backend) channel(key string) string    { return b.tagged(key) + ":released" }
 
 // watchChannel carries the changes of key's holders that wake no waiter
@@ -276,6 +284,12 @@ func (b *Backend) watchChannel(key string) string { return b.tagged(key) + ":cha
 // the lock, the shared and limited holders and their descriptions.
 func (b *Backend) modeKeys(key string) []string {
 	return []string{b.lockKey(key), b.holdersKey(key), b.infoKey(key)}
+}
+
+// changeKeys are the names a script that changes key's holders needs:
+// modeKeys and the key's change counter.
+func (b *Backend) changeKeys(key string) []string {
+	return append(b.modeKeys(key), b.changesKey(key))
 }
 
 // keyOf returns the dlock key of the Redis name of a lock or of its shared
@@ -353,7 +367,7 @@ func acquireResult(req dlock.Request, v []any, err error) (dlock.Result, error) 
 
 // acquireKeys are the names the acquisition scripts need.
 func (b *Backend) acquireKeys(key string) []string {
-	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key)}
+	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key), b.changesKey(key)}
 }
 
 // acquireCall returns the script that takes req and its arguments, or an
@@ -518,7 +532,7 @@ func (b *Backend) runEach(ctx context.Context, on pipeliner, s *redis.Script, n 
 // may now be granted it: at an exclusive or limited release, and at the
 // release of the last shared holder.
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	n, err := releaseScript.Run(ctx, b.c, b.modeKeys(key), token.String(), b.channel(key), b.watchChannel(key)).Int64()
+	n, err := releaseScript.Run(ctx, b.c, b.changeKeys(key), token.String(), b.channel(key), b.watchChannel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: release %q: %w", key, err)
 	}
@@ -532,7 +546,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 // key, in any mode, and wakes the key's waiters; the holders learn of the
 // loss at their next renewal.
 func (b *Backend) ForceRelease(ctx context.Context, key string) error {
-	n, err := forceReleaseScript.Run(ctx, b.c, b.modeKeys(key), b.channel(key)).Int64()
+	n, err := forceReleaseScript.Run(ctx, b.c, b.changeKeys(key), b.channel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: force release %q: %w", key, err)
 	}

@@ -112,9 +112,9 @@ func TestClusterKeyNames(t *testing.T) {
 	for _, k := range []string{"}" + base, "{" + base, base + "{x}", "{}" + base, "a{b}c" + base, base + "%7B%", "plain" + base} {
 		lock, fence, channel := b.Names(k)
 		holders, info, writer := b.ModeNames(k)
-		changed := b.WatchChannel(k)
+		changed, changes := b.WatchChannel(k), b.ChangesKey(k)
 		var got []int64
-		for _, name := range []string{lock, fence, channel, holders, info, writer, changed} {
+		for _, name := range []string{lock, fence, channel, holders, info, writer, changed, changes} {
 			slot, err := node.ClusterKeySlot(ctx, name).Result()
 			if err != nil {
 				t.Fatal(err)
@@ -122,8 +122,8 @@ func TestClusterKeyNames(t *testing.T) {
 			got = append(got, slot)
 		}
 		if slices.Min(got) != slices.Max(got) {
-			t.Errorf("key %q: lock %q, counter %q, channel %q, holders %q, descriptions %q, writer mark %q and change channel %q are in slots %v",
-				k, lock, fence, channel, holders, info, writer, changed, got)
+			t.Errorf("key %q: lock %q, counter %q, channel %q, holders %q, descriptions %q, writer mark %q, change channel %q and change counter %q are in slots %v",
+				k, lock, fence, channel, holders, info, writer, changed, changes, got)
 		}
 		slots[got[0]] = true
 

@@ -79,11 +79,16 @@ type RedlockOptions struct {
 // Release and ForceRelease publish on every server; AcquireWait subscribes
 // on every reachable server and wakes on the first message.
 //
-// A Redlock neither watches keys nor changes metadata (it is no
-// dlock.Watcher or dlock.MetadataSetter): a metadata change would be
-// written server by server, and one that reached only some of them would
-// leave the servers disagreeing on the value, with no majority to read a
-// single answer from.
+// A Redlock changes no metadata (it is no dlock.MetadataSetter): a
+// metadata change would be written server by server, and one that reached
+// only some of them would leave the servers disagreeing on the value, with
+// no majority to read a single answer from. It watches keys (Watch) but
+// does not deliver every change of their holders (it is no
+// dlock.HolderWatcher): each server numbers its own changes, and nothing
+// orders those of different servers. Messages from several servers arrive
+// in no order that tells when a grant reached a majority, so a term that
+// was granted and released on every server could be applied server by
+// server and never show a majority.
 //
 // A Redlock grants only exclusive acquisitions (it is no dlock.Sharer, so
 // the Locker refuses the other modes before any I/O): a semaphore over

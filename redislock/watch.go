@@ -20,7 +20,7 @@ var (
 // SetMetadata implements dlock.MetadataSetter with one script call, which
 // also tells the key's watches.
 func (b *Backend) SetMetadata(ctx context.Context, key string, token dlock.Token, metadata string) error {
-	n, err := setMetadataScript.Run(ctx, b.c, b.modeKeys(key), token.String(), metadata, b.watchChannel(key)).Int64()
+	n, err := setMetadataScript.Run(ctx, b.c, b.changeKeys(key), token.String(), metadata, b.watchChannel(key)).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: set metadata of %q: %w", key, err)
 	}
@@ -59,11 +59,28 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 		return nil, fmt.Errorf("redislock: watch %q: %w", key, err)
 	}
 	out := make(chan struct{}, 1)
+	listen(ctx, ps, func(*redis.Message) bool {
+		select {
+		case out <- struct{}{}:
+		default:
+		}
+		return true
+	}, func() { close(out) })
+	return out, nil
+}
+
+// listen reads ps in a goroutine of its own, passing each message to
+// onMessage, until ctx ends, onMessage returns false, the connection breaks
+// or stays silent (healthCheck), or the server ends or renews the
+// subscription (a resubscription after a reconnect, which go-redis makes by
+// itself, means messages may have been lost); then it closes ps and calls
+// end.
+func listen(ctx context.Context, ps *redis.PubSub, onMessage func(*redis.Message) bool, end func()) {
 	alive := make(chan struct{}, 1) // a message or a pong arrived
 	done := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
 	go func() {
-		defer close(out)
+		defer end()
 		defer stop()
 		defer close(done)
 		defer ps.Close()
@@ -76,11 +93,10 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 			case alive <- struct{}{}:
 			default:
 			}
-			switch msg.(type) {
+			switch m := msg.(type) {
 			case *redis.Message:
-				select {
-				case out <- struct{}{}:
-				default:
+				if !onMessage(m) {
+					return
 				}
 			case *redis.Pong:
 			default: // a resubscription or the server's unsubscription
@@ -89,7 +105,6 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 		}
 	}()
 	go healthCheck(ps, alive, done)
-	return out, nil
 }
 
 // healthCheck pings ps after watchPing without a message, and closes ps
