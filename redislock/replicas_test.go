@@ -175,12 +175,14 @@ func TestMinReplicasExtendNotReplicated(t *testing.T) {
 	c := primary.client(t)
 	b := newBackend(t, c, &redislock.Options{MinReplicas: 1})
 	ctx := ctxT(t, 30*time.Second)
-	req := replicaRequest("repl-extend", 2*time.Second)
+	// A long lease: WAIT is bounded by a quarter of it, room enough for a
+	// replica on a loaded machine.
+	req := replicaRequest("repl-extend", 8*time.Second)
 	if res, err := b.Acquire(ctx, req); err != nil || !res.Acquired {
 		t.Fatalf("acquire: %+v, %v", res, err)
 	}
 	replica.kill()
-	errs, err := b.Extend(ctx, []dlock.Lease{{Key: req.Key, Token: req.Token, TTL: 2 * time.Second}})
+	errs, err := b.Extend(ctx, []dlock.Lease{{Key: req.Key, Token: req.Token, TTL: 8 * time.Second}})
 	if err == nil && len(errs) == 1 {
 		err = errs[0]
 	}
