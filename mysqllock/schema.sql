@@ -70,7 +70,9 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_claims` (
 -- numbered per key without gaps by the key's jseq (every change holds the
 -- key's row lock until it commits, so entries commit in their order),
 -- written by the triggers below in the transaction that makes the change,
--- whichever client makes it. Only a key's last 256 entries are kept: each
+-- whichever client makes it. An entry replaces one of the same number
+-- left over from a dropped lock table; watchers read none past jseq.
+-- Only a key's last 256 entries are kept: each
 -- change deletes the one 256 before it, by its key (a range would lock the
 -- gap before the key's entries, and so stall the neighbouring key).
 CREATE TABLE IF NOT EXISTS `dlock_locks_journal` (
@@ -98,7 +100,7 @@ CREATE TRIGGER `dlock_locks_jbu` BEFORE UPDATE ON `dlock_locks` FOR EACH ROW
 CREATE TRIGGER `dlock_locks_jau` AFTER UPDATE ON `dlock_locks` FOR EACH ROW
 BEGIN
   IF NEW.fence <> OLD.fence OR NEW.token <> OLD.token OR CAST(NEW.metadata AS BINARY) <> CAST(OLD.metadata AS BINARY) THEN
-    INSERT INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, acquired_at, expires_at, metadata)
+    REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, acquired_at, expires_at, metadata)
     VALUES (NEW.name, NEW.jseq, 'x', IF(NEW.expires_at > UTC_TIMESTAMP(6), NEW.token, X'00000000000000000000000000000000'),
       NEW.owner, NEW.fence, NEW.acquired_at, NEW.expires_at, NEW.metadata);
     IF NEW.jseq > 256 THEN
@@ -107,7 +109,7 @@ BEGIN
   END IF;
 END//
 CREATE TRIGGER `dlock_locks_jai` AFTER INSERT ON `dlock_locks` FOR EACH ROW
-  INSERT INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, acquired_at, expires_at, metadata)
+  REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, acquired_at, expires_at, metadata)
   VALUES (NEW.name, NEW.jseq, 'x', IF(NEW.expires_at > UTC_TIMESTAMP(6), NEW.token, X'00000000000000000000000000000000'),
     NEW.owner, NEW.fence, NEW.acquired_at, NEW.expires_at, NEW.metadata)//
 CREATE TRIGGER `dlock_locks_jhi` AFTER INSERT ON `dlock_locks_holders` FOR EACH ROW
@@ -115,7 +117,7 @@ BEGIN
   DECLARE j BIGINT UNSIGNED;
   UPDATE `dlock_locks` SET jseq = jseq + 1 WHERE name = NEW.name;
   SELECT jseq INTO j FROM `dlock_locks` WHERE name = NEW.name;
-  INSERT INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, share_limit, acquired_at, expires_at, metadata)
+  REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, share_limit, acquired_at, expires_at, metadata)
     VALUES (NEW.name, j, 'g', NEW.token, NEW.owner, NEW.fence, NEW.share_limit, NEW.acquired_at, NEW.expires_at, NEW.metadata);
   IF j > 256 THEN
     DELETE FROM `dlock_locks_journal` WHERE name = NEW.name AND seq = j - 256;
@@ -130,7 +132,7 @@ BEGIN
   IF k <> '' THEN
     UPDATE `dlock_locks` SET jseq = jseq + 1 WHERE name = NEW.name;
     SELECT jseq INTO j FROM `dlock_locks` WHERE name = NEW.name;
-    INSERT INTO `dlock_locks_journal` (name, seq, kind, token, metadata) VALUES (NEW.name, j, k, NEW.token, NEW.metadata);
+    REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, metadata) VALUES (NEW.name, j, k, NEW.token, NEW.metadata);
     IF j > 256 THEN
       DELETE FROM `dlock_locks_journal` WHERE name = NEW.name AND seq = j - 256;
     END IF;
@@ -141,7 +143,7 @@ BEGIN
   DECLARE j BIGINT UNSIGNED;
   UPDATE `dlock_locks` SET jseq = jseq + 1 WHERE name = OLD.name;
   SELECT jseq INTO j FROM `dlock_locks` WHERE name = OLD.name;
-  INSERT INTO `dlock_locks_journal` (name, seq, kind, token) VALUES (OLD.name, j, 'r', OLD.token);
+  REPLACE INTO `dlock_locks_journal` (name, seq, kind, token) VALUES (OLD.name, j, 'r', OLD.token);
   IF j > 256 THEN
     DELETE FROM `dlock_locks_journal` WHERE name = OLD.name AND seq = j - 256;
   END IF;

@@ -118,7 +118,8 @@ func (s source) Position(ctx context.Context, key string) (uint64, error) {
 func (s source) Read(ctx context.Context, key string, after uint64, limit int) ([]journal.Entry, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT seq, kind, token, owner, fence, share_limit,
   TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), metadata
-FROM `+strings.TrimSuffix(s.table, "`")+`_journal`+"`"+` WHERE name = ? AND seq > ? ORDER BY seq LIMIT ?`, key, after, limit)
+FROM `+strings.TrimSuffix(s.table, "`")+`_journal`+"`"+` WHERE name = ? AND seq > ?
+  AND seq <= (SELECT jseq FROM `+s.table+` WHERE name = ?) ORDER BY seq LIMIT ?`, key, after, key, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
 )
 
 // describe is holders as "fence:metadata" in order.
@@ -113,5 +114,74 @@ func TestWatchHoldersPrunedPositionCloses(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("rule: a watcher whose position was pruned is closed; still open after %d receives", n)
 		}
+	}
+}
+
+// TestWatchHoldersAfterTableRecreated drops a lock table whose key has
+// journal entries and lets Migrate make it again: grants still work, and a
+// watcher is told the new key's changes, none of the old entries that
+// outlived the table.
+func TestWatchHoldersAfterTableRecreated(t *testing.T) {
+	db := open(t, "")
+	ctx := t.Context()
+	table := scoped(fmt.Sprintf("dlock_re%d", time.Now().UnixNano()%1e12))
+	t.Cleanup(func() {
+		for _, suffix := range []string{"", "_session", "_rows", "_claims", "_holders", "_journal"} {
+			db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+suffix)
+		}
+	})
+	newB := func() *mysqllock.Backend {
+		b, err := mysqllock.New(db, &mysqllock.Options{Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		if err := b.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	cycle := func(b *mysqllock.Backend, meta string) uint64 {
+		req := request("k", dlock.ModeExclusive, 0, 10*time.Second)
+		req.Metadata = meta
+		f := mustGrant(t, b, req)
+		if err := b.Release(ctx, "k", req.Token); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	old := newB()
+	for range 3 {
+		cycle(old, "old")
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE "+table+", "+table+"_holders"); err != nil {
+		t.Fatal(err)
+	}
+	b := newB()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, ch, err := b.WatchHolders(wctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cycle(b, "new")
+	want := []string{fmt.Sprintf("[%d:new]", f), "[]"}
+	var got []string
+	deadline := time.After(5 * time.Second)
+	for len(got) < len(want) {
+		select {
+		case hs := <-ch:
+			got = append(got, describe(hs))
+		case <-deadline:
+			t.Fatalf("rule: every change is reported; saw %v, want %v", got, want)
+		}
+	}
+	select {
+	case hs := <-ch:
+		got = append(got, describe(hs))
+	case <-time.After(300 * time.Millisecond): // several reads of the journal
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("rule: a recreated table's watcher sees only its changes; saw %v, want %v", got, want)
 	}
 }

@@ -30,7 +30,9 @@ CREATE TABLE IF NOT EXISTS "dlock_shares" (
 -- The change journal that watchers of a key's holders read
 -- (dlock.HolderWatcher): an entry per change of the key's holders, numbered
 -- per key without gaps (dlock_locks.jseq), written by the triggers below in
--- the transaction that makes the change, whichever client makes it. Only a
+-- the transaction that makes the change, whichever client makes it. An
+-- entry replaces one of the same number left over from a dropped lock
+-- table; watchers read none past jseq. Only a
 -- key's last 256 entries are kept: a watcher further behind starts again.
 CREATE TABLE IF NOT EXISTS "dlock_journal" (
   name        TEXT    NOT NULL,              -- the key, as in dlock_locks
@@ -52,7 +54,7 @@ CREATE TABLE IF NOT EXISTS "dlock_journal" (
 -- changes only expires_us and is not a change of holders.
 CREATE TRIGGER IF NOT EXISTS "dlock_locks_journal_insert" AFTER INSERT ON "dlock_locks" BEGIN
   UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
-  INSERT INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata)
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata)
     SELECT name, jseq, 'x', iif(length(token) > 0 AND expires_us > 0, token, x''), owner, fence, acquired_us, expires_us, metadata
     FROM "dlock_locks" WHERE name = NEW.name;
 END;
@@ -60,21 +62,21 @@ CREATE TRIGGER IF NOT EXISTS "dlock_locks_journal_update" AFTER UPDATE OF token,
 WHEN NEW.fence <> OLD.fence OR NEW.token <> OLD.token OR NEW.metadata <> OLD.metadata OR (NEW.expires_us = 0 AND OLD.expires_us <> 0)
 BEGIN
   UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
-  INSERT INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata)
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata)
     SELECT name, jseq, 'x', iif(length(token) > 0 AND expires_us > 0, token, x''), owner, fence, acquired_us, expires_us, metadata
     FROM "dlock_locks" WHERE name = NEW.name;
   DELETE FROM "dlock_journal" WHERE name = NEW.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = NEW.name) - 256;
 END;
 CREATE TRIGGER IF NOT EXISTS "dlock_shares_journal_insert" AFTER INSERT ON "dlock_shares" BEGIN
   UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
-  INSERT INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata, mode, lim)
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata, mode, lim)
     SELECT NEW.name, jseq, 'g', NEW.token, NEW.owner, NEW.fence, NEW.acquired_us, NEW.expires_us, NEW.metadata, NEW.mode, NEW.lim
     FROM "dlock_locks" WHERE name = NEW.name;
   DELETE FROM "dlock_journal" WHERE name = NEW.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = NEW.name) - 256;
 END;
 CREATE TRIGGER IF NOT EXISTS "dlock_shares_journal_delete" AFTER DELETE ON "dlock_shares" BEGIN
   UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = OLD.name;
-  INSERT INTO "dlock_journal" (name, seq, kind, token)
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token)
     SELECT OLD.name, jseq, 'r', OLD.token FROM "dlock_locks" WHERE name = OLD.name;
   DELETE FROM "dlock_journal" WHERE name = OLD.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = OLD.name) - 256;
 END;
@@ -82,7 +84,7 @@ CREATE TRIGGER IF NOT EXISTS "dlock_shares_journal_metadata" AFTER UPDATE OF met
 WHEN NEW.metadata <> OLD.metadata
 BEGIN
   UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
-  INSERT INTO "dlock_journal" (name, seq, kind, token, metadata)
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, metadata)
     SELECT NEW.name, jseq, 'm', NEW.token, NEW.metadata FROM "dlock_locks" WHERE name = NEW.name;
   DELETE FROM "dlock_journal" WHERE name = NEW.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = NEW.name) - 256;
 END;

@@ -15,9 +15,12 @@ var _ dlock.HolderWatcher = (*Backend)(nil)
 const (
 	positionSQL = `SELECT jseq FROM dlock_locks WHERE name = ?`
 	// journalSQL reads a key's entries after a position, with the time
-	// left of each lease as it was granted.
+	// left of each lease as it was granted. Entries past the key's position
+	// are left over from a dropped lock table, and are overwritten (the
+	// triggers replace) as the position reaches them.
 	journalSQL = `SELECT seq, kind, token, owner, fence, acquired_us, expires_us - ` + now + `, metadata, mode, lim
-FROM dlock_journal WHERE name = ? AND seq > ? ORDER BY seq LIMIT ?`
+FROM dlock_journal WHERE name = ?1 AND seq > ?2 AND seq <= (SELECT jseq FROM dlock_locks WHERE name = ?1)
+ORDER BY seq LIMIT ?3`
 )
 
 // WatchHolders implements dlock.HolderWatcher. SQLite cannot notify another
