@@ -28,7 +28,7 @@ func TestCheckFindsUnsafeCommitSettings(t *testing.T) {
 	db := openDSN(t, dsn)
 	ctx := t.Context()
 	var logs testproc.SyncBuffer
-	opts := &mysqllock.Options{Table: "dlock_doctor", Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	opts := &mysqllock.Options{Table: scoped("dlock_doctor"), Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	lease, err := mysqllock.New(db, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@ func TestGaleraRefusesSessionStrategies(t *testing.T) {
 	if err := db.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on); err != nil || on != "1" {
 		t.Fatalf("the test server is not a Galera node: wsrep_on=%q, %v", on, err)
 	}
-	const table = "dlock_galera"
+	table := scoped("dlock_galera")
 	lease, err := mysqllock.New(db, &mysqllock.Options{Table: table, NoDoorbell: true})
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,11 @@
 // (dlock.MetadataSetter: an Election leader's Proclaim), which List then
 // shows. None is a dlock.Watcher, since the server has no notification a
 // watcher could wait on without taking a doorbell's wake-ups from lock
-// waiters, so an Election's Observe polls, with a backoff of up to 1 s.
+// waiters. The lease strategy is a dlock.HolderWatcher: triggers that
+// Migrate creates record every change of holders in a journal that
+// watchers read with a backoff of up to 1 s, so an Election's observers
+// see every term (see Backend.WatchHolders); with GetLock and RowLock an
+// Election's Observe polls, and misses terms shorter than a poll.
 //
 // Every strategy's grants, and so its fences, are only as durable as
 // the server's commits: with innodb_flush_log_at_trx_commit other than 1,
@@ -259,24 +263,57 @@ func schemaFor(quoted string) string {
 }
 
 // execScript runs the statements of a schema one by one (the driver does
-// not run several per call unless the DSN allows it). Statements end with
-// ";" at the end of a line.
-func execScript(ctx context.Context, db querier, script string) error {
-	for _, stmt := range strings.Split(script, ";\n") {
-		if strings.TrimSpace(stmt) != "" {
-			if _, err := db.ExecContext(ctx, stmt); err != nil {
-				return err
-			}
+// not run several per call unless the DSN allows it).
+func execScript(ctx context.Context, db querier, stmts []string) error {
+	for _, stmt := range stmts {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
+// splitScript splits a schema into its statements, which end with the
+// delimiter (";", or another set by a DELIMITER line, as the mysql client
+// reads it) at the end of a line that is not a comment, and puts the triggers apart: Migrate
+// creates them after the columns they use.
+func splitScript(script string) (tables, triggers []string) {
+	delim := ";"
+	var cur strings.Builder
+	for _, line := range strings.SplitAfter(script, "\n") {
+		if d, ok := strings.CutPrefix(strings.TrimSpace(line), "DELIMITER "); ok {
+			delim = strings.TrimSpace(d)
+			continue
+		}
+		body, end := strings.CutSuffix(strings.TrimRight(line, "\n"), delim)
+		if !end || strings.HasPrefix(strings.TrimSpace(line), "--") {
+			cur.WriteString(line)
+			continue
+		}
+		cur.WriteString(body)
+		stmt := strings.TrimSpace(cur.String())
+		cur.Reset()
+		switch {
+		case stmt == "":
+		case strings.Contains(stmt, "CREATE TRIGGER"):
+			triggers = append(triggers, stmt)
+		default:
+			tables = append(tables, stmt)
+		}
+	}
+	return tables, triggers
+}
+
 // Migrate creates the lock tables of every strategy if they do not exist,
 // and adds to a lock table created by an earlier version the columns that
-// shared and limited holders need (keeping its rows and fences). It is safe
-// to run concurrently and repeatedly. With Options.Logger it then logs a
-// warning for each finding of Check (and one if Check fails).
+// shared and limited holders need (keeping its rows and fences) and the
+// position of the change journal, then creates the journal's triggers
+// (see WatchHolders). It is safe to run concurrently and repeatedly. It
+// needs the TRIGGER privilege and, on a server that writes the binary log,
+// SUPER or log_bin_trust_function_creators=1; without them it creates the
+// rest, logs a warning with Options.Logger, and WatchHolders answers
+// dlock.ErrUnsupported. With Options.Logger it then logs a warning for
+// each finding of Check (and one if Check fails).
 func (b *Backend) Migrate(ctx context.Context) error {
 	return migrate(ctx, b.db, b.table, &b.warn, b.Check)
 }
@@ -284,7 +321,8 @@ func (b *Backend) Migrate(ctx context.Context) error {
 // migrate creates the schema of table and reports the server's unsafe
 // settings through w.
 func migrate(ctx context.Context, db querier, table string, w *warner, check func(context.Context) ([]Finding, error)) error {
-	if err := execScript(ctx, db, schemaFor(table)); err != nil {
+	tables, triggers := splitScript(schemaFor(table))
+	if err := execScript(ctx, db, tables); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
 	}
 	if err := upgrade(ctx, db, table, modeColumns); err != nil {
@@ -292,6 +330,15 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 	}
 	if err := upgrade(ctx, db, sessionTable(table), sessionColumns); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: add the columns of lock-delays: %w", table, err)
+	}
+	if err := upgrade(ctx, db, table, journalColumns); err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: add the journal's position: %w", table, err)
+	}
+	if err := createTriggers(ctx, db, triggers); err != nil {
+		if !isDenied(err) {
+			return fmt.Errorf("mysqllock: migrate %s: create the journal's triggers: %w", table, err)
+		}
+		w.journalOff(ctx, table, err)
 	}
 	if err := w.warn(ctx, check); err != nil {
 		w.log.WarnContext(ctx, "mysqllock: could not check the server's settings", "err", err)
@@ -731,7 +778,17 @@ func (b *Backend) SetMetadata(ctx context.Context, key string, token dlock.Token
 // matched one: the affected-row count cannot tell (it is 0 when the value
 // is unchanged, and clientFoundRows changes it).
 func setMetadata(ctx context.Context, ex execer, q, key string, token dlock.Token, metadata string) (bool, error) {
-	res, err := ex.ExecContext(ctx, q, metadata, key, token[:])
+	var res sql.Result
+	var err error
+	// The journal's trigger on the holders table locks the key's row after
+	// the holder's, where grants lock the key's first: a deadlock rolls
+	// the statement back, so it is safe to repeat.
+	for try := 0; ; try++ {
+		res, err = ex.ExecContext(ctx, q, metadata, key, token[:])
+		if err == nil || !isDeadlock(err) || try == 4 {
+			break
+		}
+	}
 	if err != nil {
 		return false, err
 	}

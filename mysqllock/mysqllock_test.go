@@ -1,6 +1,7 @@
 package mysqllock_test
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -20,8 +21,18 @@ import (
 )
 
 // testTable is the table the tests use, so that they never touch a real
-// dlock_locks table.
-const testTable = "dlock_test_locks"
+// dlock_locks table: $DLOCK_MYSQL_TEST_TABLE, or dlock_test_locks. Set it
+// to keep a schema under test away from other runs on the same server.
+var testTable = cmp.Or(os.Getenv("DLOCK_MYSQL_TEST_TABLE"), "dlock_test_locks")
+
+// scoped names another test table: name itself, or after
+// $DLOCK_MYSQL_TEST_TABLE when that is set.
+func scoped(name string) string {
+	if p := os.Getenv("DLOCK_MYSQL_TEST_TABLE"); p != "" {
+		return p + "_" + strings.TrimPrefix(name, "dlock_")
+	}
+	return name
+}
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
@@ -421,7 +432,7 @@ func TestFairShareLease(t *testing.T) {
 // (found by the fault harness: every acquisition failed before the fix).
 func TestAuditTriggerOnTable(t *testing.T) {
 	ctx := context.Background()
-	const table = "dlock_test_trig"
+	table := scoped("dlock_test_trig")
 	db := open(t, "")
 	for _, s := range []string{
 		"DROP TABLE IF EXISTS " + table + ", " + table + "_audit",

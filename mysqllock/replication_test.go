@@ -71,7 +71,7 @@ func TestCheckReplication(t *testing.T) {
 		}
 	}
 	settings := func(db *sql.DB) []string {
-		b, err := mysqllock.New(db, &mysqllock.Options{Table: "dlock_repl"})
+		b, err := mysqllock.New(db, &mysqllock.Options{Table: scoped("dlock_repl")})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,8 +1,10 @@
 -- dlock lease table for MySQL 5.7+ / MariaDB 10.3+.
 -- Apply with mysqllock.(*Backend).Migrate or `dlock migrate`; rows are kept
 -- after release so that each key's fencing counter never goes back.
--- Migrate also adds the last three columns of the lease table, and the
--- last two of the session table, to tables created without them.
+-- Migrate also adds the last four columns of the lease table, and the
+-- last two of the session table, to tables created without them, and
+-- creates the triggers (at the end: apply them with the mysql client as
+-- written, with its DELIMITER) after those columns.
 CREATE TABLE IF NOT EXISTS `dlock_locks` (
   name         VARBINARY(255)  NOT NULL,                -- the key, byte for byte
   token        BINARY(16)      NOT NULL,                -- random owner token of the exclusive holder
@@ -14,6 +16,7 @@ CREATE TABLE IF NOT EXISTS `dlock_locks` (
   shared_until DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00', -- latest expiry of the shared or limited holders; past = none
   share_limit  INT UNSIGNED    NOT NULL DEFAULT 0,      -- while shared_until is ahead: 0 shared, n limited to n
   writer_until DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00', -- new shared holders are refused until then
+  jseq         BIGINT UNSIGNED NOT NULL DEFAULT 1,      -- position of the key's last change in the journal
   PRIMARY KEY (name)
 ) ENGINE=InnoDB;
 
@@ -61,3 +64,88 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_claims` (
   strategy VARCHAR(16)    CHARACTER SET ascii NOT NULL,
   PRIMARY KEY (name)
 ) ENGINE=InnoDB;
+
+-- The lease strategy's change journal, which watchers of a key's holders
+-- read (dlock.HolderWatcher): an entry per change of the key's holders,
+-- numbered per key without gaps by the key's jseq (every change holds the
+-- key's row lock until it commits, so entries commit in their order),
+-- written by the triggers below in the transaction that makes the change,
+-- whichever client makes it. An entry replaces one of the same number
+-- left over from a dropped lock table; watchers read none past jseq.
+-- Only a key's last 256 entries are kept: each
+-- change deletes the one 256 before it, by its key (a range would lock the
+-- gap before the key's entries, and so stall the neighbouring key).
+CREATE TABLE IF NOT EXISTS `dlock_locks_journal` (
+  name        VARBINARY(255)  NOT NULL,
+  seq         BIGINT UNSIGNED NOT NULL,                 -- the key's jseq after the change
+  kind        CHAR(1)         CHARACTER SET ascii NOT NULL, -- x: the exclusive holder after it (zero token: none),
+                                                            -- or g, r, m: a shared or limited holder granted, gone, its metadata set
+  token       BINARY(16)      NOT NULL,
+  owner       VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  fence       BIGINT UNSIGNED NOT NULL DEFAULT 0,
+  share_limit INT UNSIGNED    NOT NULL DEFAULT 0,
+  acquired_at DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00',
+  expires_at  DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00', -- at the change; extensions are not journaled
+  metadata    VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  PRIMARY KEY (name, seq)
+) ENGINE=InnoDB;
+
+-- The journal's triggers. On the lease table: a grant (a new fence), a
+-- release (the token cleared), a metadata change; an extension changes
+-- only expires_at and is not a change of holders.
+DELIMITER //
+CREATE TRIGGER `dlock_locks_jbu` BEFORE UPDATE ON `dlock_locks` FOR EACH ROW
+  SET NEW.jseq = NEW.jseq + (NEW.fence <> OLD.fence OR NEW.token <> OLD.token
+    OR CAST(NEW.metadata AS BINARY) <> CAST(OLD.metadata AS BINARY))//
+CREATE TRIGGER `dlock_locks_jau` AFTER UPDATE ON `dlock_locks` FOR EACH ROW
+BEGIN
+  IF NEW.fence <> OLD.fence OR NEW.token <> OLD.token OR CAST(NEW.metadata AS BINARY) <> CAST(OLD.metadata AS BINARY) THEN
+    REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, acquired_at, expires_at, metadata)
+    VALUES (NEW.name, NEW.jseq, 'x', IF(NEW.expires_at > UTC_TIMESTAMP(6), NEW.token, X'00000000000000000000000000000000'),
+      NEW.owner, NEW.fence, NEW.acquired_at, NEW.expires_at, NEW.metadata);
+    IF NEW.jseq > 256 THEN
+      DELETE FROM `dlock_locks_journal` WHERE name = NEW.name AND seq = NEW.jseq - 256;
+    END IF;
+  END IF;
+END//
+CREATE TRIGGER `dlock_locks_jai` AFTER INSERT ON `dlock_locks` FOR EACH ROW
+  REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, acquired_at, expires_at, metadata)
+  VALUES (NEW.name, NEW.jseq, 'x', IF(NEW.expires_at > UTC_TIMESTAMP(6), NEW.token, X'00000000000000000000000000000000'),
+    NEW.owner, NEW.fence, NEW.acquired_at, NEW.expires_at, NEW.metadata)//
+CREATE TRIGGER `dlock_locks_jhi` AFTER INSERT ON `dlock_locks_holders` FOR EACH ROW
+BEGIN
+  DECLARE j BIGINT UNSIGNED;
+  UPDATE `dlock_locks` SET jseq = jseq + 1 WHERE name = NEW.name;
+  SELECT jseq INTO j FROM `dlock_locks` WHERE name = NEW.name;
+  REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, owner, fence, share_limit, acquired_at, expires_at, metadata)
+    VALUES (NEW.name, j, 'g', NEW.token, NEW.owner, NEW.fence, NEW.share_limit, NEW.acquired_at, NEW.expires_at, NEW.metadata);
+  IF j > 256 THEN
+    DELETE FROM `dlock_locks_journal` WHERE name = NEW.name AND seq = j - 256;
+  END IF;
+END//
+CREATE TRIGGER `dlock_locks_jhu` AFTER UPDATE ON `dlock_locks_holders` FOR EACH ROW
+BEGIN
+  DECLARE k CHAR(1) CHARACTER SET ascii DEFAULT
+    IF(OLD.expires_at > UTC_TIMESTAMP(6) AND NEW.expires_at <= UTC_TIMESTAMP(6), 'r',
+      IF(CAST(NEW.metadata AS BINARY) <> CAST(OLD.metadata AS BINARY), 'm', ''));
+  DECLARE j BIGINT UNSIGNED;
+  IF k <> '' THEN
+    UPDATE `dlock_locks` SET jseq = jseq + 1 WHERE name = NEW.name;
+    SELECT jseq INTO j FROM `dlock_locks` WHERE name = NEW.name;
+    REPLACE INTO `dlock_locks_journal` (name, seq, kind, token, metadata) VALUES (NEW.name, j, k, NEW.token, NEW.metadata);
+    IF j > 256 THEN
+      DELETE FROM `dlock_locks_journal` WHERE name = NEW.name AND seq = j - 256;
+    END IF;
+  END IF;
+END//
+CREATE TRIGGER `dlock_locks_jhd` AFTER DELETE ON `dlock_locks_holders` FOR EACH ROW
+BEGIN
+  DECLARE j BIGINT UNSIGNED;
+  UPDATE `dlock_locks` SET jseq = jseq + 1 WHERE name = OLD.name;
+  SELECT jseq INTO j FROM `dlock_locks` WHERE name = OLD.name;
+  REPLACE INTO `dlock_locks_journal` (name, seq, kind, token) VALUES (OLD.name, j, 'r', OLD.token);
+  IF j > 256 THEN
+    DELETE FROM `dlock_locks_journal` WHERE name = OLD.name AND seq = j - 256;
+  END IF;
+END//
+DELIMITER ;

@@ -497,8 +497,9 @@ func TestLongUTF8Keys(t *testing.T) {
 // 64-character limit: a longer table name is refused by New.
 func TestLongTableNames(t *testing.T) {
 	ctx := t.Context()
-	ok := "dlock_t_" + strings.Repeat("x", 48) // 56 characters
-	long := ok + "y"                           // 57
+	ok := scoped("dlock_t_")
+	ok += strings.Repeat("x", 56-len(ok)) // 56 characters
+	long := ok + "y"                      // 57
 	db := open(t, "")
 	news := map[string]func(string) error{
 		"lease": func(table string) error { _, err := mysqllock.New(db, &mysqllock.Options{Table: table}); return err },

@@ -350,10 +350,10 @@ func TestMigrateUpgradesExclusiveOnlyTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	stamp := time.Now().UnixNano() % 1e12
-	table, fresh := fmt.Sprintf("dlock_up%d", stamp), fmt.Sprintf("dlock_new%d", stamp)
+	table, fresh := scoped(fmt.Sprintf("dlock_up%d", stamp)), scoped(fmt.Sprintf("dlock_new%d", stamp))
 	t.Cleanup(func() {
 		for _, tb := range []string{table, fresh} {
-			for _, suffix := range []string{"", "_session", "_rows", "_claims", "_holders"} {
+			for _, suffix := range []string{"", "_session", "_rows", "_claims", "_holders", "_journal"} {
 				db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb+suffix)
 			}
 		}
@@ -413,8 +413,17 @@ VALUES (?, ?, 41, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)`, k, 
 			t.Errorf("a %s request was refused by %+v; want the lease held before the upgrade", req.Mode, res.Holder)
 		}
 	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	now, changes, err := b.WatchHolders(wctx, k)
+	if err != nil || len(now) != 1 || now[0].Token != holder {
+		t.Fatalf("a watch of the lease held before the upgrade: %+v %v", now, err)
+	}
 	if err := b.Release(ctx, k, holder); err != nil {
 		t.Fatalf("the release of the lease held before the upgrade: %v", err)
+	}
+	if hs := <-changes; len(hs) != 0 {
+		t.Errorf("the journal's first change after the upgrade: %+v; want the release", hs)
 	}
 	reader := request(k, dlock.ModeShared, 0, 5*time.Second)
 	if f := mustGrant(t, b, reader); f != 42 {

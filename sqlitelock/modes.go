@@ -129,6 +129,7 @@ func (b *Backend) acquireTx(ctx context.Context, req dlock.Request) (dlock.Resul
 	if err != nil {
 		return dlock.Result{}, wrap("acquire", err)
 	}
+	b.bell.Ring() // a grant, or the end of expired holders
 	return res, nil
 }
 

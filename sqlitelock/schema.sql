@@ -11,7 +11,8 @@ CREATE TABLE IF NOT EXISTS "dlock_locks" (
   expires_us  INTEGER NOT NULL,              -- Unix µs; past = no exclusive holder
   metadata    TEXT    NOT NULL DEFAULT '',
   writer_us   INTEGER NOT NULL DEFAULT 0,    -- Unix µs; until then new shared requests wait for a writer
-  freed_us    INTEGER NOT NULL DEFAULT 0     -- Unix µs of the key's last release in any mode; 0 = none recorded
+  freed_us    INTEGER NOT NULL DEFAULT 0,    -- Unix µs of the key's last release in any mode; 0 = none recorded
+  jseq        INTEGER NOT NULL DEFAULT 0     -- position of the key's last change in dlock_journal
 ) WITHOUT ROWID;
 -- Shared and limited holders, one row each; a row goes at its release.
 CREATE TABLE IF NOT EXISTS "dlock_shares" (
@@ -26,3 +27,64 @@ CREATE TABLE IF NOT EXISTS "dlock_shares" (
   lim         INTEGER NOT NULL DEFAULT 0,    -- the key's holder limit, for 'limited'
   PRIMARY KEY (name, token)
 ) WITHOUT ROWID;
+-- The change journal that watchers of a key's holders read
+-- (dlock.HolderWatcher): an entry per change of the key's holders, numbered
+-- per key without gaps (dlock_locks.jseq), written by the triggers below in
+-- the transaction that makes the change, whichever client makes it. An
+-- entry replaces one of the same number left over from a dropped lock
+-- table; watchers read none past jseq. Only a
+-- key's last 256 entries are kept: a watcher further behind starts again.
+CREATE TABLE IF NOT EXISTS "dlock_journal" (
+  name        TEXT    NOT NULL,              -- the key, as in dlock_locks
+  seq         INTEGER NOT NULL,              -- the key's position after the change
+  kind        TEXT    NOT NULL,              -- x: the exclusive holder after it (empty token: none);
+                                             -- g, r, m: a shared or limited holder granted, gone, its metadata set
+  token       BLOB    NOT NULL,
+  owner       TEXT    NOT NULL DEFAULT '',
+  fence       INTEGER NOT NULL DEFAULT 0,
+  acquired_us INTEGER NOT NULL DEFAULT 0,
+  expires_us  INTEGER NOT NULL DEFAULT 0,    -- at the change; extensions are not journaled
+  metadata    TEXT    NOT NULL DEFAULT '',
+  mode        TEXT    NOT NULL DEFAULT '',
+  lim         INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (name, seq)
+) WITHOUT ROWID;
+-- A grant of the exclusive lease, its release, its metadata change, and a
+-- shared or limited grant's clearing of the row's holder. An extension
+-- changes only expires_us and is not a change of holders.
+CREATE TRIGGER IF NOT EXISTS "dlock_locks_journal_insert" AFTER INSERT ON "dlock_locks" BEGIN
+  UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata)
+    SELECT name, jseq, 'x', iif(length(token) > 0 AND expires_us > 0, token, x''), owner, fence, acquired_us, expires_us, metadata
+    FROM "dlock_locks" WHERE name = NEW.name;
+END;
+CREATE TRIGGER IF NOT EXISTS "dlock_locks_journal_update" AFTER UPDATE OF token, fence, metadata, expires_us ON "dlock_locks"
+WHEN NEW.fence <> OLD.fence OR NEW.token <> OLD.token OR NEW.metadata <> OLD.metadata OR (NEW.expires_us = 0 AND OLD.expires_us <> 0)
+BEGIN
+  UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata)
+    SELECT name, jseq, 'x', iif(length(token) > 0 AND expires_us > 0, token, x''), owner, fence, acquired_us, expires_us, metadata
+    FROM "dlock_locks" WHERE name = NEW.name;
+  DELETE FROM "dlock_journal" WHERE name = NEW.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = NEW.name) - 256;
+END;
+CREATE TRIGGER IF NOT EXISTS "dlock_shares_journal_insert" AFTER INSERT ON "dlock_shares" BEGIN
+  UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, owner, fence, acquired_us, expires_us, metadata, mode, lim)
+    SELECT NEW.name, jseq, 'g', NEW.token, NEW.owner, NEW.fence, NEW.acquired_us, NEW.expires_us, NEW.metadata, NEW.mode, NEW.lim
+    FROM "dlock_locks" WHERE name = NEW.name;
+  DELETE FROM "dlock_journal" WHERE name = NEW.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = NEW.name) - 256;
+END;
+CREATE TRIGGER IF NOT EXISTS "dlock_shares_journal_delete" AFTER DELETE ON "dlock_shares" BEGIN
+  UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = OLD.name;
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token)
+    SELECT OLD.name, jseq, 'r', OLD.token FROM "dlock_locks" WHERE name = OLD.name;
+  DELETE FROM "dlock_journal" WHERE name = OLD.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = OLD.name) - 256;
+END;
+CREATE TRIGGER IF NOT EXISTS "dlock_shares_journal_metadata" AFTER UPDATE OF metadata ON "dlock_shares"
+WHEN NEW.metadata <> OLD.metadata
+BEGIN
+  UPDATE "dlock_locks" SET jseq = jseq + 1 WHERE name = NEW.name;
+  INSERT OR REPLACE INTO "dlock_journal" (name, seq, kind, token, metadata)
+    SELECT NEW.name, jseq, 'm', NEW.token, NEW.metadata FROM "dlock_locks" WHERE name = NEW.name;
+  DELETE FROM "dlock_journal" WHERE name = NEW.name AND seq <= (SELECT jseq FROM "dlock_locks" WHERE name = NEW.name) - 256;
+END;

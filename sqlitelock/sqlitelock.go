@@ -24,8 +24,11 @@
 //
 // A holder can change its lock's metadata (dlock.MetadataSetter: an
 // Election leader's Proclaim), which List then shows. SQLite cannot notify
-// another process of a change, so the Backend is not a dlock.Watcher and
-// an Election's Observe polls, with a backoff of up to 1 s.
+// another process of a change, so the Backend is not a dlock.Watcher; it is
+// a dlock.HolderWatcher: triggers that Migrate creates record every change
+// of holders in a journal that watchers read with a backoff of up to 1 s
+// (at once for changes made through the same Backend), so an Election's
+// observers see every term (see Backend.WatchHolders).
 package sqlitelock
 
 import (
@@ -42,6 +45,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/journal"
 	"github.com/dlock-dev/dlock/internal/keylist"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
@@ -109,7 +113,8 @@ FROM dlock_locks l WHERE fence > 0 AND substr(name, 1, length(?1)) = ?1 ORDER BY
 // goroutines and by processes sharing the file.
 type Backend struct {
 	db    *sql.DB
-	owned bool // opened by Open: Close closes it
+	owned bool         // opened by Open: Close closes it
+	bell  journal.Bell // wakes this Backend's holder watchers on its changes
 }
 
 var (
@@ -157,9 +162,10 @@ func (b *Backend) Close() error {
 }
 
 // Migrate creates the lock tables if they do not exist, and brings tables
-// made by an earlier version up to date: it adds the writer mark's column
-// to dlock_locks, whose rows and fences stay as they are, and the table of
-// shared and limited holders. Any number of processes may call it at once,
+// made by an earlier version up to date: it adds the writer mark's, the
+// release time's and the journal position's columns to dlock_locks, whose
+// rows and fences stay as they are, the table of shared and limited
+// holders, and the change journal with its triggers (see WatchHolders). Any number of processes may call it at once,
 // on a new file or an old one: it waits for the others as long as the busy
 // timeout (10 s with Open), or until ctx ends.
 //
@@ -197,32 +203,40 @@ func (b *Backend) Migrate(ctx context.Context) error {
 const migrateBusyTimeout = 10 * time.Second
 
 // schemaStateSQL tells whether dlock_locks exists, whether it has the
-// writer mark's and the release time's columns, and whether dlock_shares
-// exists.
+// writer mark's, the release time's and the journal position's columns,
+// whether dlock_shares exists, and whether the journal and its five
+// triggers do.
 const schemaStateSQL = `SELECT
   (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_locks'),
   (SELECT count(*) FROM pragma_table_info('dlock_locks') WHERE name = 'writer_us'),
   (SELECT count(*) FROM pragma_table_info('dlock_locks') WHERE name = 'freed_us'),
-  (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_shares')`
+  (SELECT count(*) FROM pragma_table_info('dlock_locks') WHERE name = 'jseq'),
+  (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_shares'),
+  (SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'dlock_journal')
+    + (SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name LIKE 'dlock\_%\_journal\_%' ESCAPE '\') = 6`
 
 // upgradeSQL brings a dlock_locks table made before the shared modes up to
 // date; schemaSQL then adds dlock_shares. upgradeFreedSQL adds the release
-// time (dlock.KeyLister) to one made before it.
+// time (dlock.KeyLister) to one made before it, upgradeJournalSQL the
+// journal position (schemaSQL then adds the journal and its triggers).
 const (
-	upgradeSQL      = `ALTER TABLE "dlock_locks" ADD COLUMN writer_us INTEGER NOT NULL DEFAULT 0`
-	upgradeFreedSQL = `ALTER TABLE "dlock_locks" ADD COLUMN freed_us INTEGER NOT NULL DEFAULT 0`
+	upgradeSQL        = `ALTER TABLE "dlock_locks" ADD COLUMN writer_us INTEGER NOT NULL DEFAULT 0`
+	upgradeFreedSQL   = `ALTER TABLE "dlock_locks" ADD COLUMN freed_us INTEGER NOT NULL DEFAULT 0`
+	upgradeJournalSQL = `ALTER TABLE "dlock_locks" ADD COLUMN jseq INTEGER NOT NULL DEFAULT 0`
 )
 
 // schemaState is what schemaStateSQL finds.
-type schemaState struct{ locks, writerCol, freedCol, shares bool }
+type schemaState struct{ locks, writerCol, freedCol, jseqCol, shares, journal bool }
 
 func readSchemaState(ctx context.Context, q querier) (schemaState, error) {
 	var st schemaState
-	err := q.QueryRowContext(ctx, schemaStateSQL).Scan(&st.locks, &st.writerCol, &st.freedCol, &st.shares)
+	err := q.QueryRowContext(ctx, schemaStateSQL).Scan(&st.locks, &st.writerCol, &st.freedCol, &st.jseqCol, &st.shares, &st.journal)
 	return st, err
 }
 
-func (st schemaState) current() bool { return st.locks && st.writerCol && st.freedCol && st.shares }
+func (st schemaState) current() bool {
+	return st.locks && st.writerCol && st.freedCol && st.jseqCol && st.shares && st.journal
+}
 
 func (b *Backend) migrate(ctx context.Context) error {
 	st, err := readSchemaState(ctx, b.db)
@@ -245,6 +259,11 @@ func (b *Backend) migrate(ctx context.Context) error {
 	}
 	if st.locks && !st.freedCol {
 		if _, err := tx.ExecContext(ctx, upgradeFreedSQL); err != nil {
+			return err
+		}
+	}
+	if st.locks && !st.jseqCol {
+		if _, err := tx.ExecContext(ctx, upgradeJournalSQL); err != nil {
 			return err
 		}
 	}
@@ -292,6 +311,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		err := b.db.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence)
 		switch {
 		case err == nil:
+			b.bell.Ring()
 			return dlock.Result{Acquired: true, Fence: fence}, nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return dlock.Result{}, wrap("acquire", err)
@@ -353,6 +373,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	if n == 0 {
 		return dlock.ErrNotHeld
 	}
+	b.bell.Ring()
 	return nil
 }
 
@@ -371,6 +392,7 @@ func (b *Backend) SetMetadata(ctx context.Context, key string, token dlock.Token
 	if n == 0 {
 		return dlock.ErrNotHeld
 	}
+	b.bell.Ring()
 	return nil
 }
 
@@ -396,6 +418,7 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 	if err := tx.Commit(); err != nil {
 		return wrap("force release", err)
 	}
+	b.bell.Ring()
 	if n+m == 0 {
 		return dlock.ErrNotHeld
 	}

@@ -408,7 +408,7 @@ func prepareMySQL(ctx context.Context, env *Env, suffix string) (string, error) 
 	if c, ok := any(b).(interface{ Close() error }); ok {
 		defer c.Close()
 	}
-	if _, err := env.StoreDB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows, "+locks+"_claims, "+locks+"_holders"); err != nil {
+	if _, err := env.StoreDB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows, "+locks+"_claims, "+locks+"_holders, "+locks+"_journal"); err != nil {
 		return "", fmt.Errorf("prepare: %w", err)
 	}
 	if err := b.Migrate(ctx); err != nil {
