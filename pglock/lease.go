@@ -946,22 +946,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 // an earlier version) or could not be told (its record would not fit in a
 // NOTIFY), and when the reader falls more than 1024 changes behind.
 func (b *Backend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
-	f, err := b.ln.feedKey(ctx, key)
-	if err != nil {
-		if !errors.Is(err, dlock.ErrClosed) && ended(ctx) == nil {
-			err = wrapErr(b.tb, "watch", err)
-		}
-		return nil, nil, err
-	}
-	s, err := readSnapshot(ctx, b.pool, b.q.watchHolders, key)
-	if err != nil {
-		b.ln.stopFeed(f)
-		if ended(ctx) == nil {
-			err = wrapErr(b.tb, "watch", err)
-		}
-		return nil, nil, err
-	}
-	return s.holders, followHolders(ctx, b.ln, f, key, s), nil
+	return watchHolders(ctx, b.ln, b.pool, b.q.watchHolders, b.tb, "watch", key)
 }
 
 // SetMetadata implements dlock.MetadataSetter for a holder of any mode, in

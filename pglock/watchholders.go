@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,6 +50,28 @@ type snapshot struct {
 	// offset converts the server's clock to the local one: local time of
 	// the read minus the server's at the read.
 	offset time.Duration
+}
+
+// watchHolders is WatchHolders of either strategy: it starts a feed of
+// key's changes on ln, then reads the snapshot with q (see readSnapshot) on
+// pool, and follows the feed from it. op names the operation in errors.
+func watchHolders(ctx context.Context, ln *listener, pool *pgxpool.Pool, q string, tb tables, op, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	f, err := ln.feedKey(ctx, key)
+	if err != nil {
+		if !errors.Is(err, dlock.ErrClosed) && ended(ctx) == nil {
+			err = wrapErr(tb, op, err)
+		}
+		return nil, nil, err
+	}
+	s, err := readSnapshot(ctx, pool, q, key)
+	if err != nil {
+		ln.stopFeed(f)
+		if ended(ctx) == nil {
+			err = wrapErr(tb, op, err)
+		}
+		return nil, nil, err
+	}
+	return s.holders, followHolders(ctx, ln, f, key, s), nil
 }
 
 // readSnapshot runs q, which returns for key ($1) its change counter and
