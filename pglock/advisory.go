@@ -448,7 +448,8 @@ FROM c`,
 		// Terminates each session that holds the key ($1, $2: its halves;
 		// $3: the key), then tells the key's watches.
 		// The ended holders are named from the statement's snapshot,
-		// taken before the sessions ended.
+		// taken before the sessions ended. A lock taken outside dlock (no
+		// row, no counter) is notified without a record.
 		forceRelease: `WITH t AS MATERIALIZED (
   SELECT l.pid, pg_terminate_backend(l.pid, 5000) AS ok FROM pg_locks l
   WHERE ` + ours + ` AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid
@@ -459,8 +460,9 @@ e AS (
     UNION SELECT token FROM ` + r + ` WHERE name = $3 AND pid IN (SELECT pid FROM t WHERE t.ok)) x
 ),
 c AS (UPDATE ` + s + ` SET changes = changes + 1 WHERE name = $3 AND EXISTS (SELECT FROM t WHERE t.ok) RETURNING changes)
-SELECT t.ok, (SELECT count(*) FROM (SELECT pg_notify(` + ch + `, ` + fitPayload(`encode($3, 'hex') || '/' || c.changes || ' e ' || e.toks`, `encode($3, 'hex')`, `c.changes`) + `)
-  FROM c, e) n) FROM t`,
+SELECT t.ok, (SELECT count(*) FROM (SELECT pg_notify(` + ch + `, ` + fitPayload(`encode($3, 'hex') || COALESCE((SELECT '/' || c.changes || ' e ' || e.toks FROM c, e), '')`,
+			`encode($3, 'hex')`, `(SELECT changes FROM c)`) + `)
+  FROM t WHERE t.ok LIMIT 1) n) FROM t`,
 
 		// The key's holders as list reports them, its change counter and
 		// the server's clock, in one statement.
