@@ -152,6 +152,7 @@ var (
 	_ dlock.LossReporter   = (*Advisory)(nil)
 	_ dlock.Watcher        = (*Advisory)(nil)
 	_ dlock.MetadataSetter = (*Advisory)(nil)
+	_ dlock.HolderWatcher  = (*Advisory)(nil)
 )
 
 // NewAdvisory returns the advisory strategy over pool. Its server sessions
@@ -217,21 +218,18 @@ func (a *Advisory) notifyFreed(holds []*hold) {
 	if len(holds) == 0 {
 		return
 	}
-	seen := make(map[string]bool, len(holds))
-	var keys [][]byte
-	for _, h := range holds {
-		if !seen[h.key] {
-			seen[h.key] = true
-			keys = append(keys, []byte(h.key))
-		}
+	keys := make([][]byte, len(holds))
+	tokens := make([][]byte, len(holds))
+	for i, h := range holds {
+		keys[i], tokens[i] = []byte(h.key), h.token[:]
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	_, err := a.pool.Exec(ctx, a.q.notify, keys)
+	_, err := a.pool.Exec(ctx, a.q.notify, keys, tokens)
 	for try := 0; try < 3 && err != nil && ctx.Err() == nil && sessionLost(err); try++ {
 		// A pooled connection that ended with the session (a restart, a
 		// terminated client): again, on another.
-		_, err = a.pool.Exec(ctx, a.q.notify, keys)
+		_, err = a.pool.Exec(ctx, a.q.notify, keys, tokens)
 	}
 	if err != nil {
 		a.log.Warn("pglock: could not tell the watches of locks freed with their sessions", "locks", len(keys), "err", err)
@@ -249,7 +247,7 @@ func split(id uint64) (int32, int32) { return int32(id >> 32), int32(id) }
 type advisoryQueries struct {
 	try, wait, tryShared, waitShared, unlock, unlockShared, mark, check, holder, list, setMetadata string
 	listWaiters                                                                                    string
-	notify, forceRelease, unlockReleased, unlockKept                                               string
+	notify, forceRelease, unlockReleased, unlockKept, watchHolders                                 string
 }
 
 // Bounds of an exclusive wait in the server (lock_timeout, local to the
@@ -307,10 +305,12 @@ func newAdvisoryQueries(tb tables) advisoryQueries {
 	grant := func(lock string, shared, marks, bounded bool) string {
 		ok, bump, extra, markUs, bound := lock, `,
     `+granted("writer_until", "'-infinity'"), ``, `0::bigint`, ``
+		lim, gone := `'-1'`, `''`
 		unlockFn := `pg_advisory_unlock`
 		if shared {
 			ok = `CASE WHEN k.wu > k.now THEN false ELSE ` + lock + ` END`
 			bump = ``
+			lim, gone = `'0'`, `COALESCE((SELECT string_agg(encode(token, 'hex'), ',') FROM gone), '')`
 			unlockFn = `pg_advisory_unlock_shared`
 			extra = `,
 rd AS (
@@ -320,6 +320,7 @@ rd AS (
 gone AS (
   DELETE FROM ` + r + ` x WHERE x.name = $3 AND EXISTS (SELECT FROM g)
     AND NOT EXISTS (SELECT FROM pg_stat_get_activity(x.pid))
+  RETURNING x.token
 )`
 			markUs = `CASE WHEN NOT l.ok AND k.wu > k.now THEN (extract(epoch FROM k.wu - k.now) * 1000000)::bigint ELSE 0 END`
 		}
@@ -341,21 +342,23 @@ m AS (
 		return `WITH k AS MATERIALIZED (SELECT clock_timestamp() AS now, (SELECT writer_until FROM ` + s + ` WHERE name = $3) AS wu` + bound + `),
 l AS MATERIALIZED (SELECT ` + ok + ` AS ok, set_config('synchronous_commit', 'on', true) AS sc FROM k),
 g AS (
-  INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata, delay_us)
-  SELECT $3, $4, $5, $6, 1, pg_backend_pid(), clock_timestamp(), $7, $8::bigint FROM l WHERE l.ok
+  INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata, delay_us, changes)
+  SELECT $3, $4, $5, $6, 1, pg_backend_pid(), clock_timestamp(), $7, $8::bigint, 1 FROM l WHERE l.ok
   ON CONFLICT (name) DO UPDATE SET ` + granted("lock_id", "EXCLUDED.lock_id") + `,
     ` + granted("token", "EXCLUDED.token") + `,
     ` + granted("owner", "EXCLUDED.owner") + `,
     ` + granted("fence", "s.fence + 1") + `,
+    ` + granted("changes", "s.changes + 1") + `,
     ` + granted("pid", "EXCLUDED.pid") + `,
     ` + granted("acquired_at", "EXCLUDED.acquired_at") + `,
     ` + granted("metadata", "EXCLUDED.metadata") + bump + `,
     delay_until = CASE WHEN ` + undelayed + ` THEN s.delay_until
       ELSE greatest(s.delay_until, EXCLUDED.acquired_at + s.delay_us * interval '1 microsecond') END,
     delay_us = CASE WHEN ` + undelayed + ` THEN EXCLUDED.delay_us ELSE 0 END
-  RETURNING s.fence, s.token = $5 AS won, s.delay_until
+  RETURNING s.fence, s.token = $5 AS won, s.delay_until, s.changes AS n, s.acquired_at
 )` + extra + `,
-gn AS (SELECT pg_notify(` + ch + `, encode($3, 'hex')) FROM g),
+gn AS (SELECT pg_notify(` + ch + `, ` + fitPayload(`encode($3, 'hex') || '/' || `+
+			recGrant(`n`, lim, `$5`, `fence::text`, `acquired_at`, `''`, `$6`, `$7`, gone), `encode($3, 'hex')`, `n`) + `) FROM g WHERE g.won),
 ul AS (SELECT ` + unlockFn + `($1::int4, $2::int4) FROM g WHERE NOT g.won)
 SELECT l.ok AND coalesce((SELECT won FROM g), false), (SELECT fence FROM g WHERE won), pg_backend_pid(),
   current_setting('synchronous_commit'), ` + markUs + `, (SELECT count(*) FROM gn), (SELECT count(*) FROM ul),
@@ -363,12 +366,15 @@ SELECT l.ok AND coalesce((SELECT won FROM g), false), (SELECT fence FROM g WHERE
 FROM l, k`
 	}
 	// unlocked: an unlock ($4: or a retry of one that a cancel may have
-	// cut after it unlocked) tells the key's watches; its transaction need
-	// not wait for the flush of its commit (a lost notification after a
-	// crash of the server tells nobody anything: watches end with the
-	// server's connections).
-	unlocked := `SELECT pg_notify(` + ch + `, encode($3, 'hex')), set_config('synchronous_commit', 'off', true)
-  FROM u WHERE u.ok OR $4::bool`
+	// cut after it unlocked) tells the key's watches, with the release of
+	// $5 counted by c; its transaction need not wait for the flush of its
+	// commit (a lost notification after a crash of the server tells nobody
+	// anything: watches end with the server's connections). c bumps the
+	// key's change counter before the unlock, so that a waiter's grant,
+	// which waits for the row, commits after it.
+	unlocked := `SELECT pg_notify(` + ch + `, encode($3, 'hex') || COALESCE('/' || (SELECT changes FROM c) || ' r ' || encode($5, 'hex'), '')),
+  set_config('synchronous_commit', 'off', true)
+  FROM u WHERE u.ok OR $4::bool OR EXISTS (SELECT FROM c)`
 	const (
 		try  = `pg_try_advisory_lock%s($1::int4, $2::int4)`
 		wait = `(SELECT true FROM (SELECT pg_advisory_lock%s($1::int4, $2::int4)) w)`
@@ -378,26 +384,30 @@ FROM l, k`
 		wait:       grant(fmt.Sprintf(wait, ""), false, false, true),
 		tryShared:  grant(fmt.Sprintf(try, "_shared"), true, false, false),
 		waitShared: grant(fmt.Sprintf(wait, "_shared"), true, false, false),
-		unlock: `WITH u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok)
+		unlock: `WITH c AS (UPDATE ` + s + ` SET changes = changes + 1 WHERE name = $3 AND (token = $5 OR $4::bool) RETURNING changes),
+u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok FROM (SELECT count(*) FROM c) x)
 SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
 		// unlockReleased is unlock for a grant with a lock-delay: the grant
 		// is marked released (delay_us = 0) before the lock is unlocked (u
 		// reads c), and the next grant's statement, which waits for the
 		// row, sees it so.
-		unlockReleased: `WITH c AS (UPDATE ` + s + ` SET delay_us = 0 WHERE name = $3 AND token = $5 RETURNING 1),
+		unlockReleased: `WITH c AS (UPDATE ` + s + ` SET delay_us = CASE WHEN token = $5 THEN 0 ELSE delay_us END, changes = changes + 1
+  WHERE name = $3 AND (token = $5 OR $4::bool) RETURNING changes),
 u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok FROM (SELECT count(*) FROM c) x)
 SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
 		// unlockKept is unlock for a release within a minimum hold: the
 		// grant is marked released and the key kept from every grant for
 		// $6 µs from now (delay_until, which the grant's statement checks
 		// as it does a lock-delay) before the lock is unlocked.
-		unlockKept: `WITH c AS (UPDATE ` + s + ` SET delay_us = 0,
-    delay_until = greatest(delay_until, clock_timestamp() + $6::bigint * interval '1 microsecond')
-  WHERE name = $3 AND token = $5 RETURNING 1),
+		unlockKept: `WITH c AS (UPDATE ` + s + ` SET delay_us = CASE WHEN token = $5 THEN 0 ELSE delay_us END,
+    delay_until = CASE WHEN token = $5 THEN greatest(delay_until, clock_timestamp() + $6::bigint * interval '1 microsecond') ELSE delay_until END,
+    changes = changes + 1
+  WHERE name = $3 AND (token = $5 OR $4::bool) RETURNING changes),
 u AS MATERIALIZED (SELECT pg_advisory_unlock($1::int4, $2::int4) AS ok FROM (SELECT count(*) FROM c) x)
 SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
-		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $5),
-u AS MATERIALIZED (SELECT pg_advisory_unlock_shared($1::int4, $2::int4) AS ok)
+		unlockShared: `WITH d AS (DELETE FROM ` + r + ` WHERE name = $3 AND token = $5 RETURNING 1),
+c AS (UPDATE ` + s + ` SET changes = changes + 1 WHERE name = $3 AND (EXISTS (SELECT FROM d) OR $4::bool) RETURNING changes),
+u AS MATERIALIZED (SELECT pg_advisory_unlock_shared($1::int4, $2::int4) AS ok FROM (SELECT count(*) FROM c) x)
 SELECT u.ok, pg_backend_pid(), (SELECT count(*) FROM (` + unlocked + `) n) FROM u`,
 		mark: `UPDATE ` + s + ` SET writer_until = clock_timestamp() + $2::bigint * interval '1 microsecond' WHERE name = $1`,
 		// check returns the session's pid and the indexes (1-based) of the
@@ -414,31 +424,70 @@ ORDER BY fence DESC, lim DESC LIMIT 1`,
 		// The holder's row, if its session still holds the lock in its
 		// mode ($4, $5: the key's two halves), and a notification.
 		setMetadata: `WITH ex AS (
-  UPDATE ` + s + ` s SET metadata = $3 WHERE s.name = $1 AND s.token = $2
+  UPDATE ` + s + ` s SET metadata = $3, changes = s.changes + 1 WHERE s.name = $1 AND s.token = $2
     AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ExclusiveLock' AND l.pid = s.pid
       AND l.classid = $4::int4::oid AND l.objid = $5::int4::oid)
-  RETURNING s.name
+  RETURNING s.name, s.changes
 ),
 sh AS (
   UPDATE ` + r + ` x SET metadata = $3 WHERE x.name = $1 AND x.token = $2
     AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND l.pid = x.pid
       AND l.classid = $4::int4::oid AND l.objid = $5::int4::oid)
   RETURNING x.name
+),
+su AS (
+  UPDATE ` + s + ` u SET changes = u.changes + 1 WHERE u.name = $1 AND EXISTS (SELECT FROM sh)
+  RETURNING u.name, u.changes
 )
-SELECT pg_notify(` + ch + `, encode(n.name, 'hex')), set_config('synchronous_commit', 'on', true)
-FROM (SELECT name FROM ex UNION ALL SELECT name FROM sh) n`,
+SELECT pg_notify(` + ch + `, encode(n.name, 'hex') || '/' || n.changes || ' m ' || encode($2, 'hex') || ' ' || ` + recHex(`$3`) + `),
+  set_config('synchronous_commit', 'on', true)
+FROM (SELECT name, changes FROM ex UNION ALL SELECT name, changes FROM su) n`,
 
 		// notify tells the watches of the keys in $1 (bytea[]) of the end
-		// of locks that no statement ended: a session's end, or Close.
-		notify: `SELECT count(pg_notify(` + ch + `, encode(k, 'hex'))), set_config('synchronous_commit', 'off', true)
-FROM unnest($1::bytea[]) k`,
+		// of locks that no statement ended (a session's end, or Close):
+		// those of the tokens in $2 (one per key in $1).
+		notify: `WITH x AS (SELECT k, string_agg(encode(t, 'hex'), ',') AS toks FROM unnest($1::bytea[], $2::bytea[]) AS x(k, t) GROUP BY k),
+lk AS MATERIALIZED (SELECT s.name FROM ` + s + ` s WHERE s.name IN (SELECT k FROM x) ORDER BY s.name FOR UPDATE),
+c AS (
+  UPDATE ` + s + ` s SET changes = s.changes + 1 FROM x WHERE s.name = x.k AND EXISTS (SELECT FROM lk)
+  RETURNING s.name, s.changes, x.toks
+)
+SELECT count(pg_notify(` + ch + `, ` + fitPayload(`encode(c.name, 'hex') || '/' || c.changes || ' e ' || c.toks`, `encode(c.name, 'hex')`, `c.changes`) + `)),
+  set_config('synchronous_commit', 'off', true)
+FROM c`,
 		// Terminates each session that holds the key ($1, $2: its halves;
 		// $3: the key), then tells the key's watches.
+		// The ended holders are named from the statement's snapshot,
+		// taken before the sessions ended. A lock taken outside dlock (no
+		// row, no counter) is notified without a record.
 		forceRelease: `WITH t AS MATERIALIZED (
-  SELECT pg_terminate_backend(l.pid, 5000) AS ok FROM pg_locks l
+  SELECT l.pid, pg_terminate_backend(l.pid, 5000) AS ok FROM pg_locks l
   WHERE ` + ours + ` AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid
+),
+e AS (
+  SELECT COALESCE(string_agg(encode(token, 'hex'), ','), '') AS toks FROM (
+    SELECT token FROM ` + s + ` WHERE name = $3 AND pid IN (SELECT pid FROM t WHERE t.ok)
+    UNION SELECT token FROM ` + r + ` WHERE name = $3 AND pid IN (SELECT pid FROM t WHERE t.ok)) x
+),
+c AS (UPDATE ` + s + ` SET changes = changes + 1 WHERE name = $3 AND EXISTS (SELECT FROM t WHERE t.ok) RETURNING changes)
+SELECT t.ok, (SELECT count(*) FROM (SELECT pg_notify(` + ch + `, ` + fitPayload(`encode($3, 'hex') || COALESCE((SELECT '/' || c.changes || ' e ' || e.toks FROM c, e), '')`,
+			`encode($3, 'hex')`, `(SELECT changes FROM c)`) + `)
+  FROM t WHERE t.ok LIMIT 1) n) FROM t`,
+
+		// The key's holders as list reports them, its change counter and
+		// the server's clock, in one statement.
+		watchHolders: `WITH hs AS (
+  SELECT s.token, s.owner, s.fence, s.metadata, s.acquired_at, -1 AS lim FROM ` + s + ` s
+  WHERE s.name = $1
+    AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ExclusiveLock' AND l.pid = s.pid AND ` + keyLock + `)
+  UNION ALL
+  SELECT x.token, x.owner, x.fence, x.metadata, x.acquired_at, 0 FROM ` + r + ` x JOIN ` + s + ` s ON s.name = x.name
+  WHERE x.name = $1
+    AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND l.pid = x.pid AND ` + keyLock + `)
 )
-SELECT t.ok, (SELECT count(*) FROM (SELECT pg_notify(` + ch + `, encode($3, 'hex')) FROM t WHERE t.ok LIMIT 1) n) FROM t`,
+SELECT COALESCE((SELECT changes FROM ` + s + ` WHERE name = $1), 0), (extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
+  hs.token, hs.owner, hs.fence, hs.metadata, hs.acquired_at, NULL::bigint, hs.lim
+FROM (SELECT 1) one LEFT JOIN hs ON true ORDER BY hs.fence`,
 
 		list: `SELECT s.name, s.token, s.owner, s.fence, s.metadata, s.acquired_at, -1 FROM ` + s + ` s
 WHERE substring(s.name FROM 1 FOR octet_length($1::bytea)) = $1::bytea
@@ -950,14 +999,18 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 // counts as unlocked (a session holds a key at most once: see heldLocally).
 func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key string, token dlock.Token, shared, released bool, keep time.Duration) (bool, error) {
 	k1, k2 := split(id)
-	q, args := a.q.unlock, []any{k1, k2, []byte(key), false}
+	q := a.q.unlock
 	switch {
 	case shared:
-		q, args = a.q.unlockShared, []any{k1, k2, []byte(key), false, token[:]}
+		q = a.q.unlockShared
 	case keep > 0:
-		q, args = a.q.unlockKept, []any{k1, k2, []byte(key), false, token[:], us(keep)}
+		q = a.q.unlockKept
 	case released:
-		q, args = a.q.unlockReleased, []any{k1, k2, []byte(key), false, token[:]}
+		q = a.q.unlockReleased
+	}
+	args := []any{k1, k2, []byte(key), false, token[:]}
+	if keep > 0 && !shared {
+		args = append(args, us(keep))
 	}
 	var ok bool
 	var pid uint32
@@ -1354,6 +1407,22 @@ func (a *Advisory) Watch(ctx context.Context, key string) (<-chan struct{}, erro
 		return nil, wrapErr(a.tb, "advisory watch", err)
 	}
 	return ch, err
+}
+
+// WatchHolders implements dlock.HolderWatcher on the Advisory's LISTEN
+// connection: it LISTENs, then reads key's holders (as List) and change
+// counter in one statement, then applies each later change that the
+// notifications carry (a grant, an unlock, a metadata change, and the ends
+// of sessions that Watch reports), in the order the server commits them.
+// ExpiresAt is zero: a lock lasts as long as its session. A session that
+// ended unseen (its process died with it) still shows until the key's next
+// grant, which drops it. The channel is closed when ctx ends, when the
+// connection breaks, after Close, when a change was missed (its counter
+// skips, or it came from a client of an earlier version) or could not be
+// told (its record would not fit in a NOTIFY), and when the reader falls
+// more than 1024 changes behind.
+func (a *Advisory) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	return watchHolders(ctx, a.ln, a.pool, a.q.watchHolders, a.tb, "advisory watch", key)
 }
 
 // SetMetadata implements dlock.MetadataSetter, for a lock of this Advisory

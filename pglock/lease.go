@@ -38,6 +38,7 @@ var (
 	_ dlock.ForceReleaser  = (*Backend)(nil)
 	_ dlock.Watcher        = (*Backend)(nil)
 	_ dlock.MetadataSetter = (*Backend)(nil)
+	_ dlock.HolderWatcher  = (*Backend)(nil)
 )
 
 // New returns the lease strategy over pool, which the caller keeps owning.
@@ -97,7 +98,7 @@ func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(c
 
 type leaseQueries struct {
 	acquire, unregister, extend, release, forceRelease, list, setMetadata string
-	listWaiters, listKeys                                                 string
+	listWaiters, listKeys, watchHolders                                   string
 	// lockKey, lockShared and lockMany lock the lease rows that a
 	// statement on shared or limited holders is about to read, first,
 	// in the same transaction: see newLeaseQueries.
@@ -226,10 +227,14 @@ func newLeaseQueries(tb tables) leaseQueries {
   RETURNING q.since
 )`
 	}
-	// granted: a grant (a row of cte) tells the key's watches ($11: the
-	// watch channel).
-	granted := func(cte string) string {
-		return `gn AS (SELECT pg_notify($11, encode($1, 'hex')) FROM ` + cte + `)`
+	// granted: a grant tells the key's watches ($11: the watch channel)
+	// with its change record (see watchholders.go), from the rows of
+	// from: n (the key's change counter), fence, acquired_at and
+	// expires_at of the grant; lim is its mode and gone the holders that
+	// its statement found expired.
+	granted := func(from, lim, gone string) string {
+		rec := recGrant(`n`, lim, `$2`, `fence::text`, `acquired_at`, recTime(`expires_at`), `$3`, `$5`, gone)
+		return `gn AS (SELECT pg_notify($11, ` + fitPayload(`encode($1, 'hex') || '/' || `+rec, `encode($1, 'hex')`, `n`) + `) FROM ` + from + `)`
 	}
 	unqueue := func(granted string) string {
 		return `del AS (
@@ -241,8 +246,8 @@ func newLeaseQueries(tb tables) leaseQueries {
 	return leaseQueries{
 		acquire: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, ` + syncOn + ` AS sc),
 acq AS (
-  INSERT INTO ` + l + ` AS l (name, token, owner, fence, acquired_at, expires_at, metadata)
-  SELECT $1, $2, $3, 1, c.now, c.now + ` + ttl + `, $5 FROM c
+  INSERT INTO ` + l + ` AS l (name, token, owner, fence, acquired_at, expires_at, metadata, changes)
+  SELECT $1, $2, $3, 1, c.now, c.now + ` + ttl + `, $5, 1 FROM c
   WHERE NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1 AND (h.expires_at > c.now OR h.shared_until > c.now))
     AND ($6::bigint < 0
       OR NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1
@@ -251,9 +256,9 @@ acq AS (
   ON CONFLICT (name) DO UPDATE
   SET token = EXCLUDED.token, owner = EXCLUDED.owner, fence = l.fence + 1,
       acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, metadata = EXCLUDED.metadata,
-      writer_until = '-infinity'
+      writer_until = '-infinity', changes = l.changes + 1
   WHERE l.expires_at <= EXCLUDED.acquired_at AND l.shared_until <= EXCLUDED.acquired_at
-  RETURNING l.fence
+  RETURNING l.fence, l.changes AS n, l.acquired_at, l.expires_at
 ),
 s AS (` + holderQ + h + earliest + `),
 mark AS (
@@ -266,7 +271,7 @@ mark AS (
 ` + unqueue(`EXISTS (SELECT FROM acq)`) + `,
 ` + forward(`NOT EXISTS (SELECT FROM acq)
     AND NOT EXISTS (SELECT FROM `+l+` h WHERE h.name = $1 AND (h.expires_at > c.now OR h.shared_until > c.now))`, backEx) + `,
-` + granted(`acq`) + `
+` + granted(`acq`, `'-1'`, `''`) + `
 SELECT (SELECT fence FROM acq), (SELECT since FROM reg),
   h.name, h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `,
   s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
@@ -303,14 +308,17 @@ v AS MATERIALIZED (
 g AS (
   INSERT INTO ` + h + ` (name, token, lim, owner, fence, acquired_at, expires_at, metadata)
   SELECT $1, $2, $9::int, $3, v.fence + 1, c.now, c.now + ` + ttl + `, $5 FROM v, c WHERE v.verdict = 'grant'
-  RETURNING fence, expires_at
+  RETURNING fence, acquired_at, expires_at
 ),
 u AS (
-  UPDATE ` + l + ` AS l SET fence = g.fence, shared_until = GREATEST(l.shared_until, g.expires_at), share_limit = $9::int
+  UPDATE ` + l + ` AS l SET fence = g.fence, shared_until = GREATEST(l.shared_until, g.expires_at), share_limit = $9::int,
+    changes = l.changes + 1
   FROM g WHERE l.name = $1
+  RETURNING l.changes AS n
 ),
 gc AS (
   DELETE FROM ` + h + ` s USING c WHERE s.name = $1 AND s.expires_at <= c.now AND EXISTS (SELECT FROM g)
+  RETURNING s.token
 ),
 ` + register(`EXISTS (SELECT FROM v WHERE v.verdict NOT IN ('grant', 'mismatch'))`, `$9::int`) + `,
 ` + unqueue(`EXISTS (SELECT FROM g)`) + `,
@@ -322,7 +330,7 @@ nx AS (
     ORDER BY q.since, q.token LIMIT 1) n
 ),
 s AS (` + holderQ + h + earliest + `),
-` + granted(`g`) + `
+` + granted(`g, u`, `$9::int::text`, `COALESCE((SELECT string_agg(encode(token, 'hex'), ',') FROM gc), '')`) + `
 SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(*) FROM nx) + (SELECT count(*) FROM fw) + (SELECT count(*) FROM gn),
   v.token, v.owner, v.fence, v.metadata, v.acquired_at, ` + rem("v.expires_at") + `,
   s.token, s.owner, s.fence, s.metadata, s.acquired_at, ` + rem("s.expires_at") + `, s.lim,
@@ -363,9 +371,9 @@ SELECT name, token FROM ex UNION ALL SELECT name, token FROM sh`,
 		// An exclusive release ends the lease and sets freed_at to the same
 		// instant: the lease was released, not expired (ListKeys).
 		release: `WITH ex AS (
-  UPDATE ` + l + ` SET (expires_at, freed_at) = (SELECT t, t FROM (SELECT clock_timestamp() AS t) x)
+  UPDATE ` + l + ` SET (expires_at, freed_at) = (SELECT t, t FROM (SELECT clock_timestamp() AS t) x), changes = changes + 1
   WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
-  RETURNING name
+  RETURNING name, changes
 ),
 sh AS (
   DELETE FROM ` + h + ` WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
@@ -374,36 +382,60 @@ sh AS (
 su AS (
   UPDATE ` + l + ` AS l SET freed_at = clock_timestamp(),
     shared_until = COALESCE((SELECT max(s.expires_at) FROM ` + h + ` s
-      WHERE s.name = $1 AND s.token <> $2 AND s.expires_at > clock_timestamp()), '-infinity')
+      WHERE s.name = $1 AND s.token <> $2 AND s.expires_at > clock_timestamp()), '-infinity'),
+    changes = l.changes + 1
   WHERE l.name = $1 AND EXISTS (SELECT FROM sh)
+  RETURNING l.name, l.changes
 )
-SELECT pg_notify($3, encode(r.name, 'hex') || COALESCE(' ' || ` + first + `, ''))
-FROM (SELECT name FROM ex UNION ALL SELECT name FROM sh) r`,
+SELECT pg_notify($3, encode(r.name, 'hex') || COALESCE(' ' || ` + first + `, '') || '/' || r.changes || ' r ' || encode($2, 'hex'))
+FROM (SELECT name, changes FROM ex UNION ALL SELECT name, changes FROM su) r`,
 
 		// After lockShared.
 		forceRelease: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
 sh AS (DELETE FROM ` + h + ` s WHERE s.name = $1 RETURNING s.expires_at),
 r AS (
-  UPDATE ` + l + ` AS l SET expires_at = LEAST(l.expires_at, c.now), shared_until = '-infinity', freed_at = c.now
+  UPDATE ` + l + ` AS l SET expires_at = LEAST(l.expires_at, c.now), shared_until = '-infinity', freed_at = c.now,
+    changes = l.changes + 1
   FROM c
   WHERE l.name = $1 AND (l.expires_at > c.now OR EXISTS (SELECT FROM sh WHERE sh.expires_at > c.now))
-  RETURNING l.name
+  RETURNING l.name, l.changes
 )
-SELECT pg_notify($2, encode(r.name, 'hex')) FROM r`,
+SELECT pg_notify($2, encode(r.name, 'hex') || '/' || r.changes || ' f') FROM r`,
 
 		// The lease must be live at the row, as in extend: an update
 		// that waited for a release's row lock must not find the release's
-		// later instant in the future of its own start.
+		// later instant in the future of its own start. The key's row is
+		// locked first (k), as every change of a shared holder does, so
+		// that the change counter orders it with them.
 		setMetadata: `WITH c AS MATERIALIZED (SELECT ` + syncOn + `),
+k AS MATERIALIZED (SELECT name FROM ` + l + ` WHERE name = $1 FOR UPDATE),
 ex AS (
-  UPDATE ` + l + ` SET metadata = $3 WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
-  RETURNING name
+  UPDATE ` + l + ` SET metadata = $3, changes = changes + 1
+  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() AND EXISTS (SELECT FROM k)
+  RETURNING name, changes
 ),
 sh AS (
-  UPDATE ` + h + ` SET metadata = $3 WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
+  UPDATE ` + h + ` SET metadata = $3 WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() AND EXISTS (SELECT FROM k)
   RETURNING name
+),
+su AS (
+  UPDATE ` + l + ` SET changes = changes + 1 WHERE name = $1 AND EXISTS (SELECT FROM sh)
+  RETURNING name, changes
 )
-SELECT pg_notify($4, encode(r.name, 'hex')) FROM c, (SELECT name FROM ex UNION ALL SELECT name FROM sh) r`,
+SELECT pg_notify($4, encode(r.name, 'hex') || '/' || r.changes || ' m ' || encode($2, 'hex') || ' ' || ` + recHex(`$3`) + `)
+FROM c, (SELECT name, changes FROM ex UNION ALL SELECT name, changes FROM su) r`,
+
+		// The key's holders as list reports them, its change counter
+		// and the server's clock, in one snapshot.
+		watchHolders: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+hs AS (
+  SELECT token, owner, fence, metadata, acquired_at, expires_at, -1 AS lim FROM ` + l + `, c WHERE name = $1 AND expires_at > c.now
+  UNION ALL
+  SELECT token, owner, fence, metadata, acquired_at, expires_at, lim FROM ` + h + `, c WHERE name = $1 AND expires_at > c.now
+)
+SELECT COALESCE((SELECT changes FROM ` + l + ` WHERE name = $1), 0), (extract(epoch FROM c.now) * 1000000)::bigint,
+  hs.token, hs.owner, hs.fence, hs.metadata, hs.acquired_at, ` + rem(`hs.expires_at`) + `, hs.lim
+FROM c LEFT JOIN hs ON true ORDER BY hs.fence`,
 
 		listWaiters: `SELECT name, token, owner, metadata, lim, ` + rem("since") + `
 FROM ` + w + `, (SELECT clock_timestamp() AS now) c
@@ -899,6 +931,22 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 		return nil, wrapErr(b.tb, "watch", err)
 	}
 	return ch, err
+}
+
+// WatchHolders implements dlock.HolderWatcher on the Backend's LISTEN
+// connection: it LISTENs, then reads key's holders and change counter in
+// one statement, then applies each later change that the notifications
+// carry (a grant of any mode, a release, a metadata change, a forced
+// release), in the order the server commits them. A lease that runs out is
+// not a change: the holders carry their ExpiresAt, as of their grant (a
+// renewal is not reported either: a holder whose ExpiresAt has passed may
+// have renewed; List tells), and a grant drops those it finds expired. The
+// channel is closed when ctx ends, when the connection breaks, after Close,
+// when a change was missed (its counter skips, or it came from a client of
+// an earlier version) or could not be told (its record would not fit in a
+// NOTIFY), and when the reader falls more than 1024 changes behind.
+func (b *Backend) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	return watchHolders(ctx, b.ln, b.pool, b.q.watchHolders, b.tb, "watch", key)
 }
 
 // SetMetadata implements dlock.MetadataSetter for a holder of any mode, in

@@ -53,6 +53,17 @@ type listenRun struct {
 	err     error
 	cancel  context.CancelFunc
 	watches map[string]map[*watch]struct{} // by hex key; guarded by listener.mu
+	feeds   map[string]map[*feed]struct{}  // by hex key; guarded by listener.mu
+}
+
+// feed is one WatchHolders: the change records of its key that its run's
+// connection receives, in the order the server delivers them.
+type feed struct {
+	hk      string
+	run     *listenRun
+	wake    chan struct{} // one buffered signal: records came, or the feed ended
+	pending []string      // change records not yet taken; guarded by listener.mu
+	ended   bool          // the connection ended or the feed was stopped; guarded by listener.mu
 }
 
 // watch is one Watch: it sees what its run's connection sees, and is
@@ -191,6 +202,76 @@ func (l *listener) unwatchLocked(w *watch) {
 	l.leftLocked()
 }
 
+// feedKey returns a feed of the change records of key that the server
+// delivers once feedKey has returned (and maybe some before), ended when ctx
+// ends or the connection ends. It returns once the connection LISTENs, or
+// with an error if it cannot.
+func (l *listener) feedKey(ctx context.Context, key string) (*feed, error) {
+	if err := ended(ctx); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, dlock.ErrClosed
+	}
+	r := l.startLocked()
+	f := &feed{hk: hex.EncodeToString([]byte(key)), run: r, wake: make(chan struct{}, 1)}
+	if r.feeds[f.hk] == nil {
+		r.feeds[f.hk] = make(map[*feed]struct{})
+	}
+	r.feeds[f.hk][f] = struct{}{}
+	l.n++
+	if l.idle != nil {
+		l.idle.Stop()
+	}
+	l.mu.Unlock()
+	select {
+	case <-r.ready:
+	case <-ctx.Done():
+	}
+	err := r.err
+	if err == nil {
+		err = ended(ctx)
+	}
+	if err != nil {
+		l.stopFeed(f)
+		return nil, err
+	}
+	return f, nil
+}
+
+// take returns f's pending records, and whether f has ended.
+func (l *listener) take(f *feed) ([]string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	recs := f.pending
+	f.pending = nil
+	return recs, f.ended
+}
+
+// stopFeed ends f, once.
+func (l *listener) stopFeed(f *feed) {
+	l.mu.Lock()
+	l.unfeedLocked(f)
+	l.mu.Unlock()
+}
+
+// unfeedLocked ends f, once. The caller holds l.mu.
+func (l *listener) unfeedLocked(f *feed) {
+	if f.ended {
+		return
+	}
+	f.ended = true
+	fs := f.run.feeds[f.hk]
+	delete(fs, f)
+	if len(fs) == 0 {
+		delete(f.run.feeds, f.hk)
+	}
+	notify(f.wake)
+	l.leftLocked()
+}
+
 // ensure makes sure that the connection LISTENs, starting it if needed, and
 // returns its error if it could not.
 func (l *listener) ensure(ctx context.Context) error {
@@ -215,7 +296,8 @@ func (l *listener) startLocked() *listenRun {
 	r := l.run
 	if r == nil {
 		rctx, cancel := context.WithCancel(context.Background())
-		r = &listenRun{ready: make(chan struct{}), cancel: cancel, watches: make(map[string]map[*watch]struct{})}
+		r = &listenRun{ready: make(chan struct{}), cancel: cancel, watches: make(map[string]map[*watch]struct{}),
+			feeds: make(map[string]map[*feed]struct{})}
 		l.run = r
 		l.wg.Add(1)
 		go l.loop(rctx, r)
@@ -279,6 +361,11 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 			l.unwatchLocked(w)
 		}
 	}
+	for _, m := range r.feeds {
+		for f := range m {
+			l.unfeedLocked(f)
+		}
+	}
 	l.mu.Unlock()
 }
 
@@ -290,13 +377,26 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 //
 // A notification of either channel tells the key's watches of run r (the
 // connection it came on).
+//
+// A payload is the key in hex, then, for a release, a space and the waiter
+// it names (if any), then, for a change of the key's holders, "/" and the
+// change's record (see watchholders.go). A notification of the watch
+// channel without a record is one the key's feeds cannot apply: they get
+// an empty record, which ends them.
 func (l *listener) dispatch(r *listenRun, channel, payload string) {
-	hk, first, _ := strings.Cut(payload, " ")
+	head, change, isChange := strings.Cut(payload, "/")
+	hk, first, _ := strings.Cut(head, " ")
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r != nil {
 		for w := range r.watches[hk] {
 			notify(w.ch)
+		}
+		if isChange || channel != l.channel {
+			for f := range r.feeds[hk] {
+				f.pending = append(f.pending, change)
+				notify(f.wake)
+			}
 		}
 	}
 	if channel != l.channel {

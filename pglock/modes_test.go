@@ -498,7 +498,10 @@ func TestReleaseNamesWhoMayTakeTheKey(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if k, first, _ := strings.Cut(n.Payload, " "); k == hex.EncodeToString([]byte(key)) {
+			// A release's payload: the key, the waiter it names, then "/"
+			// and its change record.
+			head, _, _ := strings.Cut(n.Payload, "/")
+			if k, first, _ := strings.Cut(head, " "); k == hex.EncodeToString([]byte(key)) {
 				return first
 			}
 		}

@@ -70,6 +70,9 @@
 // its Backend's or Advisory's LISTEN connection; the end of an advisory
 // session is notified by the Advisory that sees it (see Advisory.Watch).
 // An expiry of a lease is not notified: no statement sees it happen.
+// Both are also a dlock.HolderWatcher: each change bumps the key's change
+// counter and carries it, with what changed, in its NOTIFY, so that a
+// watch applies every change in commit order and tells one it missed.
 //
 // Durability: every statement that writes (a grant and its fence, a renewal,
 // a release, Migrate's DDL) commits with synchronous_commit on, set locally

@@ -141,6 +141,24 @@ CREATE TABLE IF NOT EXISTS "dlock_locks_readers" (
   PRIMARY KEY (name, token)
 );
 
+-- Both strategies: a count of the changes of each key's holders (grants,
+-- releases, metadata changes, forced releases, ends of sessions), bumped by
+-- each change's own statement and carried in its NOTIFY, so that a watch of
+-- the key's holders (dlock.HolderWatcher) applies every change in order and
+-- tells a missed one. Added by ALTER so that tables of earlier versions
+-- gain it.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks"')
+      AND attname = 'changes' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks" ADD COLUMN IF NOT EXISTS changes bigint NOT NULL DEFAULT 0;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_session"')
+      AND attname = 'changes' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks_session" ADD COLUMN IF NOT EXISTS changes bigint NOT NULL DEFAULT 0;
+  END IF;
+END $$;
+
 -- The strategy each key is used with (lease or advisory), recorded by its
 -- first acquisition: the strategies do not exclude each other, so the other
 -- refuses the key (pglock.ErrOtherStrategy).
