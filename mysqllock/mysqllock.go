@@ -556,7 +556,7 @@ func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64)
 	// happen when first inserts of one key race.
 	for try := 0; ; try++ {
 		res, err = b.db.ExecContext(ctx, q, args...)
-		if err == nil || !isDeadlock(err) || try == 4 {
+		if !retryDeadlock(ctx, err, try) {
 			break
 		}
 	}
