@@ -40,7 +40,16 @@ ON DUPLICATE KEY UPDATE strategy = IF(LAST_INSERT_ID(strategy <> ?) = 0, strateg
 		return got, err
 	}
 	return claims.New(strategy, ErrOtherStrategy, func(ctx context.Context, key, strategy string) (string, error) {
-		res, err := db.ExecContext(ctx, claim, []byte(key), strategy, strategy)
+		// First claims of one key race; on Galera, from several nodes,
+		// all but one fail certification (a deadlock).
+		var res sql.Result
+		var err error
+		for try := 0; ; try++ {
+			res, err = db.ExecContext(ctx, claim, []byte(key), strategy, strategy)
+			if !retryDeadlock(ctx, err, try) {
+				break
+			}
+		}
 		if err != nil {
 			return "", err
 		}

@@ -168,6 +168,11 @@ func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
 	}
 	if g.claims != nil {
 		g.warn.warnOnce(ctx, g.Check)
+		// Refused on Galera before the key is claimed, so that the
+		// lease strategy may still take it.
+		if err := g.s.checkGalera(ctx, g.s.db); err != nil {
+			return wrapErr(g.table, "getlock acquire", err)
+		}
 		if err := g.claims.Check(ctx, req.Key); err != nil {
 			return wrapErr(g.table, "getlock acquire", err)
 		}

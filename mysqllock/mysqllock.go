@@ -50,6 +50,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"regexp"
 	"sort"
 	"strings"
@@ -440,6 +441,10 @@ const (
 	errNoSuchTable  = 1146
 	errNoSuchColumn = 1054
 	errDeadlock     = 1213
+	// errWsrepNotReady is ER_UNKNOWN_COM_ERROR, which a Galera node answers
+	// ("WSREP has not yet prepared node for application use") while it is
+	// outside the primary component or not synced.
+	errWsrepNotReady = 1047
 )
 
 // wrap adds context and maps a missing table to dlock.ErrNoSchema.
@@ -453,7 +458,33 @@ func wrapErr(table, op string, err error) error {
 	if errors.As(err, &me) && me.Number == errNoSuchColumn {
 		return fmt.Errorf("mysqllock: %s: table %s lacks columns of this version: %w (%w)", op, table, dlock.ErrNoSchema, err)
 	}
+	if errors.As(err, &me) && me.Number == errWsrepNotReady {
+		return fmt.Errorf("%w: %s: %w", ErrGaleraUnavailable, op, err)
+	}
 	return fmt.Errorf("mysqllock: %s: %w", op, err)
+}
+
+// deadlockTries bounds the attempts of a statement or transaction that a
+// deadlock rolled back.
+const deadlockTries = 10
+
+// retryDeadlock reports whether an attempt that ended in err (try counts
+// from 0) is to be made again: err is a deadlock, tries remain and ctx has
+// not ended during a short, growing, jittered pause. On Galera a failed
+// certification reports a deadlock, and contending writers on several
+// nodes fail it again and again unless they spread out.
+func retryDeadlock(ctx context.Context, err error, try int) bool {
+	if err == nil || !isDeadlock(err) || try >= deadlockTries-1 {
+		return false
+	}
+	d := min(time.Millisecond<<try, 64*time.Millisecond)
+	d = d/2 + rand.N(d)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
 }
 
 func isDeadlock(err error) bool {
@@ -572,7 +603,7 @@ func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64)
 	// happen when first inserts of one key race.
 	for try := 0; ; try++ {
 		res, err = b.db.ExecContext(ctx, q, args...)
-		if err == nil || !isDeadlock(err) || try == 4 {
+		if !retryDeadlock(ctx, err, try) {
 			break
 		}
 	}

@@ -177,6 +177,11 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	if err := r.ac.check(ctx, r.db); err != nil {
 		return dlock.Result{}, wrapErr(r.table, "rowlock acquire", err)
 	}
+	// Refused on Galera before the key is claimed, so that the lease
+	// strategy may still take it.
+	if err := r.s.checkGalera(ctx, r.db); err != nil {
+		return dlock.Result{}, wrapErr(r.table, "rowlock acquire", err)
+	}
 	if err := r.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, wrapErr(r.table, "rowlock acquire", err)
 	}

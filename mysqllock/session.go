@@ -25,6 +25,13 @@ import (
 // (New) there.
 var ErrGalera = errors.New("mysqllock: session locks are unsafe on Galera (wsrep_on=ON); use the lease strategy")
 
+// ErrGaleraUnavailable is returned by any strategy when its Galera node
+// refuses statements because it is not in the cluster's primary component
+// (it lost its quorum) or not synced (WSREP error 1047). The outcome says
+// nothing about the lock: neither granted nor refused, held nor lost. Retry
+// on another node, or once the node has rejoined.
+var ErrGaleraUnavailable = errors.New("mysqllock: Galera node not in the primary component or not synced")
+
 // session is a connection pinned for holding session locks.
 type session struct {
 	idleSince   time.Time // when it was parked in sessions.idle

@@ -166,7 +166,7 @@ func sharedMode(limit int) dlock.Mode {
 func (b *Backend) inTx(ctx context.Context, f func(tx *sql.Tx) (commit bool, err error)) error {
 	for try := 0; ; try++ {
 		err := txOnce(ctx, b.db, f)
-		if err == nil || !isDeadlock(err) || try == 4 {
+		if !retryDeadlock(ctx, err, try) {
 			return err
 		}
 	}

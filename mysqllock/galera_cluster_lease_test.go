@@ -1,0 +1,326 @@
+package mysqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
+)
+
+// TestGaleraClusterLease runs the lease strategy (NoDoorbell) on a 3-node
+// Galera cluster with clients on different nodes: the lease row is a
+// replicated write, so exclusion, fence order, release and expiry hold
+// across nodes. Last, a node that has lost its quorum must answer with
+// ErrGaleraUnavailable, never with a grant or a refusal.
+func TestGaleraClusterLease(t *testing.T) {
+	nodes := startGaleraCluster(t, 3)
+	ctx := t.Context()
+	const table = "dlock_galera3"
+	backends := make([]*mysqllock.Backend, len(nodes))
+	for i, n := range nodes {
+		// See TestGaleraClusterConformance for wsrep_sync_wait.
+		b, err := mysqllock.New(openDSN(t, n.dsn+"?wsrep_sync_wait=15"), &mysqllock.Options{Table: table, NoDoorbell: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		backends[i] = b
+	}
+	// The table is created on one node; DDL replicates to all of them.
+	if err := backends[0].Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lockers := make([]*dlock.Locker, len(nodes))
+	for i, b := range backends {
+		lockers[i] = dlock.New(b, nil)
+		t.Cleanup(func() { lockers[i].Close(context.Background()) })
+	}
+
+	t.Run("TryAcquireExcludesHoldersOnOtherNodes", func(t *testing.T) {
+		key := locktest.UniqueKey("galera-try")
+		var last uint64
+		for i := range nodes {
+			lk, err := lockers[i].TryAcquire(ctx, key)
+			if err != nil {
+				t.Fatalf("node %d: TryAcquire of a free key: %v", i, err)
+			}
+			if lk.Fence() <= last {
+				t.Errorf("node %d: fence %d after %d from another node", i, lk.Fence(), last)
+			}
+			last = lk.Fence()
+			for j := range nodes {
+				if _, err := lockers[j].TryAcquire(ctx, key); !errors.Is(err, dlock.ErrNotAcquired) {
+					t.Errorf("node %d held the key; TryAcquire on node %d: %v, want ErrNotAcquired", i, j, err)
+				}
+			}
+			if err := lk.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+
+	t.Run("ExclusionAndFenceOrderAcrossNodes", func(t *testing.T) {
+		key := locktest.UniqueKey("galera-excl")
+		const rounds = 10
+		var (
+			holding atomic.Int32
+			mu      sync.Mutex
+			last    uint64
+			wg      sync.WaitGroup
+		)
+		for i := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					lk, err := lockers[i].Acquire(actx, key, dlock.WithTTL(5*time.Second))
+					cancel()
+					if err != nil {
+						t.Errorf("node %d: Acquire: %v", i, err)
+						return
+					}
+					if h := holding.Add(1); h != 1 {
+						t.Errorf("node %d: %d holders at once", i, h)
+					}
+					mu.Lock()
+					if lk.Fence() <= last {
+						t.Errorf("node %d: fence %d after %d", i, lk.Fence(), last)
+					}
+					last = lk.Fence()
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond)
+					holding.Add(-1)
+					if err := lk.Release(ctx); err != nil {
+						t.Errorf("node %d: Release: %v", i, err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	})
+
+	t.Run("ReleaseWakesWaiterOnAnotherNode", func(t *testing.T) {
+		key := locktest.UniqueKey("galera-wake")
+		held, err := lockers[0].TryAcquire(ctx, key, dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan *dlock.Lock, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			lk, err := lockers[1].Acquire(wctx, key)
+			if err != nil {
+				t.Errorf("waiter on node 1: %v", err)
+			}
+			got <- lk
+		}()
+		time.Sleep(300 * time.Millisecond)
+		select {
+		case <-got:
+			t.Fatal("the waiter on node 1 acquired a key held on node 0")
+		default:
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if lk := <-got; lk != nil {
+			if lk.Fence() <= held.Fence() {
+				t.Errorf("waiter's fence %d after the holder's %d", lk.Fence(), held.Fence())
+			}
+			lk.Release(ctx)
+		}
+	})
+
+	t.Run("ExpiredLeaseIsTakenOverOnAnotherNode", func(t *testing.T) {
+		key := locktest.UniqueKey("galera-expiry")
+		old := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: dlock.MinTTL}
+		fence := mustGrant(t, backends[0], old)
+		mustRefuse(t, backends[2], dlock.Request{Key: key, Token: dlock.NewToken(), TTL: dlock.MinTTL})
+		time.Sleep(dlock.MinTTL + 200*time.Millisecond)
+		next := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 5 * time.Second}
+		if f := mustGrant(t, backends[2], next); f <= fence {
+			t.Errorf("takeover fence %d after the expired %d", f, fence)
+		}
+		errs, err := backends[0].Extend(ctx, []dlock.Lease{{Key: key, Token: old.Token, TTL: 5 * time.Second}})
+		if err != nil || !errors.Is(errs[0], dlock.ErrNotHeld) {
+			t.Errorf("extending the expired lease on node 0: %v, %v; want ErrNotHeld", errs, err)
+		}
+		if err := backends[2].Release(ctx, key, next.Token); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("ListAndForceReleaseFromAnotherNode", func(t *testing.T) {
+		key := locktest.UniqueKey("galera-list")
+		lk, err := lockers[0].TryAcquire(ctx, key, dlock.WithOwner("node0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls, err := lockers[2].List(ctx, key)
+		if err != nil || len(ls) != 1 || ls[0].Owner != "node0" || ls[0].Fence != lk.Fence() {
+			t.Fatalf("List on node 2 of a key held on node 0: %+v, %v", ls, err)
+		}
+		if err := lockers[1].ForceRelease(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		next, err := lockers[2].TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("node 2 after a forced release on node 1: %v", err)
+		}
+		next.Release(ctx)
+		if err := lk.Release(ctx); !errors.Is(err, dlock.ErrNotHeld) && !errors.Is(err, dlock.ErrLockLost) {
+			t.Errorf("releasing the forced lease on node 0: %v; want ErrNotHeld", err)
+		}
+	})
+
+	t.Run("SessionStrategiesAreRefusedBeforeClaimingTheKey", func(t *testing.T) {
+		db := openDSN(t, nodes[1].dsn)
+		req := dlock.Request{Key: locktest.UniqueKey("galera-session"), Token: dlock.NewToken(), TTL: 5 * time.Second}
+		get, err := mysqllock.NewGetLock(db, &mysqllock.Options{Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer get.Close()
+		if res, err := get.Acquire(ctx, req); !errors.Is(err, mysqllock.ErrGalera) || res.Acquired {
+			t.Errorf("getlock on a Galera joiner: %+v, %v; want ErrGalera", res, err)
+		}
+		row, err := mysqllock.NewRowLock(db, &mysqllock.Options{Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer row.Close()
+		if res, err := row.Acquire(ctx, req); !errors.Is(err, mysqllock.ErrGalera) || res.Acquired {
+			t.Errorf("rowlock on a Galera joiner: %+v, %v; want ErrGalera", res, err)
+		}
+		// A refused strategy leaves no claim on the key: the lease
+		// strategy may take it.
+		mustGrant(t, backends[1], dlock.Request{Key: req.Key, Token: dlock.NewToken(), TTL: 5 * time.Second})
+	})
+
+	// Last: this breaks the cluster.
+	t.Run("NodeWithoutQuorumIsUnavailable", func(t *testing.T) {
+		key := locktest.UniqueKey("galera-quorum")
+		held := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 30 * time.Second}
+		mustGrant(t, backends[0], held)
+		for _, n := range nodes[1:] {
+			if err := n.proc.Kill(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := waitNonPrimary(ctx, nodes[0]); err != nil {
+			t.Fatal(err)
+		}
+		// With wsrep_sync_wait, the node answers 1205 (its wait for the
+		// cluster times out): an error, never a grant or a refusal.
+		res, err := backends[0].Acquire(ctx, dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 5 * time.Second})
+		if err == nil || res.Acquired {
+			t.Errorf("Acquire (wsrep_sync_wait=15) on a node without quorum: %+v, %v; want an error", res, err)
+		}
+		b, err := mysqllock.New(openDSN(t, nodes[0].dsn), &mysqllock.Options{Table: table, NoDoorbell: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		res, err = b.Acquire(ctx, dlock.Request{Key: locktest.UniqueKey("galera-quorum"), Token: dlock.NewToken(), TTL: 5 * time.Second})
+		if !errors.Is(err, mysqllock.ErrGaleraUnavailable) || res.Acquired {
+			t.Errorf("Acquire of a free key on a node without quorum: %+v, %v; want ErrGaleraUnavailable", res, err)
+		}
+		res, err = b.Acquire(ctx, dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 5 * time.Second})
+		if !errors.Is(err, mysqllock.ErrGaleraUnavailable) || res.Acquired {
+			t.Errorf("Acquire of a held key on a node without quorum: %+v, %v; want ErrGaleraUnavailable", res, err)
+		}
+		errs, err := b.Extend(ctx, []dlock.Lease{{Key: key, Token: held.Token, TTL: 30 * time.Second}})
+		if !errors.Is(err, mysqllock.ErrGaleraUnavailable) {
+			t.Errorf("Extend on a node without quorum: %v, %v; want ErrGaleraUnavailable", errs, err)
+		}
+		if err := b.Release(ctx, key, held.Token); !errors.Is(err, mysqllock.ErrGaleraUnavailable) {
+			t.Errorf("Release on a node without quorum: %v; want ErrGaleraUnavailable", err)
+		}
+		l := dlock.New(b, nil)
+		defer l.Close(context.Background())
+		if _, err := l.TryAcquire(ctx, key); !errors.Is(err, mysqllock.ErrGaleraUnavailable) || errors.Is(err, dlock.ErrNotAcquired) {
+			t.Errorf("Locker.TryAcquire on a node without quorum: %v; want ErrGaleraUnavailable", err)
+		}
+	})
+}
+
+// waitNonPrimary waits until node has left the primary component (its
+// peers gone, it lost its quorum).
+func waitNonPrimary(ctx context.Context, node *galeraNode) error {
+	db, err := sql.Open("mysql", node.dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var status string
+	for range 300 {
+		var name string
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		err = db.QueryRowContext(qctx, "SHOW STATUS LIKE 'wsrep_cluster_status'").Scan(&name, &status)
+		cancel()
+		if err == nil && status != "Primary" {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("node still in the primary component after 30 s: %q, %v", status, err)
+}
+
+// TestGaleraClusterConformance runs the whole conformance suite for the
+// lease strategy (NoDoorbell) on a 3-node Galera cluster, each new backend
+// on the next node, so that a case's contending clients sit on different
+// nodes. It takes minutes, so it runs only with DLOCK_GALERA_LONG=1 (see
+// docs/replication.md). The suite's helper processes inherit the nodes'
+// DSNs from galeraDSNsEnv instead of starting a cluster of their own.
+func TestGaleraClusterConformance(t *testing.T) {
+	if os.Getenv("DLOCK_GALERA_LONG") == "" {
+		t.Skip("the full suite on a 3-node Galera cluster runs with DLOCK_GALERA_LONG=1")
+	}
+	const table = "dlock_galera_conf"
+	dsns := strings.Fields(os.Getenv(galeraDSNsEnv))
+	if len(dsns) == 0 {
+		for _, n := range startGaleraCluster(t, 3) {
+			dsns = append(dsns, n.dsn)
+		}
+		b, err := mysqllock.New(openDSN(t, dsns[0]), &mysqllock.Options{Table: table, NoDoorbell: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Migrate(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+		t.Setenv(galeraDSNsEnv, strings.Join(dsns, " "))
+	}
+	var next atomic.Int32
+	locktest.Run(t, func(t *testing.T) dlock.Backend {
+		// Statements on one node may run before it has applied a write
+		// certified on another (a release elsewhere, then ListKeys or
+		// an acquisition here); wsrep_sync_wait=15 makes them wait for
+		// it, as docs/replication.md advises.
+		dsn := dsns[int(next.Add(1)-1)%len(dsns)] + "?wsrep_sync_wait=15"
+		b, err := mysqllock.New(openDSN(t, dsn), &mysqllock.Options{Table: table, NoDoorbell: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	})
+}
+
+// galeraDSNsEnv passes the DSNs of TestGaleraClusterConformance's nodes
+// (space-separated) to the suite's helper processes.
+const galeraDSNsEnv = "DLOCK_GALERA_DSNS"
