@@ -46,10 +46,11 @@ start_mariadb() {
   mysql_ok
 }
 
-# The Galera tests start a one-node Galera MariaDB of their own.
-if [ ! -f /usr/lib/galera/libgalera_smm.so ]; then
-  log "installing galera-4 from Debian"
-  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 >/dev/null || true
+# The Galera tests start Galera MariaDB servers of their own (one node, and
+# a three-node cluster whose joiners take their state by rsync).
+if [ ! -f /usr/lib/galera/libgalera_smm.so ] || ! command -v rsync >/dev/null 2>&1; then
+  log "installing galera-4 and rsync from Debian"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync >/dev/null || true
 fi
 
 if ! start_mariadb; then
