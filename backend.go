@@ -54,7 +54,8 @@ import (
 //
 // Optional capabilities are separate interfaces found by type assertion:
 // Lister, ForceReleaser, Waiter, LossReporter, Sharer, Watcher,
-// HolderWatcher, MetadataSetter, SessionBound, LockDelayer, TTLExtender.
+// HolderWatcher, MetadataSetter, SessionBound, LockDelayer, TTLExtender,
+// HoldKeeper.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
