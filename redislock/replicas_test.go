@@ -26,19 +26,34 @@ func startReplicated(t *testing.T) (primary, replica *server) {
 }
 
 // waitReplicas waits (bounded) until c's INFO reports n connected replicas
-// in the online state.
+// in the online state and n replicas acknowledge a write (the primary marks
+// a replica online when it has sent the data set, which the replica may
+// still be loading: it acknowledges nothing until it is done).
 func waitReplicas(t *testing.T, c *redis.Client, n int) {
 	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
 	for {
 		info, err := c.Info(ctx, "replication").Result()
 		if err == nil && onlineReplicas(info) == n {
-			return
+			break
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("%d replicas never came online: %v\n%s", n, err, info)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	for {
+		err := c.Set(ctx, "replicas-ready", 1, 0).Err()
+		var acked int64
+		if err == nil {
+			acked, err = c.Wait(ctx, n, 100*time.Millisecond).Result()
+		}
+		if err == nil && acked >= int64(n) {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d replicas online, %d acknowledged a write: %v", n, acked, err)
+		}
 	}
 }
 
