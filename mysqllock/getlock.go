@@ -188,11 +188,20 @@ func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
 func (g *GetLock) mainSession(ctx context.Context, req dlock.Request) (*session, bool, error) {
 	g.mu.Lock()
 	if ss := g.main; ss != nil && !ss.broken.Load() {
-		ok := g.reserveLocked(ss, req)
+		if len(ss.keys) > 0 || !g.s.staleIdle(ss) {
+			ok := g.reserveLocked(ss, req)
+			g.mu.Unlock()
+			return ss, ok, nil
+		}
+		// It holds nothing and the server may drop it, idle for its
+		// wait_timeout, as the next statement reaches it: a grant there
+		// could be lost at once. Give it back and open another.
+		g.main = nil
 		g.mu.Unlock()
-		return ss, ok, nil
+		g.s.close(ss)
+	} else {
+		g.mu.Unlock()
 	}
-	g.mu.Unlock()
 	// Opened without g.mu: a pool with no connection to spare makes this
 	// wait, and renewals must not wait with it.
 	fresh, err := g.s.open(ctx, g.ttl(req))
@@ -431,13 +440,13 @@ func (g *GetLock) cover(ctx context.Context, ss *session) error {
 	g.mu.Lock()
 	n := ss.need()
 	g.mu.Unlock()
-	if g.s.keepTimeout || n == 0 || n == ss.waitTimeout {
+	if g.s.keepTimeout || n == 0 || int64(n) == ss.waitTimeout.Load() {
 		return nil
 	}
 	if _, err := ss.conn.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", n)); err != nil {
 		return err
 	}
-	ss.waitTimeout = n
+	ss.waitTimeout.Store(int64(n))
 	return nil
 }
 

@@ -39,7 +39,7 @@ type session struct {
 	id          int64              // CONNECTION_ID()
 	keys        map[string]keyHold // getlock: keys held or being taken on this session
 	secs        map[int]int        // getlock: how many of keys need each wait_timeout
-	waitTimeout int                // seconds, as set on the session
+	waitTimeout atomic.Int64       // seconds, as set on the session
 	broken      atomic.Bool        // the connection is gone or dubious
 	own         bool               // counted in sessions.own (a waiter's session)
 	// mu serializes statements on conn: database/sql lets two goroutines
@@ -50,19 +50,38 @@ type session struct {
 }
 
 // stmtLock is a mutex that a caller can also try to take without waiting.
-type stmtLock chan struct{}
+// It records when it was last unlocked: the end of the session's last
+// statement, from which the server counts its wait_timeout.
+type stmtLock struct {
+	ch   chan struct{}
+	last atomic.Int64 // UnixNano of the last Unlock
+}
 
-func (l stmtLock) Lock()   { l <- struct{}{} }
-func (l stmtLock) Unlock() { <-l }
+func newStmtLock() stmtLock { return stmtLock{ch: make(chan struct{}, 1)} }
+
+func (l *stmtLock) Lock() { l.ch <- struct{}{} }
+func (l *stmtLock) Unlock() {
+	l.last.Store(time.Now().UnixNano())
+	<-l.ch
+}
 
 // TryLock takes the lock if it is free.
-func (l stmtLock) TryLock() bool {
+func (l *stmtLock) TryLock() bool {
 	select {
-	case l <- struct{}{}:
+	case l.ch <- struct{}{}:
 		return true
 	default:
 		return false
 	}
+}
+
+// idleFor is how long ago the last statement under l ended (0 if none has).
+func (l *stmtLock) idleFor() time.Duration {
+	t := l.last.Load()
+	if t == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, t))
 }
 
 // keyHold is a key held or being taken on a session.
@@ -273,7 +292,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 	if err != nil {
 		return nil, err
 	}
-	ss := &session{conn: c, keys: make(map[string]keyHold), secs: make(map[int]int), mu: make(stmtLock, 1)}
+	ss := &session{conn: c, keys: make(map[string]keyHold), secs: make(map[int]int), mu: newStmtLock()}
 	if err := s.checkGalera(ctx, c); err != nil {
 		c.Close()
 		return nil, err
@@ -300,13 +319,13 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 // cover sets the session's wait_timeout to secs (0: leave it). The caller
 // makes sure that no lock on the session needs more.
 func (s *sessions) cover(ctx context.Context, ss *session, secs int) error {
-	if s.keepTimeout || secs == 0 || secs == ss.waitTimeout {
+	if s.keepTimeout || secs == 0 || int64(secs) == ss.waitTimeout.Load() {
 		return nil
 	}
 	if _, err := ss.ExecContext(ctx, fmt.Sprintf("SET SESSION wait_timeout = %d", secs)); err != nil {
 		return err
 	}
-	ss.waitTimeout = secs
+	ss.waitTimeout.Store(int64(secs))
 	return nil
 }
 
@@ -329,13 +348,21 @@ func (s *sessions) reuse() *session {
 		s.idle = s.idle[:len(s.idle)-1]
 		// The server drops a session idle for wait_timeout; keep a second
 		// of slack rather than find out with an error.
-		fresh := s.keepTimeout || time.Since(ss.idleSince) < time.Duration(ss.waitTimeout)*time.Second-time.Second
+		fresh := s.keepTimeout || time.Since(ss.idleSince) < time.Duration(ss.waitTimeout.Load())*time.Second-time.Second
 		if fresh && !limited && ss.alive() == nil {
 			return ss
 		}
 		stale = append(stale, ss)
 	}
 	return nil
+}
+
+// staleIdle reports whether the server may drop ss for idling as its next
+// statement reaches it: its last statement ended less than a second (half
+// its wait_timeout, if that is shorter) before its wait_timeout.
+func (s *sessions) staleIdle(ss *session) bool {
+	w := time.Duration(ss.waitTimeout.Load()) * time.Second
+	return !s.keepTimeout && w > 0 && ss.mu.idleFor() >= w-min(time.Second, w/2)
 }
 
 // close parks a healthy session for reuse, or gives it back to the pool.
