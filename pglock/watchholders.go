@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"cmp"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -198,7 +199,7 @@ func applyChange(key string, hs []dlock.LockInfo, rec string, offset time.Durati
 			}
 		}
 		after = append(rest, in)
-		slices.SortFunc(after, func(a, b dlock.LockInfo) int { return cmpFence(a.Fence, b.Fence) })
+		slices.SortFunc(after, func(a, b dlock.LockInfo) int { return cmp.Compare(a.Fence, b.Fence) })
 		return n, after, true
 	case kind == "r" && len(args) == 1:
 		return n, without(args[0]), true
@@ -220,16 +221,6 @@ func applyChange(key string, hs []dlock.LockInfo, rec string, offset time.Durati
 		return n, after, true
 	}
 	return 0, nil, false
-}
-
-func cmpFence(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // grantInfo decodes a grant's fields: lim token fence acquired expires

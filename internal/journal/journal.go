@@ -5,6 +5,7 @@
 package journal
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -208,7 +209,7 @@ func (st *state) apply(e Entry) {
 		st.excl = nil
 		st.remove(e.Info.Token)
 		st.others = append(st.others, e.Info)
-		slices.SortStableFunc(st.others, func(a, b dlock.LockInfo) int { return compare(a.Fence, b.Fence) })
+		slices.SortStableFunc(st.others, func(a, b dlock.LockInfo) int { return cmp.Compare(a.Fence, b.Fence) })
 	case Released:
 		st.remove(e.Info.Token)
 	case Metadata:
@@ -235,16 +236,6 @@ func (st *state) list(key string) []dlock.LockInfo {
 		hs[i].Key = key
 	}
 	return hs
-}
-
-func compare(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // same reports whether a and b are the same holders with the same metadata.
