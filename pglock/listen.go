@@ -141,32 +141,16 @@ func (l *listener) leftLocked() {
 // when the connection ends (it may have missed one). It returns once the
 // connection LISTENs, or with an error if it cannot.
 func (l *listener) watchKey(ctx context.Context, key string) (<-chan struct{}, error) {
-	if err := ended(ctx); err != nil {
+	var w *watch
+	err := l.join(ctx, func(r *listenRun) {
+		w = &watch{ch: make(chan struct{}, 1), hk: hex.EncodeToString([]byte(key)), run: r}
+		if r.watches[w.hk] == nil {
+			r.watches[w.hk] = make(map[*watch]struct{})
+		}
+		r.watches[w.hk][w] = struct{}{}
+	})
+	if w == nil {
 		return nil, err
-	}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil, dlock.ErrClosed
-	}
-	r := l.startLocked()
-	w := &watch{ch: make(chan struct{}, 1), hk: hex.EncodeToString([]byte(key)), run: r}
-	if r.watches[w.hk] == nil {
-		r.watches[w.hk] = make(map[*watch]struct{})
-	}
-	r.watches[w.hk][w] = struct{}{}
-	l.n++
-	if l.idle != nil {
-		l.idle.Stop()
-	}
-	l.mu.Unlock()
-	select {
-	case <-r.ready:
-	case <-ctx.Done():
-	}
-	err := r.err
-	if err == nil {
-		err = ended(ctx)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -207,20 +191,40 @@ func (l *listener) unwatchLocked(w *watch) {
 // ends or the connection ends. It returns once the connection LISTENs, or
 // with an error if it cannot.
 func (l *listener) feedKey(ctx context.Context, key string) (*feed, error) {
-	if err := ended(ctx); err != nil {
+	var f *feed
+	err := l.join(ctx, func(r *listenRun) {
+		f = &feed{hk: hex.EncodeToString([]byte(key)), run: r, wake: make(chan struct{}, 1)}
+		if r.feeds[f.hk] == nil {
+			r.feeds[f.hk] = make(map[*feed]struct{})
+		}
+		r.feeds[f.hk][f] = struct{}{}
+	})
+	if f == nil {
 		return nil, err
+	}
+	if err != nil {
+		l.stopFeed(f)
+		return nil, err
+	}
+	return f, nil
+}
+
+// join registers a subscriber on the listening connection (starting
+// it if needed) with add, called under l.mu, and waits until the
+// connection LISTENs or ctx ends. add is not called when ctx has ended or
+// the listener is closed. An error after add means the caller must remove
+// what add registered.
+func (l *listener) join(ctx context.Context, add func(r *listenRun)) error {
+	if err := ended(ctx); err != nil {
+		return err
 	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		return nil, dlock.ErrClosed
+		return dlock.ErrClosed
 	}
 	r := l.startLocked()
-	f := &feed{hk: hex.EncodeToString([]byte(key)), run: r, wake: make(chan struct{}, 1)}
-	if r.feeds[f.hk] == nil {
-		r.feeds[f.hk] = make(map[*feed]struct{})
-	}
-	r.feeds[f.hk][f] = struct{}{}
+	add(r)
 	l.n++
 	if l.idle != nil {
 		l.idle.Stop()
@@ -230,15 +234,10 @@ func (l *listener) feedKey(ctx context.Context, key string) (*feed, error) {
 	case <-r.ready:
 	case <-ctx.Done():
 	}
-	err := r.err
-	if err == nil {
-		err = ended(ctx)
+	if r.err != nil {
+		return r.err
 	}
-	if err != nil {
-		l.stopFeed(f)
-		return nil, err
-	}
-	return f, nil
+	return ended(ctx)
 }
 
 // take returns f's pending records, and whether f has ended.
