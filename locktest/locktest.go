@@ -124,6 +124,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) dlock.Backend, opts ...Opti
 		{"MinHoldOutlastsAnEarlyRelease", s.minHold},
 		{"LockDelayHoldsALostKey", s.lockDelay},
 		{"WatchSeesEveryChange", s.watch},
+		{"WatchHoldersSeesEveryChange", s.watchHolders},
 		{"SetMetadataOnlyByTheHolder", s.setMetadata},
 		{"ElectionHasOneLeaderAtATime", s.electionTerms},
 		{"ElectionObserversSeeEveryChange", s.electionObserved},

@@ -22,61 +22,6 @@ func describe(hs []dlock.LockInfo) string {
 	return "[" + strings.Join(s, " ") + "]"
 }
 
-// TestWatchHoldersEveryChange makes changes of every kind through another
-// Backend without waiting for the watcher, which must report the holders
-// after each, in order.
-func TestWatchHoldersEveryChange(t *testing.T) {
-	w, b := newBackend(t, ""), newBackend(t, "")
-	ctx := t.Context()
-	k := locktest.UniqueKey("watch")
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	now, ch, err := w.WatchHolders(wctx, k)
-	if err != nil || len(now) != 0 {
-		t.Fatalf("WatchHolders of a new key: %v %v", now, err)
-	}
-	x := request(k, dlock.ModeExclusive, 0, 10*time.Second)
-	x.Metadata = "a"
-	f1 := mustGrant(t, b, x)
-	if err := b.SetMetadata(ctx, k, x.Token, "b"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Release(ctx, k, x.Token); err != nil {
-		t.Fatal(err)
-	}
-	s1, s2 := request(k, dlock.ModeShared, 0, 10*time.Second), request(k, dlock.ModeShared, 0, 10*time.Second)
-	f2, f3 := mustGrant(t, b, s1), mustGrant(t, b, s2)
-	if err := b.SetMetadata(ctx, k, s2.Token, "c"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Release(ctx, k, s1.Token); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ForceRelease(ctx, k); err != nil {
-		t.Fatal(err)
-	}
-	want := []string{
-		fmt.Sprintf("[%d:a]", f1), fmt.Sprintf("[%d:b]", f1), "[]",
-		fmt.Sprintf("[%d:]", f2), fmt.Sprintf("[%d: %d:]", f2, f3), fmt.Sprintf("[%d: %d:c]", f2, f3),
-		fmt.Sprintf("[%d:c]", f3), "[]",
-	}
-	var got []string
-	for len(got) < len(want) {
-		select {
-		case hs, ok := <-ch:
-			if !ok {
-				t.Fatalf("rule: the watch lasts; closed after %v", got)
-			}
-			got = append(got, describe(hs))
-		case <-time.After(5 * time.Second):
-			t.Fatalf("rule: every change is reported; saw %v, want %v", got, want)
-		}
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("rule: the holders after each change, in order; saw %v, want %v", got, want)
-	}
-}
-
 // TestWatchHoldersPrunedPositionCloses lets a watcher fall behind by more
 // changes than the journal keeps of a key: its channel must close (the
 // caller then watches anew) rather than skip the changes it lost.

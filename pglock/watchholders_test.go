@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,58 +65,6 @@ func closesHolders(t *testing.T, ch <-chan []dlock.LockInfo, why string) {
 		}
 	case <-time.After(watchBound):
 		t.Fatalf("rule: a holder watch is closed %s; still open after %s", why, watchBound)
-	}
-}
-
-// TestWatchHoldersReportsEveryHolderSet: after each change of a key with
-// several shared holders, made without waiting for the watch, the watch
-// reports the whole set of holders, in order.
-func TestWatchHoldersReportsEveryHolderSet(t *testing.T) {
-	for name, s := range holderWatchStrategies {
-		t.Run(name, func(t *testing.T) {
-			w, b := s.build(t, nil), s.build(t, nil)
-			key := watchKey("holders-" + name)
-			now, ch, err := w.WatchHolders(t.Context(), key)
-			if err != nil || len(now) != 0 {
-				t.Fatalf("WatchHolders of a free key: %v, %v", now, err)
-			}
-			r1 := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeShared, Metadata: "a"}
-			r2 := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeShared, Metadata: "b"}
-			x := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second, Metadata: "x"}
-			grant(t, b, r1)
-			grant(t, b, r2)
-			if err := b.SetMetadata(t.Context(), key, r2.Token, "b2"); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Release(t.Context(), key, r1.Token); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Release(t.Context(), key, r2.Token); err != nil {
-				t.Fatal(err)
-			}
-			grant(t, b, x)
-			if err := b.ForceRelease(t.Context(), key); err != nil {
-				t.Fatal(err)
-			}
-			want := []string{"[a]", "[a b]", "[a b2]", "[b2]", "[]", "[x]", "[]"}
-			var got []string
-			for _, w := range want {
-				hs := next(t, ch, w)
-				got = append(got, describe(hs))
-				for _, h := range hs {
-					if h.Key != key || h.Fence == 0 || h.AcquiredAt.IsZero() {
-						t.Errorf("holder %+v: want its key, fence and acquisition time", h)
-					}
-				}
-			}
-			if !slices.Equal(got, want) {
-				t.Errorf("rule: a holder watch reports the holders after every change; got %v, want %v", got, want)
-			}
-			now, ch2, err := w.WatchHolders(t.Context(), key)
-			if err != nil || len(now) != 0 || ch2 == nil {
-				t.Errorf("WatchHolders of the freed key: %v, %v", now, err)
-			}
-		})
 	}
 }
 

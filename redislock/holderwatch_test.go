@@ -76,44 +76,6 @@ func wantHolders(t *testing.T, got []dlock.LockInfo, what string, want ...dlock.
 	}
 }
 
-// TestWatchHoldersSeesEverySet: a holder watch delivers the whole set of
-// holders after each change, in every mode, one receive per change.
-func TestWatchHoldersSeesEverySet(t *testing.T) {
-	_, b, ctx, k := fixture(t, "holdersets")
-	x := modeReq(k, dlock.ModeExclusive, 0, 30*time.Second)
-	x.Metadata = "x"
-	mustGrant(t, b, x)
-	now, ch := mustWatchHolders(t, b, k)
-	wantHolders(t, now, "the read", x)
-	if err := b.Release(ctx, k, x.Token); err != nil {
-		t.Fatal(err)
-	}
-	wantHolders(t, next(t, ch, "an exclusive release"), "an exclusive release")
-	r1, r2 := modeReq(k, dlock.ModeShared, 0, 30*time.Second), modeReq(k, dlock.ModeShared, 0, 20*time.Second)
-	mustGrant(t, b, r1)
-	mustGrant(t, b, r2)
-	if err := b.SetMetadata(ctx, k, r1.Token, "one"); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Release(ctx, k, r2.Token); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ForceRelease(ctx, k); err != nil {
-		t.Fatal(err)
-	}
-	wantHolders(t, next(t, ch, "a shared grant"), "a shared grant", r1)
-	wantHolders(t, next(t, ch, "a second shared grant"), "a second shared grant", r1, r2)
-	r1.Metadata = "one"
-	wantHolders(t, next(t, ch, "a metadata change"), "a metadata change", r1, r2)
-	wantHolders(t, next(t, ch, "a release that leaves a reader"), "a release that leaves a reader", r1)
-	wantHolders(t, next(t, ch, "a forced release"), "a forced release")
-	select {
-	case hs := <-ch:
-		t.Fatalf("a receive without a change: %+v", hs)
-	case <-time.After(100 * time.Millisecond):
-	}
-}
-
 // TestWatchHoldersClosesOnGap: a change whose message the watch did not
 // get (here: counted without a message) closes the watch at the next
 // message instead of merging it with the change after it; and so does a
