@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/journal"
@@ -117,36 +116,12 @@ func (s source) Position(ctx context.Context, key string) (uint64, error) {
 
 func (s source) Read(ctx context.Context, key string, after uint64, limit int) ([]journal.Entry, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT seq, kind, token, owner, fence, share_limit,
-  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), metadata
+  TIMESTAMPDIFF(MICROSECOND, '1970-01-01', acquired_at), TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at), metadata,
+  IF(kind = 'x', 'exclusive', IF(share_limit = 0, 'shared', 'limited'))
 FROM `+strings.TrimSuffix(s.table, "`")+`_journal`+"`"+` WHERE name = ? AND seq > ?
   AND seq <= (SELECT jseq FROM `+s.table+` WHERE name = ?) ORDER BY seq LIMIT ?`, key, after, key, limit)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	t := time.Now()
-	var out []journal.Entry
-	for rows.Next() {
-		var (
-			e                       journal.Entry
-			kind                    string
-			token                   []byte
-			acquiredUs, remainingUs int64
-		)
-		if err := rows.Scan(&e.Seq, &kind, &token, &e.Info.Owner, &e.Info.Fence, &e.Info.Limit, &acquiredUs, &remainingUs, &e.Info.Metadata); err != nil {
-			return nil, err
-		}
-		if err := e.Fill(key, kind, token, acquiredUs, remainingUs, t); err != nil {
-			return nil, err
-		}
-		switch {
-		case e.Kind == journal.Exclusive:
-		case e.Info.Limit == 0:
-			e.Info.Mode = dlock.ModeShared
-		default:
-			e.Info.Mode = dlock.ModeLimited
-		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
+	return journal.Scan(rows, key)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"time"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/journal"
@@ -18,7 +17,7 @@ const (
 	// left of each lease as it was granted. Entries past the key's position
 	// are left over from a dropped lock table, and are overwritten (the
 	// triggers replace) as the position reaches them.
-	journalSQL = `SELECT seq, kind, token, owner, fence, acquired_us, expires_us - ` + now + `, metadata, mode, lim
+	journalSQL = `SELECT seq, kind, token, owner, fence, lim, acquired_us, expires_us - ` + now + `, metadata, mode
 FROM dlock_journal WHERE name = ?1 AND seq > ?2 AND seq <= (SELECT jseq FROM dlock_locks WHERE name = ?1)
 ORDER BY seq LIMIT ?3`
 )
@@ -61,25 +60,5 @@ func (s source) Read(ctx context.Context, key string, after uint64, limit int) (
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	t := time.Now()
-	var out []journal.Entry
-	for rows.Next() {
-		var (
-			e                       journal.Entry
-			kind, mode              string
-			token                   []byte
-			acquiredUs, remainingUs int64
-		)
-		if err := rows.Scan(&e.Seq, &kind, &token, &e.Info.Owner, &e.Info.Fence, &acquiredUs, &remainingUs,
-			&e.Info.Metadata, &mode, &e.Info.Limit); err != nil {
-			return nil, err
-		}
-		if err := e.Fill(key, kind, token, acquiredUs, remainingUs, t); err != nil {
-			return nil, err
-		}
-		e.Info.Mode = modeOf(mode)
-		out = append(out, e)
-	}
-	return out, rows.Err()
+	return journal.Scan(rows, key)
 }

@@ -7,6 +7,7 @@ package journal
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -42,19 +43,43 @@ type Entry struct {
 	Info dlock.LockInfo
 }
 
-// Fill completes e from a journal row of key that the store read at
-// readAt: its kind, the holder's token, when it was acquired (Unix µs) and
-// how long its lease had left (µs, by the store's clock).
-func (e *Entry) Fill(key, kind string, token []byte, acquiredUs, remainingUs int64, readAt time.Time) error {
-	if len(kind) != 1 {
-		return fmt.Errorf("journal entry %d of %q has kind %q", e.Seq, key, kind)
+// Scan reads the journal rows of key that a store's query returns, whose
+// columns are, in order: the position, the kind (one character), the
+// holder's token, owner and fence, its share limit, when it was acquired
+// (Unix µs), how long its lease had left when read (µs, by the store's
+// clock), its metadata, and its mode ("exclusive", "shared" or "limited").
+func Scan(rows *sql.Rows, key string) ([]Entry, error) {
+	defer rows.Close()
+	readAt := time.Now()
+	var out []Entry
+	for rows.Next() {
+		var (
+			e                       Entry
+			kind, mode              string
+			token                   []byte
+			acquiredUs, remainingUs int64
+		)
+		if err := rows.Scan(&e.Seq, &kind, &token, &e.Info.Owner, &e.Info.Fence, &e.Info.Limit,
+			&acquiredUs, &remainingUs, &e.Info.Metadata, &mode); err != nil {
+			return nil, err
+		}
+		if len(kind) != 1 {
+			return nil, fmt.Errorf("journal entry %d of %q has kind %q", e.Seq, key, kind)
+		}
+		e.Kind = kind[0]
+		copy(e.Info.Token[:], token)
+		e.Info.Key = key
+		e.Info.AcquiredAt = time.UnixMicro(acquiredUs)
+		e.Info.ExpiresAt = readAt.Add(time.Duration(remainingUs) * time.Microsecond)
+		switch mode {
+		case "shared":
+			e.Info.Mode = dlock.ModeShared
+		case "limited":
+			e.Info.Mode = dlock.ModeLimited
+		}
+		out = append(out, e)
 	}
-	e.Kind = kind[0]
-	copy(e.Info.Token[:], token)
-	e.Info.Key = key
-	e.Info.AcquiredAt = time.UnixMicro(acquiredUs)
-	e.Info.ExpiresAt = readAt.Add(time.Duration(remainingUs) * time.Microsecond)
-	return nil
+	return out, rows.Err()
 }
 
 // Source is a store's journal, and its holders as dlock.Lister reports
