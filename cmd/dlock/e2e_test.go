@@ -144,9 +144,14 @@ func run(t *testing.T, e env, args ...string) result {
 	return result{cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()}
 }
 
+// forEachStore runs f once per store, the stores at the same time (each
+// test's keys are its own).
 func forEachStore(t *testing.T, f func(t *testing.T, e env)) {
 	for name, e := range stores(t) {
-		t.Run(name, func(t *testing.T) { f(t, e) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f(t, e)
+		})
 	}
 }
 

@@ -87,6 +87,7 @@ func TestStoreDownIsFailure(t *testing.T) {
 	for scheme, url := range storeURLs(closedAddr(t)) {
 		t.Run(scheme, func(t *testing.T) {
 			t.Parallel()
+			var wg sync.WaitGroup // the commands run at once: each waits for timeouts
 			for _, args := range [][]string{
 				{"run", "--wait", "0", "k", "--", "true"},
 				{"run", "--wait", "0", "--conflict-exit-code", "0", "k", "--", "true"},
@@ -96,17 +97,20 @@ func TestStoreDownIsFailure(t *testing.T) {
 				{"list"},
 				{"release", "--force", "k"},
 			} {
-				start := time.Now()
-				r := run(t, env{"DLOCK_DB=" + url}, append([]string{"--timeout", "5s"}, args...)...)
-				if r.code != exitFailure {
-					t.Errorf("%s is down: dlock %q exited %d, want 70: %q", scheme, args, r.code, r.stderr)
-				}
-				oneLine(t, fmt.Sprintf("dlock %q", args), r.stderr)
-				if strings.Contains(r.stderr, "is held") {
-					t.Errorf("dlock %q reports an outage as a conflict: %q", args, r.stderr)
-				}
-				t.Logf("dlock %q: %s, %q", args, time.Since(start).Round(time.Millisecond), r.stderr)
+				wg.Go(func() {
+					start := time.Now()
+					r := run(t, env{"DLOCK_DB=" + url}, append([]string{"--timeout", "5s"}, args...)...)
+					if r.code != exitFailure {
+						t.Errorf("%s is down: dlock %q exited %d, want 70: %q", scheme, args, r.code, r.stderr)
+					}
+					oneLine(t, fmt.Sprintf("dlock %q", args), r.stderr)
+					if strings.Contains(r.stderr, "is held") {
+						t.Errorf("dlock %q reports an outage as a conflict: %q", args, r.stderr)
+					}
+					t.Logf("dlock %q: %s, %q", args, time.Since(start).Round(time.Millisecond), r.stderr)
+				})
 			}
+			wg.Wait()
 		})
 	}
 }
@@ -120,6 +124,7 @@ func TestSilentStore(t *testing.T) {
 	for scheme, url := range storeURLs(addr) {
 		t.Run(scheme, func(t *testing.T) {
 			t.Parallel()
+			var wg sync.WaitGroup // the commands run at once: each waits for timeouts
 			for _, args := range [][]string{
 				{"run", "--wait", "0", "k", "--", "true"},
 				{"run", "--wait", "2s", "k", "--", "true"},
@@ -132,15 +137,18 @@ func TestSilentStore(t *testing.T) {
 					t.Fatal(err)
 				}
 				h := watch(t, cmd, stderr, func() string { return "" })
-				if !h.exited(60 * time.Second) {
-					t.Errorf("dlock %q on a silent %s store still runs after 60 s (--timeout 2s)", args, scheme)
-					continue
-				}
-				if code := cmd.ProcessState.ExitCode(); code != exitFailure {
-					t.Errorf("dlock %q on a silent %s store: exit %d, want 70: %q", args, scheme, code, stderr)
-				}
-				oneLine(t, fmt.Sprintf("dlock %q", args), stderr.String())
+				wg.Go(func() {
+					if !h.exited(60 * time.Second) {
+						t.Errorf("dlock %q on a silent %s store still runs after 60 s (--timeout 2s)", args, scheme)
+						return
+					}
+					if code := cmd.ProcessState.ExitCode(); code != exitFailure {
+						t.Errorf("dlock %q on a silent %s store: exit %d, want 70: %q", args, scheme, code, stderr)
+					}
+					oneLine(t, fmt.Sprintf("dlock %q", args), stderr.String())
+				})
 			}
+			wg.Wait()
 		})
 	}
 }
@@ -150,12 +158,11 @@ func TestSilentStore(t *testing.T) {
 // must not wait for them).
 func TestSignalEndsDlock(t *testing.T) {
 	testproc.Short(t, "minutes of store timeouts")
-	addr, accepted := silentServer(t)
-	var mu sync.Mutex // one process at a time: "accepted" is shared
-	for scheme, url := range storeURLs(addr) {
+	for scheme := range storeURLs("127.0.0.1:1") {
 		t.Run(scheme, func(t *testing.T) {
-			mu.Lock()
-			defer mu.Unlock()
+			// Each process has a silent store of its own, so that all of
+			// them wait at once and each one's connection is its own.
+			var wg sync.WaitGroup
 			for _, args := range [][]string{
 				{"run", "--wait", "0", "k", "--", "true"},
 				{"run", "k", "--", "true"},
@@ -163,33 +170,43 @@ func TestSignalEndsDlock(t *testing.T) {
 				{"migrate"},
 			} {
 				for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
-					for len(accepted) > 0 {
-						<-accepted
-					}
-					cmd, _, stderr := command(env{"DLOCK_DB=" + url}, args...)
-					if err := cmd.Start(); err != nil {
-						t.Fatal(err)
-					}
-					h := watch(t, cmd, stderr, func() string { return "" })
-					select {
-					case <-accepted:
-					case <-h.done:
-						t.Fatalf("dlock %q exited %d before connecting: %q", args, cmd.ProcessState.ExitCode(), stderr)
-					case <-time.After(30 * time.Second):
-						t.Fatalf("dlock %q did not connect to the silent store within 30 s", args)
-					}
-					time.Sleep(200 * time.Millisecond) // now waiting for an answer
-					cmd.Process.Signal(sig)
-					if !h.exited(30 * time.Second) {
-						t.Errorf("dlock %q on a silent %s store ignored %v for 30 s", args, scheme, sig)
-						continue
-					}
-					if code := shellStatus(cmd); code != 128+int(sig) {
-						t.Errorf("dlock %q, %v: exit %d, want %d: %q", args, sig, code, 128+int(sig), stderr)
-					}
+					addr, accepted := silentServer(t)
+					wg.Go(func() { signalWhileSilent(t, storeURLs(addr)[scheme], accepted, args, sig) })
 				}
 			}
+			wg.Wait()
 		})
+	}
+}
+
+// signalWhileSilent starts dlock with args on the silent store at url,
+// signals it with sig once it waits for an answer, and checks that it
+// exits at once with 128+sig. It runs on its own goroutine: it reports
+// with t.Errorf.
+func signalWhileSilent(t *testing.T, url string, accepted <-chan struct{}, args []string, sig syscall.Signal) {
+	cmd, _, stderr := command(env{"DLOCK_DB=" + url}, args...)
+	if err := cmd.Start(); err != nil {
+		t.Errorf("start dlock %q: %v", args, err)
+		return
+	}
+	h := watch(t, cmd, stderr, func() string { return "" })
+	select {
+	case <-accepted:
+	case <-h.done:
+		t.Errorf("dlock %q exited %d before connecting: %q", args, cmd.ProcessState.ExitCode(), stderr)
+		return
+	case <-time.After(30 * time.Second):
+		t.Errorf("dlock %q did not connect to the silent store within 30 s", args)
+		return
+	}
+	time.Sleep(200 * time.Millisecond) // now waiting for an answer
+	cmd.Process.Signal(sig)
+	if !h.exited(30 * time.Second) {
+		t.Errorf("dlock %q on a silent store %s ignored %v for 30 s", args, url, sig)
+		return
+	}
+	if code := shellStatus(cmd); code != 128+int(sig) {
+		t.Errorf("dlock %q, %v: exit %d, want %d: %q", args, sig, code, 128+int(sig), stderr)
 	}
 }
 
