@@ -124,9 +124,13 @@ func (b *Backend) setMetadata(key string, token dlock.Token, metadata string) er
 	b.mu.Unlock()
 	for range maxRounds {
 		r := decode(data)
+		if r.Initial == nil {
+			was := r.Metadata
+			r.Initial = &was
+		}
 		r.Metadata = metadata
 		nd, _ := json.Marshal(r)
-		res, err := b.c.Multi(
+		res, err := b.journaled(b.dir(key), newEntry(kindMetadata, name(path), n.fence, r),
 			&zk.SetDataRequest{Path: path, Data: nd, Version: version},
 			&zk.SetDataRequest{Path: b.dir(key), Data: nil, Version: -1},
 		)
@@ -153,7 +157,7 @@ func (b *Backend) setMetadata(key string, token dlock.Token, metadata string) er
 		st := res[0].Stat
 		if late(st.Mtime, mtime, ttl) {
 			// The lease had run out before this write: give the node up.
-			_ = b.c.Delete(path, st.Version)
+			_ = b.deleteHolder(b.dir(key), name(path), st.Version, kindExpired, n.fence, r)
 			b.forget(token, n)
 			return fmt.Errorf("%w: lease ended %d ms before the change", dlock.ErrNotHeld, st.Mtime-mtime-ttl.Milliseconds())
 		}

@@ -249,6 +249,11 @@ type Backend struct {
 	parked  map[string][]*parkedNode // waiting nodes between two AcquireWait calls, by key
 	rooted  bool                     // the root exists
 	parkFor time.Duration            // how long a waiting node is parked: parkTimeout
+
+	mine        []ownEntry  // journal entries this Backend wrote, oldest first
+	sweep       *time.Timer // deletes the oldest of mine when it is journalAge old
+	journalKeep int         // journalKeep
+	journalAge  time.Duration
 }
 
 var (
@@ -285,9 +290,11 @@ func New(c Conn, opts *Options) (*Backend, error) {
 	}
 	return &Backend{
 		c: c, root: root, acl: acl, session: opts.SessionTimeout,
-		held:    make(map[dlock.Token]*node),
-		parked:  make(map[string][]*parkedNode),
-		parkFor: parkTimeout,
+		held:        make(map[dlock.Token]*node),
+		parked:      make(map[string][]*parkedNode),
+		parkFor:     parkTimeout,
+		journalKeep: journalKeep,
+		journalAge:  journalAge,
 	}, nil
 }
 
@@ -387,6 +394,16 @@ type record struct {
 	// Mark is set on the node of an exclusive attempt that found shared
 	// holders and left it as a writer mark (see "Modes").
 	Mark bool `json:"mark,omitempty"`
+	// Initial is the metadata of the grant, once SetMetadata changed it.
+	Initial *string `json:"initial_metadata,omitempty"`
+}
+
+// initial is the metadata the node had when it was granted.
+func (r record) initial() string {
+	if r.Initial != nil {
+		return *r.Initial
+	}
+	return r.Metadata
 }
 
 func encode(req dlock.Request) []byte {
@@ -452,6 +469,7 @@ type node struct {
 	version int32
 	mtime   int64 // ms, leader's clock
 	ttl     time.Duration
+	fence   int64 // czxid
 }
 
 // checkRequest refuses leases the session cannot cover, and modes and
@@ -521,7 +539,7 @@ func (b *Backend) enqueue(req dlock.Request) (*node, int64, error) {
 			return nil, 0, fmt.Errorf("unexpected reply to create: %+v", res)
 		}
 		st := res[1].Stat
-		n := &node{key: req.Key, path: res[0].String, data: data, mtime: st.Mtime, ttl: req.TTL}
+		n := &node{key: req.Key, path: res[0].String, data: data, mtime: st.Mtime, ttl: req.TTL, fence: st.Mzxid}
 		return n, st.Mzxid, nil
 	}
 	return nil, 0, err
