@@ -141,20 +141,7 @@ func (w *holderWatch) settled(apply func(names []string, pos position) error) ([
 
 func (w *holderWatch) follow(ctx context.Context, out chan<- []dlock.LockInfo) {
 	defer close(out)
-	for {
-		var ev zk.Event
-		var open bool
-		select {
-		case ev, open = <-w.journal:
-			w.journal = nil
-		case ev, open = <-w.queue:
-			w.queue = nil
-		case <-ctx.Done():
-			return
-		}
-		if !open || ev.Type == zk.EventNotWatching || ev.Err != nil {
-			return
-		}
+	for fired(ctx, &w.journal, &w.queue) {
 		reports, err := run(ctx, w.step, nil)
 		if err != nil {
 			return
