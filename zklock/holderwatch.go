@@ -184,7 +184,9 @@ func (w *holderWatch) apply(names []string, pos position, reports *[][]dlock.Loc
 		return errGap // the journal was removed (and made again)
 	}
 	seqs := entries(names, w.last)
-	if int64(len(seqs)) != int64(pos.version)-int64(w.pos.version) {
+	// The version is an int32 that a busy journal may wrap: the difference
+	// is taken in int32 too.
+	if len(seqs) != int(pos.version-w.pos.version) {
 		return errGap
 	}
 	for _, s := range seqs {
