@@ -151,11 +151,11 @@ func (e *Election) leaderOf(infos []LockInfo) Leader {
 // closed). A new term is reported only with a fence greater than every
 // term reported before, so a report never goes back to an earlier leader.
 // On a store that delivers every change in order (dlock.HolderWatcher:
-// etcd, PostgreSQL, Redis except Redlock, MySQL's lease strategy and SQLite
-// through a change journal, and memlock) every term and every value is
-// reported, however
-// short, while the store's watch lasts (a broken watch is started again,
-// and what changed meanwhile is seen as at that instant). Elsewhere Observe
+// etcd, PostgreSQL, Redis except Redlock, MySQL's lease strategy, SQLite
+// and ZooKeeper through a change journal, and memlock) every term and
+// every value is reported, however short, while the store's watch lasts
+// (a broken watch is started again, and what changed meanwhile is seen as
+// at that instant). Elsewhere Observe
 // reads again when the store notifies a change (dlock.Watcher) or, on a
 // store that cannot notify, after a backoff of up to a second, and when the
 // leader's lease is due to end: terms that begin and end between two reads

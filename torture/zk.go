@@ -370,6 +370,9 @@ func zkLeaseEvents(txns []zkTxn, root string) ([]LeaseEvent, *zkReplayStats, err
 		if key, isKey := zklock.KeyOfNode(dir); isKey && (key == rwKey || key == semKey) {
 			return "", "", false // a mode key's queue: the mode keys' checks do not read this record
 		}
+		if name == zklock.JournalNode || strings.HasPrefix(name, zklock.JournalNode+"/") {
+			return "", "", false // the key's change journal: no lease lives there
+		}
 		return dir, name, !strings.Contains(name, "/")
 	}
 	for i := range txns {

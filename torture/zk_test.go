@@ -123,6 +123,30 @@ func TestZKReplayGrantExtendReleaseHandoff(t *testing.T) {
 	}
 }
 
+// The key's change journal (zklock.JournalNode under the key's directory), written in the same
+// transaction as a release, holds no lease: the replay leaves it out, and the key's directory is
+// deleted once the journal is gone.
+func TestZKReplayIgnoresTheJournal(t *testing.T) {
+	var s zkScript
+	jdir := zkTestRoot + "/kk/" + zklock.JournalNode
+	entry := func(seq int) zkOp {
+		return zkOp{Type: zkOpCreate, Path: fmt.Sprintf("%s/e-%010d", jdir, seq), Ephemeral: true, Data: []byte(`{"kind":"released"}`)}
+	}
+	s.txn(sessA, 1000, zkDir)
+	a := s.txn(sessA, 1000, zkCreate(0, "a1"), zkOp{Type: zkOpSetData, Path: zkTestRoot + "/kk"})
+	s.txn(sessA, 1100, zkOp{Type: zkOpCreateContainer, Path: jdir})
+	s.txn(sessA, 1500, zkSet(0, "a1"), zkDel(0), entry(0), zkOp{Type: zkOpSetData, Path: jdir})
+	s.txn(0, 1700, zkOp{Type: zkOpCloseSession})
+	s.txn(0, 1800, zkOp{Type: zkOpDeleteContainer, Path: jdir})
+	s.txn(0, 1900, zkOp{Type: zkOpDeleteContainer, Path: zkTestRoot + "/kk"})
+	evs, _ := replay(t, &s)
+	ta := zkTok(sessA, sessA)
+	wantEvents(t, evs, []LeaseEvent{
+		{Seq: a, Key: "k", Fence: uint64(a), Token: ta, AtUs: 1000e3, ExpUs: 2000e3},
+		{Seq: a + 2, Key: "k", Fence: uint64(a), Token: ta, AtUs: 1500e3, ExpUs: 1500e3, Release: true},
+	})
+}
+
 // A holder whose lease runs out ends at its expiry; the contender's deletion is cleanup, and the
 // contender's node is granted at the deletion with its own lease.
 func TestZKReplayExpiryAndTakeover(t *testing.T) {

@@ -28,9 +28,9 @@ type attempt struct {
 // undoAttempt deletes the node of an acquisition whose caller gave up.
 func (b *Backend) undoAttempt(token dlock.Token) func(attempt, error) {
 	return func(a attempt, _ error) {
-		if a.n != nil {
+		if a.n != nil { // granted
 			b.forget(token, a.n)
-			b.deleteQuietly(a.n.path)
+			_ = b.deleteHolder(b.dir(a.n.key), name(a.n.path), -1, kindReleased, a.n.fence, decode(a.n.data))
 		}
 	}
 }
@@ -452,7 +452,7 @@ func (b *Backend) adopt(req dlock.Request) (*node, int64) {
 		_ = b.c.Delete(p.n.path, st.Version)
 		return nil, 0
 	}
-	return &node{key: req.Key, path: p.n.path, data: data, version: st.Version, mtime: st.Mtime, ttl: req.TTL}, st.Czxid
+	return &node{key: req.Key, path: p.n.path, data: data, version: st.Version, mtime: st.Mtime, ttl: req.TTL, fence: st.Czxid}, st.Czxid
 }
 
 // turnCame reports whether the node at path of key holds the key by the

@@ -32,3 +32,19 @@ func (b *Backend) SetParkTimeout(d time.Duration) {
 	defer b.mu.Unlock()
 	b.parkFor = d
 }
+
+// SetJournalKeep changes how many entries of a key's journal this
+// Backend's writes keep.
+func (b *Backend) SetJournalKeep(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.journalKeep = n
+}
+
+// SetJournalAge changes how long this Backend keeps the journal entries it
+// wrote.
+func (b *Backend) SetJournalAge(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.journalAge = d
+}

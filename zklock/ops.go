@@ -76,7 +76,7 @@ func (b *Backend) extend(l dlock.Lease) error {
 		}
 		if late(st.Mtime, mtime, ttl) {
 			// The lease had run out before this write: give the node up.
-			_ = b.c.Delete(path, st.Version)
+			_ = b.deleteHolder(b.dir(l.Key), name(path), st.Version, kindExpired, n.fence, decode(data))
 			b.forget(l.Token, n)
 			return fmt.Errorf("%w: lease ended %d ms before the renewal", dlock.ErrNotHeld, st.Mtime-mtime-ttl.Milliseconds())
 		}
@@ -117,7 +117,7 @@ func (b *Backend) findHolder(key string, token dlock.Token, ttl time.Duration) (
 	if vd, err := v.judge(j, true); err != nil || !vd.granted {
 		return nil, err
 	}
-	return &node{key: key, path: dir + "/" + q[j].name, data: s.data, version: s.st.Version, mtime: s.st.Mtime, ttl: ttl}, nil
+	return &node{key: key, path: dir + "/" + q[j].name, data: s.data, version: s.st.Version, mtime: s.st.Mtime, ttl: ttl, fence: s.st.Czxid}, nil
 }
 
 // Release implements dlock.Backend. A node this Backend holds is deleted in
@@ -140,7 +140,7 @@ func (b *Backend) release(key string, token dlock.Token) error {
 		b.mu.Lock()
 		path, data, mtime, ttl := n.path, n.data, n.mtime, n.ttl
 		b.mu.Unlock()
-		res, err := b.c.Multi(
+		res, err := b.journaled(b.dir(key), newEntry(kindReleased, name(path), n.fence, decode(data)),
 			&zk.SetDataRequest{Path: path, Data: data, Version: -1},
 			&zk.DeleteRequest{Path: path, Version: -1},
 		)
@@ -171,7 +171,12 @@ func (b *Backend) release(key string, token dlock.Token) error {
 	if err != nil {
 		return err
 	}
-	if err := b.c.Delete(dir+"/"+q[j].name, v.seen[j].st.Version); err != nil {
+	s := v.seen[j]
+	del := func() error { return b.c.Delete(dir+"/"+q[j].name, s.st.Version) }
+	if held {
+		del = func() error { return b.deleteHolder(dir, q[j].name, s.st.Version, kindReleased, s.st.Czxid, s.r) }
+	}
+	if err := del(); err != nil {
 		if notHeld(err) {
 			return dlock.ErrNotHeld
 		}
@@ -208,7 +213,8 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 				if !held {
 					continue
 				}
-				switch err := b.c.Delete(dir+"/"+q[j].name, -1); {
+				s := v.seen[j]
+				switch err := b.deleteHolder(dir, q[j].name, -1, kindForced, s.st.Czxid, s.r); {
 				case err == nil:
 					deleted++
 				case errors.Is(err, zk.ErrNoNode):
@@ -241,7 +247,8 @@ func (b *Backend) ForceRelease(ctx context.Context, key string) error {
 // leader's clock read as the local one; nodes whose lease has run out by
 // that reading are left out.
 func (b *Backend) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
-	out, err := eachKey(ctx, b, prefix, b.holders, func(h dlock.LockInfo) string { return h.Key })
+	now := func(key string) ([]dlock.LockInfo, error) { return b.holdersAt(key, time.Now().UnixMilli()) }
+	out, err := eachKey(ctx, b, prefix, now, func(h dlock.LockInfo) string { return h.Key })
 	if err != nil {
 		return nil, fmt.Errorf("zklock: list: %w", err)
 	}
@@ -340,14 +347,15 @@ func (b *Backend) waiters(key string) ([]dlock.WaiterInfo, error) {
 	return out, nil
 }
 
-// holders describes key's holders, in queue order.
-func (b *Backend) holders(key string) ([]dlock.LockInfo, error) {
+// holdersAt describes key's holders, in queue order, at the leader's time
+// now (frozen: counting every node until it is deleted).
+func (b *Backend) holdersAt(key string, now int64) ([]dlock.LockInfo, error) {
 	dir := b.dir(key)
 	q, err := b.queue(dir)
 	if err != nil {
 		return nil, err
 	}
-	v := b.newView(dir, q, time.Now().UnixMilli())
+	v := b.newView(dir, q, now)
 	var out []dlock.LockInfo
 	for j := range q {
 		held, err := v.holds(j)

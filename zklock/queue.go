@@ -166,7 +166,11 @@ func (v *view) look(j int) (*seenNode, error) {
 			// below wins.
 			s.dead = true
 			if v.prune {
-				if err := v.b.c.Delete(path, st.Version); err != nil && !notHeld(err) {
+				del := func() error { return v.b.c.Delete(path, st.Version) }
+				if !s.r.Mark { // a waiter's or a holder's: the journal tells
+					del = func() error { return v.b.deleteHolder(v.dir, v.q[j].name, st.Version, kindExpired, st.Czxid, s.r) }
+				}
+				if err := del(); err != nil && !notHeld(err) {
 					return nil, err
 				}
 			}

@@ -37,20 +37,7 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 	ch := make(chan struct{}, 1)
 	go func() {
 		defer close(ch)
-		for {
-			var ev zk.Event
-			var open bool
-			select {
-			case ev, open = <-w.data:
-				w.data = nil
-			case ev, open = <-w.children:
-				w.children = nil
-			case <-ctx.Done():
-				return
-			}
-			if !open || ev.Type == zk.EventNotWatching || ev.Err != nil {
-				return
-			}
+		for fired(ctx, &w.data, &w.children) {
 			if _, err := run(ctx, func() (struct{}, error) { return struct{}{}, w.arm() }, nil); err != nil {
 				return
 			}
@@ -61,6 +48,24 @@ func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error
 		}
 	}()
 	return ch, nil
+}
+
+// fired waits until one of the one-shot watches *a and *b (nil while not
+// set) fires, and clears it. It returns false when ctx ends first, and
+// when the watch reports that it no longer watches (the session ended) or
+// an error.
+func fired(ctx context.Context, a, b *<-chan zk.Event) bool {
+	var ev zk.Event
+	var open bool
+	select {
+	case ev, open = <-*a:
+		*a = nil
+	case ev, open = <-*b:
+		*b = nil
+	case <-ctx.Done():
+		return false
+	}
+	return open && ev.Type != zk.EventNotWatching && ev.Err == nil
 }
 
 // dirWatch is the pair of watches of Watch. Only its goroutine (or, at
@@ -124,9 +129,13 @@ func (b *Backend) setMetadata(key string, token dlock.Token, metadata string) er
 	b.mu.Unlock()
 	for range maxRounds {
 		r := decode(data)
+		if r.Initial == nil {
+			was := r.Metadata
+			r.Initial = &was
+		}
 		r.Metadata = metadata
 		nd, _ := json.Marshal(r)
-		res, err := b.c.Multi(
+		res, err := b.journaled(b.dir(key), newEntry(kindMetadata, name(path), n.fence, r),
 			&zk.SetDataRequest{Path: path, Data: nd, Version: version},
 			&zk.SetDataRequest{Path: b.dir(key), Data: nil, Version: -1},
 		)
@@ -153,7 +162,7 @@ func (b *Backend) setMetadata(key string, token dlock.Token, metadata string) er
 		st := res[0].Stat
 		if late(st.Mtime, mtime, ttl) {
 			// The lease had run out before this write: give the node up.
-			_ = b.c.Delete(path, st.Version)
+			_ = b.deleteHolder(b.dir(key), name(path), st.Version, kindExpired, n.fence, r)
 			b.forget(token, n)
 			return fmt.Errorf("%w: lease ended %d ms before the change", dlock.ErrNotHeld, st.Mtime-mtime-ttl.Milliseconds())
 		}

@@ -15,11 +15,14 @@
 //	<root>/k<escaped key>/n-0000000042  →  {"token":…, "owner":…, "metadata":…, "acquired_us":…, "ttl_ms":…}
 //	<root>/k<escaped key>/r-0000000043  →  (the same)
 //	<root>/k<escaped key>/l3-0000000044 →  (the same)
+//	<root>/k<escaped key>/j             →  the key's change journal (JournalNode)
+//	<root>/k<escaped key>/j/e-0000000007 →  {"kind":"released", "fence":…, "node":"n-0000000042", …}
 //
 // A node's name says its mode: "n-" exclusive, "r-" shared, "l<n>-"
 // limited to n holders; ZooKeeper appends one sequence per directory, so
 // nodes of every mode are ordered together. A writer mark (see "Modes")
-// is an "n-" node whose data also has "mark":true.
+// is an "n-" node whose data also has "mark":true. The journal is not a
+// queue node (see "Watching every change").
 //
 // The root (Options.Root, "/dlock" by default) is created as persistent
 // nodes on first use; each key's directory is a container node, which the
@@ -157,6 +160,79 @@
 // contender deletes its node. It is a dlock.MetadataSetter: the holder's
 // node is rewritten, which, like a renewal, moves its mtime on.
 //
+// # Watching every change
+//
+// The Backend is a dlock.HolderWatcher, so that an Election's observers
+// see every term. ZooKeeper's watches fire once per setting and carry no
+// data (and go-zookeeper has no persistent watches), so a reader that
+// looks again after a watch fires misses what began and ended in between:
+// the order of changes is kept in the store, in a journal per key. Every
+// change that a Backend makes to a holder is recorded in the transaction
+// (a multi) that makes it, by an entry under the journal node "j" of the
+// key's directory, and a write of the journal node, whose version thus
+// counts the entries: a release (and a granted node deleted because its
+// caller gave up), a metadata change, a forced release, and the deletion
+// of a node whose lease had run out (by a contender, or by its own late
+// renewal). Each entry carries the whole record of its term (fence, node
+// name and so mode, token, owner, the metadata of the grant and after the
+// change, acquisition time, TTL), so that a watcher that learns of a term
+// only from its first entry reports the grant, with its first metadata,
+// before the change.
+//
+// A grant is not a write: a node holds the key when the nodes ahead of it
+// are gone. WatchHolders reads the journal's position, the key's holders
+// and the position again, until the two agree; then, woken by a child
+// watch on the journal and one on the queue (never by a timer), it applies
+// the new entries in order, then reads the holders again between two
+// reads of the position that agree, and reports the difference: the ends
+// that no entry told, then the grants, each in fence order. So:
+//
+//   - Exclusive terms are reported in fence order, each grant and change
+//     on its own, however short, if the term changes its metadata or ends
+//     by a release or a forced release: the watcher reads those entries in
+//     order, and reads the queue only at a journal position that no later
+//     entry contradicts. A term whose only write is its grant and that
+//     ends without a release between two reads of the queue (its session
+//     ends, its lease runs out) is not seen.
+//   - Ends that the store makes itself have no entry: a session that ends
+//     (the server deletes its nodes), and a node deleted without the
+//     journal by a client that does not write one (an older version, a
+//     parked node whose turn came). They are reported when the watcher
+//     next reads the queue, after the entries it read so far, or at the
+//     latest before the grant of the next term (which excludes it). A
+//     node whose lease ran out counts until it is deleted; its ExpiresAt
+//     tells when it ended (renewals are not journaled: ExpiresAt is as of
+//     the last change the watcher saw, or its last read of the queue).
+//   - Shared and limited holders: each grant, change and end is reported
+//     on its own, but grants learnt from the queue come after the entries
+//     read before them, so a reader whose first change came before the
+//     watcher read the queue is reported before readers with smaller
+//     fences that made no change yet. Which holders are reported together
+//     after a writer's release is exact; the order of their grants is
+//     fence order within one read of the queue. Writer marks hold nothing
+//     and are never reported. An expired node that the watcher never saw
+//     hold (a waiter, or a term shorter than a read of the queue that
+//     ended by expiry) is not reported.
+//
+// Entries are ephemeral sequential nodes: ZooKeeper keeps every node in
+// memory, so the journal must not outlive its use. Writers prune a key's
+// journal to its newest 256 entries (checked about once per 32 entries,
+// in one multi), and each Backend deletes the entries it wrote once they
+// are a minute old; a session that ends takes its entries with it. The
+// journal node is a container, which the server removes once it is
+// empty, and then the key's directory. A watcher whose next entry is gone
+// (it fell 256 changes or a minute behind, or the writer's session ended
+// before it read it), whose entry count does not match the journal's
+// version, or whose journal was removed, closes its channel: the caller
+// watches anew and sees what happened meanwhile as of that instant. A
+// journaled change costs two more operations in the multi it already
+// made (no extra round trip), and a prune or a sweep now and then; the
+// first one of a key whose journal does not exist (a new key, or one
+// unused for a minute or more) costs two more round trips, to create it.
+// The journal node is created only then, never empty: a container that
+// never had a child is never removed, and neither would its key's
+// directory be.
+//
 // # Limits
 //
 //   - A waiter whose process dies or stalls leaves its node in the queue
@@ -175,7 +251,9 @@
 //     once, while Lockers may still consider them held until their next
 //     renewal: close Lockers before the Conn.
 //   - Every client of a key must know the modes: a client that only knows
-//     "n-" nodes ignores shared and limited ones.
+//     "n-" nodes ignores shared and limited ones. Clients of a version
+//     without the journal change keys unjournaled: their releases are
+//     seen as ends without an entry (see "Watching every change").
 //   - A refused limited request reads up to n nodes ahead of it, and List
 //     reads every node of the keys it lists.
 //
@@ -249,6 +327,11 @@ type Backend struct {
 	parked  map[string][]*parkedNode // waiting nodes between two AcquireWait calls, by key
 	rooted  bool                     // the root exists
 	parkFor time.Duration            // how long a waiting node is parked: parkTimeout
+
+	mine        []ownEntry  // journal entries this Backend wrote, oldest first
+	sweep       *time.Timer // deletes the oldest of mine when it is journalAge old
+	journalKeep int         // journalKeep
+	journalAge  time.Duration
 }
 
 var (
@@ -285,9 +368,11 @@ func New(c Conn, opts *Options) (*Backend, error) {
 	}
 	return &Backend{
 		c: c, root: root, acl: acl, session: opts.SessionTimeout,
-		held:    make(map[dlock.Token]*node),
-		parked:  make(map[string][]*parkedNode),
-		parkFor: parkTimeout,
+		held:        make(map[dlock.Token]*node),
+		parked:      make(map[string][]*parkedNode),
+		parkFor:     parkTimeout,
+		journalKeep: journalKeep,
+		journalAge:  journalAge,
 	}, nil
 }
 
@@ -387,6 +472,16 @@ type record struct {
 	// Mark is set on the node of an exclusive attempt that found shared
 	// holders and left it as a writer mark (see "Modes").
 	Mark bool `json:"mark,omitempty"`
+	// Initial is the metadata of the grant, once SetMetadata changed it.
+	Initial *string `json:"initial_metadata,omitempty"`
+}
+
+// initial is the metadata the node had when it was granted.
+func (r record) initial() string {
+	if r.Initial != nil {
+		return *r.Initial
+	}
+	return r.Metadata
 }
 
 func encode(req dlock.Request) []byte {
@@ -452,6 +547,7 @@ type node struct {
 	version int32
 	mtime   int64 // ms, leader's clock
 	ttl     time.Duration
+	fence   int64 // czxid
 }
 
 // checkRequest refuses leases the session cannot cover, and modes and
@@ -521,7 +617,7 @@ func (b *Backend) enqueue(req dlock.Request) (*node, int64, error) {
 			return nil, 0, fmt.Errorf("unexpected reply to create: %+v", res)
 		}
 		st := res[1].Stat
-		n := &node{key: req.Key, path: res[0].String, data: data, mtime: st.Mtime, ttl: req.TTL}
+		n := &node{key: req.Key, path: res[0].String, data: data, mtime: st.Mtime, ttl: req.TTL, fence: st.Mzxid}
 		return n, st.Mzxid, nil
 	}
 	return nil, 0, err

@@ -115,10 +115,21 @@ func TestKeyEscaping(t *testing.T) {
 	}
 }
 
+// queueNodes returns the names of key's queue nodes: the children of its
+// directory but the journal.
+func queueNodes(c *zk.Conn, b *zklock.Backend, key string) ([]string, error) {
+	names, _, err := c.Children(b.Dir(key))
+	return withoutJournal(names), err
+}
+
+func withoutJournal(names []string) []string {
+	return slices.DeleteFunc(names, func(nm string) bool { return nm == zklock.JournalNode })
+}
+
 // queueLen returns the number of nodes in key's queue.
 func queueLen(t *testing.T, c *zk.Conn, b *zklock.Backend, key string) int {
 	t.Helper()
-	names, _, err := c.Children(b.Dir(key))
+	names, err := queueNodes(c, b, key)
 	if errors.Is(err, zk.ErrNoNode) {
 		return 0
 	}
@@ -137,6 +148,7 @@ func waitQueueLen(t *testing.T, c *zk.Conn, b *zklock.Backend, key string, n int
 		if err != nil {
 			t.Fatal(err)
 		}
+		names = withoutJournal(names)
 		if len(names) == n {
 			// A failed attempt without waiting makes a node and deletes
 			// it: the count must hold still before it says who is queued.
@@ -317,7 +329,7 @@ func TestParkedHeadIsNotRevived(t *testing.T) {
 	w.StallParked(k)
 	// The parked node's fence: its czxid.
 	admin := newConn(t, addrs...)
-	names, _, err := admin.Children(b.Dir(k))
+	names, err := queueNodes(admin, b, k)
 	if err != nil || len(names) != 2 {
 		t.Fatalf("queue: %v %v", names, err)
 	}
@@ -382,7 +394,7 @@ func TestParkedNodeWhoseTurnCameIsDeleted(t *testing.T) {
 			if res, err := parker.AcquireWait(ctx, pr); err != nil || res.Acquired {
 				t.Fatalf("AcquireWait: %+v %v, want a parked node", res, err)
 			}
-			names, _, err := admin.Children(parker.Dir(k))
+			names, err := queueNodes(admin, parker, k)
 			if err != nil || len(names) != 2 {
 				t.Fatalf("queue: %v %v, want the holder and the parked node", names, err)
 			}
@@ -417,7 +429,7 @@ func TestParkedNodeWhoseTurnCameIsDeleted(t *testing.T) {
 				t.Fatalf("rule: a parked node whose turn came does not hold the key; the next waiter never got it")
 			}
 			defer waiter.Release(context.Background(), k, w.Token)
-			names, _, err = admin.Children(parker.Dir(k))
+			names, err = queueNodes(admin, parker, k)
 			if err != nil || len(names) != 1 {
 				t.Fatalf("queue: %v %v, want the waiter's node alone", names, err)
 			}
