@@ -189,6 +189,7 @@ func (w *holderWatch) apply(names []string, pos position, reports *[][]dlock.Loc
 	if len(seqs) != int(pos.version-w.pos.version) {
 		return errGap
 	}
+	es := make([]entry, 0, len(seqs))
 	for _, s := range seqs {
 		data, _, err := w.b.c.Get(entryPath(w.jdir, s))
 		if errors.Is(err, zk.ErrNoNode) {
@@ -201,12 +202,45 @@ func (w *holderWatch) apply(names []string, pos position, reports *[][]dlock.Loc
 		if err := json.Unmarshal(data, &e); err != nil {
 			return fmt.Errorf("journal entry %d of %q: %w", s, w.key, err)
 		}
-		w.last = s
+		es = append(es, e)
+	}
+	for i, e := range es {
+		w.grantEarlier(e, es[i+1:], reports)
+		w.last = seqs[i]
 		w.pos.version++
 		w.change(e, reports)
 	}
 	w.pos = pos
 	return nil
+}
+
+// grantEarlier reports, before e, the grants of the terms that later
+// entries tell of, that the watcher has not seen granted, and that held
+// the key together with e's term: those with a smaller fence that e's term
+// does not exclude (shared holders granted before it and still holding).
+// A grant writes no entry, so a term that ends after e is first told of by
+// its end.
+func (w *holderWatch) grantEarlier(e entry, later []entry, reports *[][]dlock.LockInfo) {
+	if w.knows(uint64(e.Fence)) || e.Kind == kindExpired {
+		return
+	}
+	h, ok := e.holder(w.key, true)
+	if !ok {
+		return
+	}
+	for _, l := range later {
+		if l.Fence >= e.Fence || l.Kind == kindExpired || w.knows(uint64(l.Fence)) {
+			continue
+		}
+		if u, ok := l.holder(w.key, true); ok && !excludes(h, u) {
+			w.grant(u, reports)
+		}
+	}
+}
+
+// knows reports whether the watcher holds the term of fence f as a holder.
+func (w *holderWatch) knows(f uint64) bool {
+	return slices.ContainsFunc(w.known, func(h dlock.LockInfo) bool { return h.Fence == f })
 }
 
 // change applies e to the known holders.
