@@ -51,6 +51,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/go-sql-driver/mysql"
 	"github.com/go-zookeeper/zk"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -757,6 +758,10 @@ func (b *bench) contended(ctx context.Context) {
 		switch {
 		case strings.Contains(st.name, "getlock"), strings.Contains(st.name, "rowlock"):
 			floor = rawGetLock
+		case st.name == pgAdvisory:
+			floor = rawPGAdvisory
+		case st.name == pgLease:
+			floor = naivePG
 		case strings.Contains(st.name, "redis"):
 			floor = bsmRetry
 		}
@@ -841,12 +846,62 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALU
 		}, nil
 	})
 	b.addContended(s, rawGetLockFenced, "", stats, err)
+	if b.pg != nil {
+		b.contendedPG(ctx)
+	}
+}
+
+// contendedPG adds the PostgreSQL floors: raw pg_advisory_lock blocking in
+// the server, each worker on a connection of its own, and the polling
+// recipe on pglock's lease row.
+func (b *bench) contendedPG(ctx context.Context) {
+	const s = secContended
+	conns := make([]*pgx.Conn, workers)
+	for i := range conns {
+		c, err := pgx.Connect(ctx, b.c.pgDSN)
+		if err != nil {
+			b.rows = append(b.rows, Row{Section: s, Name: rawPGAdvisory, Note: "error: " + err.Error()})
+			return
+		}
+		defer c.Close(ctx)
+		conns[i] = c
+	}
+	// The two-int form on the key's halves, as pglock's advisory strategy
+	// locks it.
+	k1, k2 := pglock.AdvisoryKeys("bench-raw-contended")
+	stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
+		if _, err := conns[i].Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+			return nil, err
+		}
+		return func() error {
+			var ok bool
+			if err := conns[i].QueryRow(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", k1, k2).Scan(&ok); err != nil || !ok {
+				return fmt.Errorf("pg_advisory_unlock: %v, %v", ok, err)
+			}
+			return nil
+		}, nil
+	})
+	b.addContended(s, rawPGAdvisory, "", stats, err)
+	// Each worker a process of its own (its own pool), as for MySQL's.
+	i := slices.IndexFunc(b.strategies(), func(st strategy) bool { return st.name == pgLease })
+	lockers := make([]*dlock.Locker, workers)
+	for w := range lockers {
+		lockers[w] = dlock.New(b.strategies()[i].make(), nil)
+	}
+	stats, err = locktest.Contend(ctx, lockers, "bench/contended/naive-pg", locktest.Contention{Duration: b.c.duration, Poll: 100 * time.Millisecond})
+	b.addContended(s, naivePG, "", stats, err)
+	for _, l := range lockers {
+		l.Close(ctx)
+	}
 }
 
 // Names of the contended floors.
 const (
-	naive      = "naive recipe: lease row, 100 ms poll"
-	rawGetLock = "raw GET_LOCK blocking (no fencing)"
+	naive   = "naive recipe: lease row, 100 ms poll"
+	naivePG = "naive recipe on PostgreSQL: lease row, 100 ms poll"
+	// rawPGAdvisory is PostgreSQL's session lock blocking in the server.
+	rawPGAdvisory = "raw pg_advisory_lock blocking (no fencing)"
+	rawGetLock    = "raw GET_LOCK blocking (no fencing)"
 	// rawGetLockFenced adds the durable fence write of every grant.
 	rawGetLockFenced = "raw GET_LOCK blocking + fence upsert"
 	bsmRetry         = "bsm/redislock, 10 ms linear retry"
