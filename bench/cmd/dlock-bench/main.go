@@ -13,8 +13,10 @@
 // reached ("-pg off", "-etcd off" leave them out on purpose), and
 // ZooKeeper (-zk; by default it starts one from Debian's zookeeper package
 // when that is installed; "-zk off" leaves it out).
-// Peer libraries live only in this module, so dlock's users never download
-// them.
+// -only pg (or any part of the strategies' names) measures only those
+// strategies, with the floors and their store's contended floors: a quicker
+// run to compare two versions of one backend. Peer libraries live only in
+// this module, so dlock's users never download them.
 package main
 
 import (
@@ -66,6 +68,7 @@ type config struct {
 	iterations          int
 	manyLocks           int
 	jsonOut             string
+	only                string
 }
 
 // Sections of the report, which the rows carry.
@@ -146,6 +149,7 @@ func main() {
 	flag.DurationVar(&c.duration, "duration", 3*time.Second, "length of each contended run")
 	flag.IntVar(&c.iterations, "n", 2000, "iterations of each uncontended measurement")
 	flag.IntVar(&c.manyLocks, "many", 10000, "locks held at once in the many-locks run")
+	flag.StringVar(&c.only, "only", "", `measure only dlock's strategies whose name contains this ("pg", "advisory"), with the floors; peer libraries and other stores' contended floors are left out`)
 	flag.StringVar(&c.jsonOut, "json", "", `also write {"rows": […], "targets": […]} as JSON to this file`)
 	flag.Parse()
 	if err := run(c, os.Stdout); err != nil {
@@ -322,9 +326,18 @@ type strategy struct {
 	make  func() dlock.Backend
 }
 
-// strategies are dlock's backends by name; each call makes a new client (a
-// "process": its own pool or connection).
+// strategies are the backends that -only selects (all by default).
 func (b *bench) strategies() []strategy {
+	all := b.every()
+	if b.c.only == "" {
+		return all
+	}
+	return slices.DeleteFunc(all, func(st strategy) bool { return !strings.Contains(st.name, b.c.only) })
+}
+
+// every lists dlock's backends by name; each call makes a new client (a
+// "process": its own pool or connection).
+func (b *bench) every() []strategy {
 	mysqlPool := func() *sql.DB {
 		cfg, err := mysql.ParseDSN(b.c.mysqlDSN)
 		if err != nil {
@@ -725,6 +738,9 @@ func (b *bench) uncontended(ctx context.Context) {
 		})
 		l.Close(ctx)
 	}
+	if b.c.only != "" {
+		return
+	}
 	bl := bsm.New(b.rdb)
 	b.latency(s, "bsm/redislock", "raw SET NX PX + Lua release", n, func(int) error {
 		lk, err := bl.Obtain(ctx, "bench-bsm", 30*time.Second, nil)
@@ -769,6 +785,12 @@ func (b *bench) contended(ctx context.Context) {
 		for _, l := range lockers {
 			l.Close(ctx)
 		}
+	}
+	if b.pg != nil {
+		b.contendedPG(ctx)
+	}
+	if b.c.only != "" {
+		return
 	}
 	{
 		lockers := make([]*dlock.Locker, workers)
@@ -846,9 +868,6 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALU
 		}, nil
 	})
 	b.addContended(s, rawGetLockFenced, "", stats, err)
-	if b.pg != nil {
-		b.contendedPG(ctx)
-	}
 }
 
 // contendedPG adds the PostgreSQL floors: raw pg_advisory_lock blocking in
@@ -883,10 +902,10 @@ func (b *bench) contendedPG(ctx context.Context) {
 	})
 	b.addContended(s, rawPGAdvisory, "", stats, err)
 	// Each worker a process of its own (its own pool), as for MySQL's.
-	i := slices.IndexFunc(b.strategies(), func(st strategy) bool { return st.name == pgLease })
+	i := slices.IndexFunc(b.every(), func(st strategy) bool { return st.name == pgLease })
 	lockers := make([]*dlock.Locker, workers)
 	for w := range lockers {
-		lockers[w] = dlock.New(b.strategies()[i].make(), nil)
+		lockers[w] = dlock.New(b.every()[i].make(), nil)
 	}
 	stats, err = locktest.Contend(ctx, lockers, "bench/contended/naive-pg", locktest.Contention{Duration: b.c.duration, Poll: 100 * time.Millisecond})
 	b.addContended(s, naivePG, "", stats, err)
