@@ -68,10 +68,25 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     their place for 30 s.
 //   - Advisory locks are re-entrant per session, so the Advisory itself
 //     refuses a second grant of a lock its sessions already hold.
-//   - Fencing tokens come from a per-key counter row (the "_session" table)
-//     bumped on every grant, of either mode, while the lock is held, in a
-//     transaction that commits durably (synchronous_commit on) whatever the
-//     server's or the role's default.
+//   - Fencing tokens are epoch<<40 | n: n is a per-key counter in the key's
+//     row of the "_session" table, bumped on every grant, of either mode,
+//     while the lock is held. The rows that describe advisory locks are as
+//     volatile as the locks: their tables are UNLOGGED, so a grant writes
+//     no WAL and commits without a flush. A crash of the server (a backend's
+//     crash included) empties them and the counters start again; the
+//     epoch, kept durably in the "_epochs" table, then grows, so every
+//     key's fences still strictly increase: the first grant after the
+//     crash begins an epoch above every earlier one, in a transaction that
+//     commits durably (synchronous_commit on) whatever the server's or the
+//     role's default. A clean restart keeps the rows and the epoch. A
+//     key's counter reaching 2^40 within one epoch refuses its grants with
+//     an error until a new epoch begins.
+//   - A crash also forgets what the rows kept past a lock's end: a pending
+//     lock-delay or minimum hold (dlock.WithLockDelay, dlock.WithMinHold) of
+//     a lock that the crash freed is not waited out. Its holder's
+//     connection broke with the crash (which the Advisory reports as a loss
+//     at once), and its fence is below every fence granted after the crash.
+//     A clean restart keeps them, as it keeps the rows.
 //   - Shared acquisitions (dlock.ModeShared) take the same advisory lock in
 //     share mode, so the server itself keeps readers and writers apart.
 //     Writers are not starved: while an exclusive request waits in the

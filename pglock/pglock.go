@@ -74,11 +74,14 @@
 // counter and carries it, with what changed, in its NOTIFY, so that a
 // watch applies every change in commit order and tells one it missed.
 //
-// Durability: every statement that writes (a grant and its fence, a renewal,
-// a release, Migrate's DDL) commits with synchronous_commit on, set locally
-// to its own transaction, whatever the server's, the database's or the
-// role's default: a crash never makes the server forget a fence it handed
-// out. What dlock cannot set per transaction (fsync, full_page_writes,
+// Durability: every statement that writes a logged table (a lease grant
+// and its fence, a renewal, a release, an advisory epoch, Migrate's DDL)
+// commits with synchronous_commit on, set locally to its own transaction,
+// whatever the server's, the database's or the role's default: a crash
+// never makes the server forget a fence it handed out. The advisory
+// strategy's grants write only unlogged tables, which a crash empties with
+// the locks they describe; their fences carry a durable epoch that the
+// first grant after a crash raises (see Advisory). What dlock cannot set per transaction (fsync, full_page_writes,
 // asynchronous standbys that a failover may promote) Check reports, and
 // Migrate logs to Options.Logger.
 //
