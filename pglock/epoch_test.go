@@ -302,18 +302,18 @@ func TestAdvisoryFenceCounterLimit(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "fencing counter") {
 		t.Fatalf("grant past 2^40-1 in an epoch: %v, want an error about the fencing counter", err)
 	}
-	var held bool
+	// Held by a live session (a closed Advisory's backend may still be
+	// exiting, and its locks go with it).
+	var holders int
 	k1, k2 := pglock.AdvisoryKeys(key)
-	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND classid = $1::int4::oid AND objid = $2::int4::oid)`, k1, k2).Scan(&held); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+  WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid`, k1, k2).Scan(&holders); err != nil {
 		t.Fatal(err)
 	}
-	if held {
-		var info string
-		pool.QueryRow(ctx, `SELECT string_agg(l.pid || ' ' || l.mode || ' ' || coalesce(a.query, ''), '; ') FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE locktype = 'advisory' AND objsubid = 2
-  AND classid = $1::int4::oid AND objid = $2::int4::oid`, k1, k2).Scan(&info)
-		t.Fatalf("the refused grant left the key locked: %s (err %v)", info, err)
+	if holders > 0 {
+		t.Fatal("the refused grant left the key locked")
 	}
 	if _, err := pool.Exec(ctx, `TRUNCATE "`+table+`_epoch_now"`); err != nil {
 		t.Fatal(err)
