@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,10 +68,25 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     their place for 30 s.
 //   - Advisory locks are re-entrant per session, so the Advisory itself
 //     refuses a second grant of a lock its sessions already hold.
-//   - Fencing tokens come from a per-key counter row (the "_session" table)
-//     bumped on every grant, of either mode, while the lock is held, in a
-//     transaction that commits durably (synchronous_commit on) whatever the
-//     server's or the role's default.
+//   - Fencing tokens are epoch<<40 | n: n is a per-key counter in the key's
+//     row of the "_session" table, bumped on every grant, of either mode,
+//     while the lock is held. The rows that describe advisory locks are as
+//     volatile as the locks: their tables are UNLOGGED, so a grant writes
+//     no WAL and commits without a flush. A crash of the server (a backend's
+//     crash included) empties them and the counters start again; the
+//     epoch, kept durably in the "_epochs" table, then grows, so every
+//     key's fences still strictly increase: the first grant after the
+//     crash begins an epoch above every earlier one, in a transaction that
+//     commits durably (synchronous_commit on) whatever the server's or the
+//     role's default. A clean restart keeps the rows and the epoch. A
+//     key's counter reaching 2^40 within one epoch refuses its grants with
+//     an error until a new epoch begins.
+//   - A crash also forgets what the rows kept past a lock's end: a pending
+//     lock-delay or minimum hold (dlock.WithLockDelay, dlock.WithMinHold) of
+//     a lock that the crash freed is not waited out. Its holder's
+//     connection broke with the crash (which the Advisory reports as a loss
+//     at once), and its fence is below every fence granted after the crash.
+//     A clean restart keeps them, as it keeps the rows.
 //   - Shared acquisitions (dlock.ModeShared) take the same advisory lock in
 //     share mode, so the server itself keeps readers and writers apart.
 //     Writers are not starved: while an exclusive request waits in the
@@ -270,11 +287,35 @@ const (
 	waitAlone = maxWait
 )
 
+// Fences of the advisory strategy are epoch<<epochShift | n: n counts the
+// key's grants within the epoch, in its unlogged "_session" row, and ranges
+// over 1..2^40-1; a grant that would reach 2^40 fails with an error whose
+// message holds fencesExhausted (beginning a new epoch, by emptying the
+// "_epoch_now" table, lets the key be granted again).
+const (
+	epochShift      = 40
+	exhausted       = `1099511627774` // 2^40 - 2: s.fence - (epoch<<40 + 1) when n = 2^40 - 1
+	fencesExhausted = `pglock: the fencing counter of the key is exhausted in epoch`
+)
+
 // The grant statements take the lock and, only if they got it, bump the
-// key's fencing row in the same statement, whose transaction commits
-// durably (set_config of synchronous_commit, local to the transaction):
-// with the server's, the database's or the role's default at off, a crash
-// would forget fences already handed out, and hand them out again. A
+// key's fencing row in the same statement. The rows that describe advisory
+// locks live in unlogged tables, as volatile as the locks: a grant that
+// writes only them commits without a WAL flush (PostgreSQL flushes a
+// commit only if its transaction wrote WAL), nor waits for a synchronous
+// standby. The fence is epoch<<40 | n (see epochShift). The epoch is
+// durable: a crash empties the unlogged tables ("_epoch_now" included), a
+// clean restart keeps them, and the first grant that finds "_epoch_now"
+// empty (eb: only once it holds the lock, so a waiter never holds its row)
+// begins an epoch greater than every recorded one and than every fence
+// left in "_session" >> 40 (those of a logged table of an earlier version),
+// records it in the logged "_epochs" table, in a transaction that commits
+// durably (set_config of synchronous_commit, local to the transaction,
+// whatever the server's, the database's or the role's default), and in
+// "_epoch_now". Concurrent first grants agree on the epoch through that
+// row's key (eu: the later one waits for the first to commit, then takes
+// its epoch). So a key's fence grows by one per grant within an epoch, and
+// a new epoch's fences exceed every fence of an earlier one. A
 // session-level advisory lock survives the rollback of a failed statement,
 // so after an error the lock is unlocked (or the session closed).
 //
@@ -288,6 +329,7 @@ const (
 // own transaction (waitBound or waitAlone) before it asks for the lock (k).
 func newAdvisoryQueries(tb tables) advisoryQueries {
 	s, r, ch := tb.session, tb.readers, literal(tb.watch)
+	en, es, shift := tb.epoch, tb.epochs, strconv.Itoa(epochShift)
 	const ours = `l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 	const keyLock = `l.classid = ((s.lock_id >> 32) & 4294967295)::oid AND l.objid = (s.lock_id & 4294967295)::oid`
@@ -341,13 +383,21 @@ m AS (
 		}
 		return `WITH k AS MATERIALIZED (SELECT clock_timestamp() AS now, (SELECT writer_until FROM ` + s + ` WHERE name = $3) AS wu` + bound + `),
 l AS MATERIALIZED (SELECT ` + ok + ` AS ok, set_config('synchronous_commit', 'on', true) AS sc FROM k),
+e0 AS (SELECT epoch FROM ` + en + `),
+eb AS MATERIALIZED (SELECT greatest((SELECT max(epoch) FROM ` + es + `), (SELECT max(fence) FROM ` + s + `) >> ` + shift + `, 0) + 1 AS epoch
+  WHERE NOT EXISTS (SELECT FROM e0) AND (SELECT ok FROM l)),
+ei AS (INSERT INTO ` + es + ` (epoch) SELECT epoch FROM eb ON CONFLICT DO NOTHING),
+eu AS (INSERT INTO ` + en + ` AS n (one, epoch) SELECT true, epoch FROM eb
+  ON CONFLICT (one) DO UPDATE SET one = n.one RETURNING n.epoch),
+e AS MATERIALIZED (SELECT coalesce((SELECT epoch FROM e0), (SELECT epoch FROM eu)) AS epoch),
 g AS (
   INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata, delay_us, changes)
-  SELECT $3, $4, $5, $6, 1, pg_backend_pid(), clock_timestamp(), $7, $8::bigint, 1 FROM l WHERE l.ok
+  SELECT $3, $4, $5, $6, (e.epoch << ` + shift + `) + 1, pg_backend_pid(), clock_timestamp(), $7, $8::bigint, 1 FROM l, e WHERE l.ok
   ON CONFLICT (name) DO UPDATE SET ` + granted("lock_id", "EXCLUDED.lock_id") + `,
     ` + granted("token", "EXCLUDED.token") + `,
     ` + granted("owner", "EXCLUDED.owner") + `,
-    ` + granted("fence", "s.fence + 1") + `,
+    ` + granted("fence", `CASE WHEN s.fence - EXCLUDED.fence >= `+exhausted+`
+      THEN ('`+fencesExhausted+` ' || (EXCLUDED.fence >> `+shift+`))::bigint ELSE greatest(s.fence + 1, EXCLUDED.fence) END`) + `,
     ` + granted("changes", "s.changes + 1") + `,
     ` + granted("pid", "EXCLUDED.pid") + `,
     ` + granted("acquired_at", "EXCLUDED.acquired_at") + `,
@@ -936,6 +986,9 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 		args = append(args, us(dlock.WriterMark))
 	}
 	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs, nil, nil, &delayUs)
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && strings.Contains(pe.Message, fencesExhausted) {
+		err = fmt.Errorf("pglock: the fencing counter of %q reached 2^%d in this epoch; emptying %s begins a new one", req.Key, epochShift, a.tb.epoch)
+	}
 	res.mark = time.Duration(markUs) * time.Microsecond
 	if err == nil && !res.ok && delayUs > 0 {
 		res.delayed = time.Duration(delayUs) * time.Microsecond

@@ -86,17 +86,7 @@ func TestFenceDurableAfterCrash(t *testing.T) {
 						t.Fatalf("release: %v", err)
 					}
 				}
-				var pid uint32
-				for try := 0; ; try++ {
-					if err = pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err == nil || try == 20 {
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				srv.crashBackend(pid)
+				srv.crashPooled(ctx, pool)
 				for try := 0; try < 20; try++ { // the first calls after a crash may meet dead connections
 					if err := pending.Release(ctx); err == nil || errors.Is(err, dlock.ErrNotHeld) {
 						break // (a grant lost with the crash is not held)

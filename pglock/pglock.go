@@ -74,11 +74,14 @@
 // counter and carries it, with what changed, in its NOTIFY, so that a
 // watch applies every change in commit order and tells one it missed.
 //
-// Durability: every statement that writes (a grant and its fence, a renewal,
-// a release, Migrate's DDL) commits with synchronous_commit on, set locally
-// to its own transaction, whatever the server's, the database's or the
-// role's default: a crash never makes the server forget a fence it handed
-// out. What dlock cannot set per transaction (fsync, full_page_writes,
+// Durability: every statement that writes a logged table (a lease grant
+// and its fence, a renewal, a release, an advisory epoch, Migrate's DDL)
+// commits with synchronous_commit on, set locally to its own transaction,
+// whatever the server's, the database's or the role's default: a crash
+// never makes the server forget a fence it handed out. The advisory
+// strategy's grants write only unlogged tables, which a crash empties with
+// the locks they describe; their fences carry a durable epoch that the
+// first grant after a crash raises (see Advisory). What dlock cannot set per transaction (fsync, full_page_writes,
 // asynchronous standbys that a failover may promote) Check reports, and
 // Migrate logs to Options.Logger.
 //
@@ -117,7 +120,7 @@ import (
 // DefaultTable is the table used when Options.Table is empty. The waiter
 // queue, the shared and limited holders, the advisory strategy's tables and
 // the keys' strategies are named after it with the suffixes "_waiters",
-// "_holders", "_session", "_readers" and "_claims".
+// "_holders", "_session", "_readers", "_epochs", "_epoch_now" and "_claims".
 const DefaultTable = "dlock_locks"
 
 // DefaultGrace is the lease strategy's grace period when Options.Grace is 0.
@@ -193,6 +196,8 @@ type tables struct {
 	holders string // shared and limited holders of the lease strategy
 	session string
 	readers string // shared holders of the advisory strategy
+	epochs  string // every fencing epoch of the advisory strategy (logged)
+	epoch   string // the epoch of the unlogged tables' rows (unlogged)
 	claims  string // the strategy of each key
 	channel string // NOTIFY channel of the lease strategy's releases
 	watch   string // NOTIFY channel of the other changes that watches see
@@ -232,6 +237,8 @@ func parseTable(name string) (tables, error) {
 		holders: prefix + `"` + t + `_holders"`,
 		session: prefix + `"` + t + `_session"`,
 		readers: prefix + `"` + t + `_readers"`,
+		epochs:  prefix + `"` + t + `_epochs"`,
+		epoch:   prefix + `"` + t + `_epoch_now"`,
 		claims:  prefix + `"` + t + `_claims"`,
 		channel: channelName(name),
 		// "/" is in no table name, so no other table's release channel

@@ -63,7 +63,7 @@ func dropTables() {
 // dropTablesOf drops the tables of table's configuration.
 func dropTablesOf(ctx context.Context, pool *pgxpool.Pool, table string) {
 	var names []string
-	for _, suffix := range []string{"", "_waiters", "_holders", "_session", "_readers", "_claims"} {
+	for _, suffix := range []string{"", "_waiters", "_holders", "_session", "_readers", "_epochs", "_epoch_now", "_claims"} {
 		names = append(names, `"`+table+suffix+`"`)
 	}
 	_, _ = pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(names, ", "))

@@ -90,7 +90,11 @@ END $$;
 
 -- Advisory strategy (pglock.NewAdvisory): the lock itself is a session-level
 -- advisory lock; this row keeps the key's fencing counter and its last holder.
-CREATE TABLE IF NOT EXISTS "dlock_locks_session" (
+-- UNLOGGED, as are "_readers" and "_epoch_now": their rows describe advisory
+-- locks, which end with the server, so a grant that writes only them commits
+-- without waiting for a WAL flush. A crash empties them (a clean restart
+-- keeps them); the epochs below keep fences increasing across that.
+CREATE UNLOGGED TABLE IF NOT EXISTS "dlock_locks_session" (
   name        bytea       NOT NULL PRIMARY KEY,
   lock_id     bigint      NOT NULL,             -- pg_advisory_lock(lock_id >> 32, lock_id & x'ffffffff'): pglock.AdvisoryKeys
   token       bytea       NOT NULL,
@@ -130,7 +134,7 @@ END $$;
 -- Advisory strategy: one row per shared holder (pg_advisory_lock_shared),
 -- deleted when it is released; rows of sessions that ended are dropped by
 -- the key's next shared grant. The fence comes from the "_session" row.
-CREATE TABLE IF NOT EXISTS "dlock_locks_readers" (
+CREATE UNLOGGED TABLE IF NOT EXISTS "dlock_locks_readers" (
   name        bytea       NOT NULL,
   token       bytea       NOT NULL,
   owner       text        NOT NULL DEFAULT '',
@@ -139,6 +143,35 @@ CREATE TABLE IF NOT EXISTS "dlock_locks_readers" (
   acquired_at timestamptz NOT NULL,
   metadata    text        NOT NULL DEFAULT '',
   PRIMARY KEY (name, token)
+);
+
+-- Advisory strategy: tables of earlier versions were logged; their rows
+-- and fences are kept (the fence of a key's next grant is greater: see
+-- "_epochs").
+DO $$
+BEGIN
+  IF EXISTS (SELECT FROM pg_class WHERE oid = to_regclass('"dlock_locks_session"') AND relpersistence = 'p') THEN
+    ALTER TABLE "dlock_locks_session" SET UNLOGGED;
+  END IF;
+  IF EXISTS (SELECT FROM pg_class WHERE oid = to_regclass('"dlock_locks_readers"') AND relpersistence = 'p') THEN
+    ALTER TABLE "dlock_locks_readers" SET UNLOGGED;
+  END IF;
+END $$;
+
+-- Advisory strategy: a fence is epoch << 40 | n, where n counts the key's
+-- grants in the "_session" row and the epoch is the one in "_epoch_now".
+-- The first grant that finds "_epoch_now" empty (after a crash emptied the
+-- unlogged tables, or on first use) begins an epoch greater than every
+-- epoch here and than every fence in "_session" >> 40, records it here in a
+-- durable commit, and in "_epoch_now" for the grants that follow.
+CREATE TABLE IF NOT EXISTS "dlock_locks_epochs" (
+  epoch bigint NOT NULL PRIMARY KEY
+);
+
+-- Advisory strategy: the epoch of the fences in the unlogged tables, one row.
+CREATE UNLOGGED TABLE IF NOT EXISTS "dlock_locks_epoch_now" (
+  one   boolean NOT NULL PRIMARY KEY DEFAULT true CHECK (one),
+  epoch bigint  NOT NULL
 );
 
 -- Both strategies: a count of the changes of each key's holders (grants,

@@ -199,6 +199,24 @@ func (s *ownServer) crashBackend(pid uint32) {
 	}
 }
 
+// crashPooled crashes (see crashBackend) the backend of a connection of
+// pool, which may first meet connections that an earlier crash ended.
+func (s *ownServer) crashPooled(ctx context.Context, pool *pgxpool.Pool) {
+	s.t.Helper()
+	var pid uint32
+	var err error
+	for try := 0; ; try++ {
+		if err = pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err == nil || try == 20 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.crashBackend(pid)
+}
+
 func mustRead(t testing.TB, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)

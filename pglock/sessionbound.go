@@ -32,7 +32,9 @@ func (a *Advisory) SessionBound() {}
 // and the request is refused for what is left of it (AcquireWait waits
 // it out first). The check is part of the grant's statement: a lock-delay
 // of 0 costs nothing more. A lock-delay is kept for exclusive
-// acquisitions only: a shared one with a lock-delay is ErrUnsupported.
+// acquisitions only: a shared one with a lock-delay is ErrUnsupported. The
+// row is unlogged: a crash of the server forgets the delays it kept (see
+// Advisory), a clean restart keeps them.
 func (a *Advisory) Abandon(ctx context.Context, key string, token dlock.Token) error {
 	return a.end(ctx, key, token, false, 0)
 }

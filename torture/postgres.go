@@ -185,7 +185,7 @@ func preparePG(ctx context.Context, env *Env, suffix, body string) (string, erro
 	defer b.Close()
 	t := locks + suffix
 	var drop []string
-	for _, s := range []string{"", "_waiters", "_holders", "_session", "_readers", "_claims", "_hist", "_session_hist"} {
+	for _, s := range []string{"", "_waiters", "_holders", "_session", "_readers", "_epochs", "_epoch_now", "_claims", "_hist", "_session_hist"} {
 		drop = append(drop, pgIdent(locks+s))
 	}
 	if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+strings.Join(drop, ", ")); err != nil {

@@ -14,7 +14,7 @@ import (
 // spelled in its schema (quoted).
 type tableExists func(ctx context.Context, name string) (bool, error)
 
-var createTableRE = regexp.MustCompile("(?i)CREATE TABLE IF NOT EXISTS ((?:[`\"][^`\"]+[`\"]\\.)?[`\"][^`\"]+[`\"]|\\w+)")
+var createTableRE = regexp.MustCompile("(?i)CREATE (?:UNLOGGED )?TABLE IF NOT EXISTS ((?:[`\"][^`\"]+[`\"]\\.)?[`\"][^`\"]+[`\"]|\\w+)")
 
 // schemaTables returns the tables that schema creates, as spelled there.
 func schemaTables(schema string) []string {

@@ -13,8 +13,10 @@
 // reached ("-pg off", "-etcd off" leave them out on purpose), and
 // ZooKeeper (-zk; by default it starts one from Debian's zookeeper package
 // when that is installed; "-zk off" leaves it out).
-// Peer libraries live only in this module, so dlock's users never download
-// them.
+// -only pg (or any part of the strategies' names) measures only those
+// strategies, with the floors and their store's contended floors: a quicker
+// run to compare two versions of one backend. Peer libraries live only in
+// this module, so dlock's users never download them.
 package main
 
 import (
@@ -51,6 +53,7 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/go-sql-driver/mysql"
 	"github.com/go-zookeeper/zk"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -65,6 +68,7 @@ type config struct {
 	iterations          int
 	manyLocks           int
 	jsonOut             string
+	only                string
 }
 
 // Sections of the report, which the rows carry.
@@ -145,6 +149,7 @@ func main() {
 	flag.DurationVar(&c.duration, "duration", 3*time.Second, "length of each contended run")
 	flag.IntVar(&c.iterations, "n", 2000, "iterations of each uncontended measurement")
 	flag.IntVar(&c.manyLocks, "many", 10000, "locks held at once in the many-locks run")
+	flag.StringVar(&c.only, "only", "", `measure only dlock's strategies whose name contains this ("pg", "advisory"), with the floors; peer libraries and other stores' contended floors are left out`)
 	flag.StringVar(&c.jsonOut, "json", "", `also write {"rows": […], "targets": […]} as JSON to this file`)
 	flag.Parse()
 	if err := run(c, os.Stdout); err != nil {
@@ -321,9 +326,18 @@ type strategy struct {
 	make  func() dlock.Backend
 }
 
-// strategies are dlock's backends by name; each call makes a new client (a
-// "process": its own pool or connection).
+// strategies are the backends that -only selects (all by default).
 func (b *bench) strategies() []strategy {
+	all := b.every()
+	if b.c.only == "" {
+		return all
+	}
+	return slices.DeleteFunc(all, func(st strategy) bool { return !strings.Contains(st.name, b.c.only) })
+}
+
+// every lists dlock's backends by name; each call makes a new client (a
+// "process": its own pool or connection).
+func (b *bench) every() []strategy {
 	mysqlPool := func() *sql.DB {
 		cfg, err := mysql.ParseDSN(b.c.mysqlDSN)
 		if err != nil {
@@ -724,6 +738,9 @@ func (b *bench) uncontended(ctx context.Context) {
 		})
 		l.Close(ctx)
 	}
+	if b.c.only != "" {
+		return
+	}
 	bl := bsm.New(b.rdb)
 	b.latency(s, "bsm/redislock", "raw SET NX PX + Lua release", n, func(int) error {
 		lk, err := bl.Obtain(ctx, "bench-bsm", 30*time.Second, nil)
@@ -757,6 +774,10 @@ func (b *bench) contended(ctx context.Context) {
 		switch {
 		case strings.Contains(st.name, "getlock"), strings.Contains(st.name, "rowlock"):
 			floor = rawGetLock
+		case st.name == pgAdvisory:
+			floor = rawPGAdvisory
+		case st.name == pgLease:
+			floor = naivePG
 		case strings.Contains(st.name, "redis"):
 			floor = bsmRetry
 		}
@@ -764,6 +785,12 @@ func (b *bench) contended(ctx context.Context) {
 		for _, l := range lockers {
 			l.Close(ctx)
 		}
+	}
+	if b.pg != nil {
+		b.contendedPG(ctx)
+	}
+	if b.c.only != "" {
+		return
 	}
 	{
 		lockers := make([]*dlock.Locker, workers)
@@ -843,10 +870,57 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALU
 	b.addContended(s, rawGetLockFenced, "", stats, err)
 }
 
+// contendedPG adds the PostgreSQL floors: raw pg_advisory_lock blocking in
+// the server, each worker on a connection of its own, and the polling
+// recipe on pglock's lease row.
+func (b *bench) contendedPG(ctx context.Context) {
+	const s = secContended
+	conns := make([]*pgx.Conn, workers)
+	for i := range conns {
+		c, err := pgx.Connect(ctx, b.c.pgDSN)
+		if err != nil {
+			b.rows = append(b.rows, Row{Section: s, Name: rawPGAdvisory, Note: "error: " + err.Error()})
+			return
+		}
+		defer c.Close(ctx)
+		conns[i] = c
+	}
+	// The two-int form on the key's halves, as pglock's advisory strategy
+	// locks it.
+	k1, k2 := pglock.AdvisoryKeys("bench-raw-contended")
+	stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
+		if _, err := conns[i].Exec(ctx, "SELECT pg_advisory_lock($1::int4, $2::int4)", k1, k2); err != nil {
+			return nil, err
+		}
+		return func() error {
+			var ok bool
+			if err := conns[i].QueryRow(ctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", k1, k2).Scan(&ok); err != nil || !ok {
+				return fmt.Errorf("pg_advisory_unlock: %v, %v", ok, err)
+			}
+			return nil
+		}, nil
+	})
+	b.addContended(s, rawPGAdvisory, "", stats, err)
+	// Each worker a process of its own (its own pool), as for MySQL's.
+	i := slices.IndexFunc(b.every(), func(st strategy) bool { return st.name == pgLease })
+	lockers := make([]*dlock.Locker, workers)
+	for w := range lockers {
+		lockers[w] = dlock.New(b.every()[i].make(), nil)
+	}
+	stats, err = locktest.Contend(ctx, lockers, "bench/contended/naive-pg", locktest.Contention{Duration: b.c.duration, Poll: 100 * time.Millisecond})
+	b.addContended(s, naivePG, "", stats, err)
+	for _, l := range lockers {
+		l.Close(ctx)
+	}
+}
+
 // Names of the contended floors.
 const (
-	naive      = "naive recipe: lease row, 100 ms poll"
-	rawGetLock = "raw GET_LOCK blocking (no fencing)"
+	naive   = "naive recipe: lease row, 100 ms poll"
+	naivePG = "naive recipe on PostgreSQL: lease row, 100 ms poll"
+	// rawPGAdvisory is PostgreSQL's session lock blocking in the server.
+	rawPGAdvisory = "raw pg_advisory_lock blocking (no fencing)"
+	rawGetLock    = "raw GET_LOCK blocking (no fencing)"
 	// rawGetLockFenced adds the durable fence write of every grant.
 	rawGetLockFenced = "raw GET_LOCK blocking + fence upsert"
 	bsmRetry         = "bsm/redislock, 10 ms linear retry"
