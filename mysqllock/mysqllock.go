@@ -25,8 +25,10 @@
 // waiters. The lease strategy is a dlock.HolderWatcher: triggers that
 // Migrate creates record every change of holders in a journal that
 // watchers read with a backoff of up to 1 s, so an Election's observers
-// see every term (see Backend.WatchHolders); with GetLock and RowLock an
-// Election's Observe polls, and misses terms shorter than a poll.
+// see every term (see Backend.WatchHolders). GetLock and RowLock are not
+// HolderWatchers: a journal would add a write to each of their grants and
+// releases. With them an Election's Observe polls, and misses terms
+// shorter than a poll.
 //
 // Every strategy's grants, and so its fences, are only as durable as
 // the server's commits: with innodb_flush_log_at_trx_commit other than 1,
