@@ -344,7 +344,10 @@ func (e *Election) follow(ctx context.Context, o *observed, cur Leader, ch <-cha
 			if errors.Is(err, ErrClosed) || ctx.Err() != nil {
 				return false
 			}
-			if err == nil {
+			// The read tells whether cur's lease ended (and what it was
+			// extended to). A later term it shows is left to ch, which
+			// delivers it after the terms between, unreported so far.
+			if err == nil && read.Fence <= cur.Fence {
 				cur = read
 			}
 			poll = min(2*poll, time.Second)

@@ -88,3 +88,90 @@ func TestElectionInputIsChecked(t *testing.T) {
 		t.Errorf("Value after a refused Proclaim: %q", term.Value())
 	}
 }
+
+// slowWatch is memlock whose holder watch delivers its first change at
+// once and the rest only when gate is closed: a watch that lags behind
+// the store, as a journal read after a backoff does.
+type slowWatch struct {
+	*memlock.Backend
+	gate chan struct{}
+}
+
+func (b slowWatch) WatchHolders(ctx context.Context, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
+	now, ch, err := b.Backend.WatchHolders(ctx, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make(chan []dlock.LockInfo)
+	go func() {
+		defer close(out)
+		first := true
+		for hs := range ch {
+			if !first {
+				select {
+				case <-b.gate:
+				case <-ctx.Done():
+					return
+				}
+			}
+			first = false
+			select {
+			case out <- hs:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return now, out, nil
+}
+
+// TestObserveLaggingWatchMissesNoTerm: when a leader's lease has passed,
+// the observer reads the key; a listing that shows a later term than the
+// watch has delivered must not make the observer skip the terms between,
+// which the watch delivers later.
+func TestObserveLaggingWatchMissesNoTerm(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := slowWatch{memlock.New(), make(chan struct{})}
+	l := dlock.New(b, nil)
+	defer l.Close(ctx)
+	e := dlock.NewElection(l, "lagging")
+	seen := e.Observe(ctx)
+	if ld := <-seen; ld.Fence != 0 {
+		t.Fatalf("first report: %+v, want nobody", ld)
+	}
+	var fences []uint64
+	for _, v := range []string{"a", "b", "c"} {
+		term, err := e.Campaign(ctx, v, dlock.WithTTL(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fences = append(fences, term.Fence())
+		if v == "a" {
+			if ld := <-seen; ld.Fence != term.Fence() {
+				t.Fatalf("report of the first leader: %+v", ld)
+			}
+		}
+		if v != "c" {
+			if err := term.Resign(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // past a's lease: the observer reads the key
+	close(b.gate)
+	var got []uint64
+	for len(got) < 2 {
+		select {
+		case ld := <-seen:
+			if ld.Fence != 0 {
+				got = append(got, ld.Fence)
+			}
+		case <-ctx.Done():
+			t.Fatalf("reports after the first leader: %v", got)
+		}
+	}
+	if got[0] != fences[1] || got[1] != fences[2] {
+		t.Errorf("rule: observers see every term; after %d saw %v, want %v", fences[0], got, fences[1:])
+	}
+}
