@@ -17,6 +17,7 @@ const (
 const (
 	tOverhead   = "uncontended overhead over own raw SQL/commands ≤ 10% (p50 ÷ floor p50)"
 	tSession    = "contended true handoffs/s ≥ 90% of raw GET_LOCK blocking"
+	tRowSession = "contended true handoffs/s ≥ 90% of raw SELECT … FOR UPDATE blocking"
 	tWakeUps    = "contended true handoffs/s ≥ 50× the 100 ms-polling recipe"
 	tRedis      = "contended true handoffs/s ≥ 10× bsm/redislock, 10 ms linear retry"
 	tContended  = "contended true handoffs/s"
@@ -63,7 +64,7 @@ func evaluateTargets(rows []Row) []Target {
 		why                 string // when there is no floor
 	}{
 		{mysqlGetLock, tSession, rawGetLock, 0.9, ""},
-		{mysqlRowLock, tSession, rawGetLock, 0.9, ""},
+		{mysqlRowLock, tRowSession, rawForUpdate, 0.9, ""},
 		{pgAdvisory, tSession, "", 0, "no raw blocking floor for PostgreSQL (pg_advisory_lock) in the bench; MySQL's GET_LOCK is another server"},
 		{mysqlLease, tWakeUps, naive, 50, ""},
 		{pgLease, tWakeUps, "", 0, "no 100 ms-polling recipe row on PostgreSQL in the bench (the polling row polls MySQL)"},
