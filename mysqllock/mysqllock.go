@@ -321,7 +321,15 @@ func (b *Backend) Migrate(ctx context.Context) error {
 
 // migrate creates the schema of table and reports the server's unsafe
 // settings through w.
-func migrate(ctx context.Context, db querier, table string, w *warner, check func(context.Context) ([]Finding, error)) error {
+func migrate(ctx context.Context, pool *sql.DB, table string, w *warner, check func(context.Context) ([]Finding, error)) error {
+	// One connection: the script sets the session's max_heap_table_size
+	// for the MEMORY tables it creates or converts.
+	db, err := pool.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
+	}
+	defer db.Close()
+	defer db.ExecContext(context.WithoutCancel(ctx), "SET SESSION max_heap_table_size = DEFAULT")
 	tables, triggers := splitScript(schemaFor(table))
 	if err := execScript(ctx, db, tables); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
@@ -331,6 +339,9 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 	}
 	if err := upgrade(ctx, db, sessionTable(table), sessionColumns); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: add the columns of lock-delays: %w", table, err)
+	}
+	if err := toMemory(ctx, db, sessionTable(table)); err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: make the session table MEMORY: %w", table, err)
 	}
 	if err := upgrade(ctx, db, table, journalColumns); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: add the journal's position: %w", table, err)

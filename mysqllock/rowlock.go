@@ -114,7 +114,7 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 		return nil, err
 	}
 	base := strings.TrimSuffix(table, "`")
-	s := newSessions(db, sessionTable(table)).forStrategy("rowlock", minRowLockConns, connector(opts))
+	s := newSessions(db, table).forStrategy("rowlock", minRowLockConns, connector(opts))
 	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
 	}
