@@ -80,9 +80,17 @@ ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)`)
 	return nil
 }
 
-// sessionTableBytes is the session table's size limit that the schema
-// sets (its max_heap_table_size).
-const sessionTableBytes = 256 << 20
+const (
+	// sessionTableBytes is the session table's size limit that the
+	// schema sets (its max_heap_table_size).
+	sessionTableBytes = 256 << 20
+	// sessionRowBytes is about what a key takes in the session table:
+	// MEMORY rows have the columns' full length.
+	sessionRowBytes = 5700
+)
+
+// errNoTable is tableEngine's error for a table that does not exist.
+var errNoTable = errors.New("no such table")
 
 // toMemory makes the session table (quoted) MEMORY with the size limit
 // of the session's max_heap_table_size, keeping its rows: a table of an
@@ -110,7 +118,10 @@ WHERE TABLE_SCHEMA = IF(? = '', DATABASE(), ?) AND TABLE_NAME = ?`, schema, sche
 	}
 	defer rows.Close()
 	if !rows.Next() {
-		return "", 0, fmt.Errorf("no table %s: %w", table, rows.Err())
+		if err := rows.Err(); err != nil {
+			return "", 0, err
+		}
+		return "", 0, fmt.Errorf("%w: %s", errNoTable, table)
 	}
 	if err := rows.Scan(&engine, &limit); err != nil {
 		return "", 0, err

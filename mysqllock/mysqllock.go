@@ -28,8 +28,22 @@
 // see every term (see Backend.WatchHolders); with GetLock and RowLock an
 // Election's Observe polls, and misses terms shorter than a poll.
 //
+// GetLock and RowLock keep each key's last holder and fencing counter in a
+// MEMORY session table: their locks live in server sessions, and a server
+// restart ends every one of them, and empties the table with every pending
+// lock-delay and minimum hold (dlock.HoldKeeper) of these strategies. A
+// grant writes that table without a durable commit. Their fences still
+// grow across restarts: a fence is the epoch of the server's run, counted
+// by a durable counter that the first grant of each run bumps, shifted
+// left by 40 bits, or'd with the key's count of grants in the run (see
+// ErrFencesExhausted). Migrate converts the InnoDB session table of an
+// earlier version, keeping its rows; every fence after it is greater than
+// the fences before. Run every client of a table on this version before
+// the server next restarts: an earlier version, finding the key's row gone,
+// would count from 1 again.
+//
 // Every strategy's grants, and so its fences, are only as durable as
-// the server's commits: with innodb_flush_log_at_trx_commit other than 1,
+// the server's commits (for the session strategies, the epoch counter's): with innodb_flush_log_at_trx_commit other than 1,
 // or the binary log on and sync_binlog other than 1, a crash can lose a
 // committed grant and a fence is handed out twice. No statement can
 // override these settings, so each strategy's Check method reports them,
@@ -77,8 +91,8 @@ type Options struct {
 	// Table is the lock table, optionally qualified by database
 	// ("locks.dlock_locks"). Each part is 1..64 of [A-Za-z0-9_$], not all
 	// digits, and the table itself at most 56, for the tables named after
-	// it ("_session", "_rows", "_claims", "_holders"). The default is
-	// DefaultTable.
+	// it ("_session", "_rows", "_claims", "_holders", "_journal", "_epoch",
+	// "_run"). The default is DefaultTable.
 	Table string
 
 	// Logger receives a warning for each server setting that breaks a
