@@ -69,7 +69,8 @@ func checkSession(ctx context.Context, db querier, table string) ([]Finding, err
 // sessionFindings reports a session table that Migrate has not converted
 // to MEMORY (every grant is then a durable commit), and one whose size
 // limit a server restart has lowered to the server's max_heap_table_size
-// (grants beyond it fail: the table is full). A missing table is no
+// (grants beyond it compact the table, and fail when it is full of held
+// keys). A missing table is no
 // finding: the strategy reports dlock.ErrNoSchema.
 func sessionFindings(ctx context.Context, db querier, table string) ([]Finding, error) {
 	engine, limit, err := tableEngine(ctx, db, table)
@@ -84,7 +85,7 @@ func sessionFindings(ctx context.Context, db querier, table string) ([]Finding, 
 			Fix:     "run Migrate (it converts the table to MEMORY, keeping its rows)"}}, nil
 	case limit < sessionTableBytes*9/10:
 		return []Finding{{Setting: "max_heap_table_size of " + table, Value: fmt.Sprint(limit),
-			Problem: fmt.Sprintf("the session table holds about %d keys; grants of more keys fail (table full) until the server restarts", limit/sessionRowBytes),
+			Problem: fmt.Sprintf("the session table holds about %d keys; beyond them each grant that finds it full compacts it, and grants of new keys fail (ErrSessionTableFull) while that many are held", limit/sessionRowBytes),
 			Fix:     "run Migrate again after each server restart (it resizes the table), or set max_heap_table_size = 256M in the server's configuration"}}, nil
 	}
 	return nil, nil

@@ -2,9 +2,14 @@ package mysqllock
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Fences of the session strategies (getlock, rowlock).
@@ -65,19 +70,164 @@ func (s *sessions) startRun(ctx context.Context) error {
 		return err
 	}
 	defer c.Close()
-	res, err := c.ExecContext(ctx, `INSERT INTO `+s.epochs+` (id, epoch) VALUES (1, LAST_INSERT_ID(1))
-ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)`)
+	e, err := s.bumpEpoch(ctx, c)
 	if err != nil {
-		return fmt.Errorf("mysqllock: bump the epoch of the server's run: %w", err)
-	}
-	e, err := res.LastInsertId()
-	if err != nil || e <= 0 || e > maxEpoch {
-		return fmt.Errorf("mysqllock: epoch %d of the server's run out of range 1..%d (%v)", e, maxEpoch, err)
+		return err
 	}
 	if _, err := c.ExecContext(ctx, `INSERT IGNORE INTO `+s.run+` (id, epoch) VALUES (1, ?)`, e); err != nil {
 		return fmt.Errorf("mysqllock: record the epoch of the server's run: %w", err)
 	}
 	return nil
+}
+
+// bumpEpoch bumps the durable epoch counter and returns its new value.
+func (s *sessions) bumpEpoch(ctx context.Context, c execer) (uint64, error) {
+	res, err := c.ExecContext(ctx, `INSERT INTO `+s.epochs+` (id, epoch) VALUES (1, LAST_INSERT_ID(1))
+ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)`)
+	if err != nil {
+		return 0, fmt.Errorf("mysqllock: bump the epoch of the server's run: %w", err)
+	}
+	e, err := res.LastInsertId()
+	if err != nil || e <= 0 || e > maxEpoch {
+		return 0, fmt.Errorf("mysqllock: epoch %d of the server's run out of range 1..%d (%v)", e, maxEpoch, err)
+	}
+	return uint64(e), nil
+}
+
+// A full session table.
+//
+// The session table keeps a row for every key granted in the server's run,
+// and its size limit is fixed (a server restart may also have lowered it to
+// the server's max_heap_table_size). A grant that finds it full (error 1114)
+// compacts it, then tries once more:
+//
+//  1. It restores the schema's size limit (as Migrate does), if the client
+//     may ALTER the table; a failure is logged (Options.Logger) and the
+//     compaction goes on.
+//  2. It starts a new epoch within the run: it bumps the durable counter to
+//     E and sets the run table's epoch to E (or leaves a greater one), on
+//     one connection, as startRun does.
+//  3. Only then it deletes the rows of the keys that are free and whose
+//     fence is below E<<40: getlock rows whose named lock is not held by
+//     the row's session, rowlock rows released or whose session is gone
+//     (the negations of the conditions of List), in both cases with no
+//     lock-delay or minimum hold pending (delay_us = 0, delay_until past).
+//
+// Fences still grow per key. A deleted row's fences were all below E<<40;
+// the key's next grant inserts a new row with the run table's epoch, at
+// least E from step 2 on (the run's epoch never goes back: GREATEST), so
+// its fence is at least E<<40 | 1. A grant made between steps 2 and 3
+// already has a fence of at least E<<40 | 1, so step 3 keeps its row. The
+// MEMORY engine locks the whole table for each statement, so no grant
+// interleaves with the DELETE. A holder's row, and that of a key whose
+// lock-delay runs, is never deleted: the holder's release and List find it,
+// and the key stays refused for the delay.
+//
+// Compactions of one strategy value run one at a time; grants that find
+// the table full meanwhile wait for the running one. Compactions of other
+// clients may run at once: each takes an epoch of its own, and each is
+// safe on its own. An epoch per compaction leaves 2^23 of them (maxEpoch).
+//
+// A grant that finds the table full again after the compaction (every row
+// is of a held key, or of a key whose lock-delay runs) returns
+// ErrSessionTableFull.
+
+// ErrSessionTableFull is returned by a session strategy (GetLock, RowLock)
+// for a grant of a key that has no row in the session table when the table
+// is full of keys that are held, or whose lock-delay or minimum hold runs.
+// Raise max_heap_table_size and run Migrate (it resizes the table).
+var ErrSessionTableFull = errors.New("mysqllock: the session table is full of held keys")
+
+// errTableFull is the server's error for a full table (ER_RECORD_FILE_FULL).
+const errTableFull = 1114
+
+// tableFull reports whether err is the server's word that a table is full.
+func tableFull(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errTableFull
+}
+
+// skipResize keeps compactions from restoring the session table's size
+// limit (tests of a small table).
+var skipResize atomic.Bool
+
+// compaction is a running compaction of the session table: done is closed
+// when it ends.
+type compaction struct{ done chan struct{} }
+
+// compactOnce compacts the session table, or waits for the compaction
+// that is running (and then returns nil: the caller's grant tells).
+func (s *sessions) compactOnce(ctx context.Context) error {
+	s.mu.Lock()
+	if c := s.compacting; c != nil {
+		s.mu.Unlock()
+		select {
+		case <-c.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c := &compaction{done: make(chan struct{})}
+	s.compacting = c
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.compacting = nil
+		s.mu.Unlock()
+		close(c.done)
+	}()
+	return s.compact(ctx)
+}
+
+// compact restores the session table's size limit, starts a new epoch and
+// deletes the rows of free keys of earlier epochs (see above).
+func (s *sessions) compact(ctx context.Context) error {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if !skipResize.Load() {
+		if err := s.resize(ctx, c); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			if s.log != nil {
+				s.log.WarnContext(ctx, "mysqllock: could not restore the size limit of the full session table", "table", s.table,
+					"error", err, "fix", "run Migrate, or grant ALTER on the table")
+			}
+		}
+	}
+	e, err := s.bumpEpoch(ctx, c)
+	if err != nil {
+		return err
+	}
+	if _, err := c.ExecContext(ctx, `INSERT INTO `+s.run+` (id, epoch) VALUES (1, ?)
+ON DUPLICATE KEY UPDATE epoch = GREATEST(epoch, ?)`, e, e); err != nil {
+		return fmt.Errorf("mysqllock: record the epoch of the server's run: %w", err)
+	}
+	if _, err := c.ExecContext(ctx, `DELETE FROM `+s.table+`
+WHERE fence < ? AND delay_us = 0 AND delay_until <= UTC_TIMESTAMP(6)
+  AND (lock_name <> '' AND NOT (IS_USED_LOCK(lock_name) <=> conn_id) OR lock_name = '' AND NOT (`+rowHeld+`))`, e<<epochBits); err != nil {
+		return fmt.Errorf("mysqllock: delete the rows of free keys: %w", err)
+	}
+	return nil
+}
+
+// resize restores the session table's size limit on c, waiting a few
+// seconds at most for statements on the table to end (ALTER TABLE waits
+// for them, and the table's statements wait for it).
+func (s *sessions) resize(ctx context.Context, c *sql.Conn) error {
+	if _, err := c.ExecContext(ctx, fmt.Sprintf("SET SESSION max_heap_table_size = %d, lock_wait_timeout = 5", sessionTableBytes)); err != nil {
+		return err
+	}
+	err := toMemory(ctx, c, s.table)
+	if _, rerr := c.ExecContext(context.WithoutCancel(ctx), "SET SESSION max_heap_table_size = DEFAULT, lock_wait_timeout = DEFAULT"); rerr != nil {
+		// Do not hand a connection with these settings back to the pool.
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	return err
 }
 
 const (

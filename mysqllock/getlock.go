@@ -115,6 +115,7 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 		return nil, err
 	}
 	s := newSessions(db, table).forStrategy("getlock", minSessionConns, connector(opts))
+	s.log = logger(opts)
 	if err := s.checkPool(); err != nil {
 		return nil, err
 	}

@@ -42,6 +42,13 @@
 // the server next restarts: an earlier version, finding the key's row gone,
 // would count from 1 again.
 //
+// The session table has a row per key granted in the server's run and a
+// fixed size limit (256 MiB, about 47,000 keys, from Migrate; the server's
+// max_heap_table_size after a restart until Migrate runs again). A grant
+// that finds it full restores the limit if it may, starts a new epoch and
+// deletes the rows of free keys of earlier ones, then tries again; a table
+// full of held keys returns ErrSessionTableFull.
+//
 // Every strategy's grants, and so its fences, are only as durable as
 // the server's commits (for the session strategies, the epoch counter's): with innodb_flush_log_at_trx_commit other than 1,
 // or the binary log on and sync_binlog other than 1, a crash can lose a

@@ -116,6 +116,7 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	}
 	base := strings.TrimSuffix(table, "`")
 	s := newSessions(db, table).forStrategy("rowlock", minRowLockConns, connector(opts))
+	s.log = logger(opts)
 	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
 	}

@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_holders` (
 -- max_heap_table_size in effect when it is created or altered, 256 MiB
 -- (~47,000 keys) here; after a server restart it is that of the first
 -- session to open it (the server's max_heap_table_size, unless Migrate runs
--- again).
+-- again). A grant that finds it full restores that limit if it may, and
+-- deletes the rows of free keys under a new epoch (see docs/fencing.md).
 SET SESSION max_heap_table_size = 268435456;
 CREATE TABLE IF NOT EXISTS `dlock_locks_session` (
   name        VARBINARY(255)  NOT NULL,

@@ -7,6 +7,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sort"
 	"strings"
@@ -168,6 +169,10 @@ type sessions struct {
 	// run and epochs are the quoted tables of the server run's epoch
 	// (see epoch.go).
 	run, epochs string
+	// compacting is the running compaction of the session table (under
+	// mu; see epoch.go), log where a compaction logs (nil: nowhere).
+	compacting *compaction
+	log        *slog.Logger
 }
 
 // newSessions returns the sessions of the lock table table (quoted).
@@ -615,7 +620,8 @@ func epochTable(table string) string { return strings.TrimSuffix(table, "`") + "
 // key are serialised. The first grant of a server run gives the run its
 // epoch first (see epoch.go). With alive, the row is written only if ss
 // is still alive (see RowLock.take), and the error is errSessionGone if it
-// was not. A grant that a lock-delay refuses (see grantQuery) returns a
+// was not. A grant that finds the table full compacts it and tries again
+// once (see epoch.go). A grant that a lock-delay refuses (see grantQuery) returns a
 // fence of 0 and what is left of the delay; the caller frees the lock.
 func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock.Request, lockName string, alive bool) (uint64, time.Duration, error) {
 	q, args := s.grantQuery, []any{req.Key, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds()}
@@ -624,8 +630,19 @@ func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock
 		args = append(args, ss.id)
 	}
 	args = append(args, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds())
+	compacted := false
 	for try := 0; ; try++ {
 		res, err := ex.ExecContext(ctx, q, args...)
+		if tableFull(err) && !compacted {
+			if err := s.compactOnce(ctx); err != nil {
+				return 0, 0, fmt.Errorf("mysqllock: compact the full session table %s: %w", s.table, err)
+			}
+			compacted, try = true, try-1
+			continue
+		}
+		if tableFull(err) {
+			return 0, 0, fmt.Errorf("%w: %s: raise max_heap_table_size and run Migrate (%w)", ErrSessionTableFull, s.table, err)
+		}
 		if err != nil {
 			return 0, 0, err
 		}
