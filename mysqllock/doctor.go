@@ -40,16 +40,55 @@ func (b *Backend) Check(ctx context.Context) ([]Finding, error) {
 
 // Check reports the server settings under which the getlock strategy's
 // guarantees do not hold: those of Backend.Check, and Galera (where the
-// strategy refuses to run).
+// strategy refuses to run); and a session table that is not MEMORY, or
+// whose size limit is below what Migrate sets (see sessionFindings).
 func (g *GetLock) Check(ctx context.Context) ([]Finding, error) {
-	return checkServer(ctx, g.s.db, true)
+	return checkSession(ctx, g.s.db, g.s.table)
 }
 
 // Check reports the server settings under which the rowlock strategy's
-// guarantees do not hold: those of Backend.Check, and Galera (where the
-// strategy refuses to run).
+// guarantees do not hold: as GetLock.Check.
 func (r *RowLock) Check(ctx context.Context) ([]Finding, error) {
-	return checkServer(ctx, r.db, true)
+	return checkSession(ctx, r.db, r.s.table)
+}
+
+// checkSession is checkServer for a session strategy, with the findings
+// about its session table (quoted).
+func checkSession(ctx context.Context, db querier, table string) ([]Finding, error) {
+	out, err := checkServer(ctx, db, true)
+	if err != nil {
+		return nil, err
+	}
+	fs, err := sessionFindings(ctx, db, table)
+	if err != nil {
+		return nil, fmt.Errorf("mysqllock: check %s: %w", table, err)
+	}
+	return append(out, fs...), nil
+}
+
+// sessionFindings reports a session table that Migrate has not converted
+// to MEMORY (every grant is then a durable commit), and one whose size
+// limit a server restart has lowered to the server's max_heap_table_size
+// (grants beyond it compact the table, and fail when it is full of held
+// keys). A missing table is no
+// finding: the strategy reports dlock.ErrNoSchema.
+func sessionFindings(ctx context.Context, db querier, table string) ([]Finding, error) {
+	engine, limit, err := tableEngine(ctx, db, table)
+	switch {
+	case errors.Is(err, errNoTable):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case engine != "MEMORY":
+		return []Finding{{Setting: "engine of " + table, Value: engine,
+			Problem: "every grant of a session strategy is a durable commit, and fences are those of an earlier version",
+			Fix:     "run Migrate (it converts the table to MEMORY, keeping its rows)"}}, nil
+	case limit < sessionTableBytes*9/10:
+		return []Finding{{Setting: "max_heap_table_size of " + table, Value: fmt.Sprint(limit),
+			Problem: fmt.Sprintf("the session table holds about %d keys; beyond them each grant that finds it full compacts it, and grants of new keys fail (ErrSessionTableFull) while that many are held", limit/sessionRowBytes),
+			Fix:     "run Migrate again after each server restart (it resizes the table), or set max_heap_table_size = 256M in the server's configuration"}}, nil
+	}
+	return nil, nil
 }
 
 // checkServer reads the global settings that decide whether a committed

@@ -103,3 +103,35 @@ func TestCheckSharedServer(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckSessionTable: Check reports a session table that is not MEMORY,
+// or whose size limit is the server's default, as a restart leaves it;
+// Migrate fixes both.
+func TestCheckSessionTable(t *testing.T) {
+	ctx := t.Context()
+	table := scoped("dlock_doctorsession")
+	opts := &mysqllock.Options{Table: table}
+	db := open(t, "")
+	migrateTwice(t, db, opts)
+	g, err := mysqllock.NewGetLock(db, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, alter := range []string{
+		"SET STATEMENT max_heap_table_size = 16777216 FOR ALTER TABLE `" + table + "_session` ENGINE=MEMORY",
+		"ALTER TABLE `" + table + "_session` ENGINE=InnoDB",
+	} {
+		if _, err := db.ExecContext(ctx, alter); err != nil {
+			t.Fatal(err)
+		}
+		fs, err := g.Check(ctx)
+		if err != nil || len(fs) != 1 {
+			t.Errorf("after %s: findings %v, %v; want one about the session table", alter, fs, err)
+		}
+		migrateTwice(t, db, opts)
+		if fs, err := g.Check(ctx); err != nil || len(fs) != 0 {
+			t.Errorf("after %s and Migrate: findings %v, %v; want none", alter, fs, err)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package mysqllock
 
 import (
 	"context"
+	"testing"
 
 	"github.com/dlock-dev/dlock"
 )
@@ -93,3 +94,10 @@ type Replication = replication
 
 // ReplicationFindings decides Check's replication findings.
 var ReplicationFindings = replicationFindings
+
+// SkipSessionResize keeps a full session table's compaction from restoring
+// its size limit until t ends.
+func SkipSessionResize(t testing.TB) {
+	skipResize.Store(true)
+	t.Cleanup(func() { skipResize.Store(false) })
+}

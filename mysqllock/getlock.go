@@ -114,7 +114,8 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := newSessions(db, sessionTable(table)).forStrategy("getlock", minSessionConns, connector(opts))
+	s := newSessions(db, table).forStrategy("getlock", minSessionConns, connector(opts))
+	s.log = logger(opts)
 	if err := s.checkPool(); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package mysqllock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -38,25 +39,27 @@ import (
 
 // grantIfAlive is grantQuery's condition for a grant written on another
 // connection than the locking session's (rowlock): that session is alive.
-const grantIfAlive = ` WHERE EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`
+const grantIfAlive = ` AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`
 
 // grantQuery is the statement that records a grant in the session table
-// (quoted), under the condition where (a WHERE clause, or ""). It decides
-// once, in its first assignment, whether the grant is made, into the
-// session variable @dlock_granted that the others read (MySQL evaluates
-// ON DUPLICATE KEY UPDATE assignments left to right, so delay_until is
-// assigned before delay_us, which it reads). LAST_INSERT_ID(x) makes the
+// (quoted), under the condition where (an AND clause, or ""), with the
+// fence of this server run (see epoch.go): a grant is made only while the
+// run table has the run's epoch. It decides once, in its first assignment,
+// whether the grant is made, into the session variable @dlock_granted that
+// the others read (MySQL evaluates ON DUPLICATE KEY UPDATE assignments left
+// to right, so delay_until is assigned before delay_us, which it reads). A
+// key whose fence is the run's last is refused. LAST_INSERT_ID(x) makes the
 // reply carry the new fence, or 0 when no grant was made.
-func grantQuery(table, where string) string {
+func grantQuery(table, run, where string) string {
 	return `INSERT INTO ` + table + `
   (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata, delay_us)
-SELECT ?, ?, ?, LAST_INSERT_ID(1), ?, ?, UTC_TIMESTAMP(6), ?, ? FROM DUAL` + where + `
+SELECT ?, ?, ?, LAST_INSERT_ID(r.epoch << ` + epochShift + ` | 1), ?, ?, UTC_TIMESTAMP(6), ?, ? FROM ` + run + ` r WHERE r.id = 1` + where + `
 ON DUPLICATE KEY UPDATE
-  delay_until = IF(@dlock_granted := (delay_us = 0 AND delay_until <= UTC_TIMESTAMP(6)), delay_until,
+  delay_until = IF(@dlock_granted := (delay_us = 0 AND delay_until <= UTC_TIMESTAMP(6) AND fence < (r.epoch << ` + epochShift + ` | ` + counterMax + `)), delay_until,
     GREATEST(delay_until, UTC_TIMESTAMP(6) + INTERVAL delay_us MICROSECOND)),
   token = IF(@dlock_granted, ?, token),
   owner = IF(@dlock_granted, ?, owner),
-  fence = IF(@dlock_granted, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)),
+  fence = IF(@dlock_granted, LAST_INSERT_ID(GREATEST(fence + 1, r.epoch << ` + epochShift + ` | 1)), fence + LAST_INSERT_ID(0)),
   conn_id = IF(@dlock_granted, ?, conn_id),
   lock_name = IF(@dlock_granted, ?, lock_name),
   acquired_at = IF(@dlock_granted, UTC_TIMESTAMP(6), acquired_at),
@@ -68,31 +71,43 @@ ON DUPLICATE KEY UPDATE
 // before the grant was written.
 var errSessionGone = errors.New("the row was not held across the fence's write: the locking session ended")
 
-// delayLeft explains a grant that wrote no fence: a lock-delay refused it
-// (what is left of it is returned, at least 1 ms so that the caller knows),
-// or, with alive, the locking session had ended (errSessionGone).
-func (s *sessions) delayLeft(ctx context.Context, ex querier, key string, ss *session, alive bool) (uint64, time.Duration, error) {
-	rows, err := ex.QueryContext(ctx, `SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), delay_until), 0),
-  EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)
-FROM `+s.table+` WHERE name = ?`, ss.id, key)
+// errNoRun is refused's answer when the server's run has no epoch yet.
+var errNoRun = errors.New("mysqllock: the server's run has no epoch")
+
+// refused explains a grant that wrote no fence: the server's run had no
+// epoch yet (errNoRun), or, with alive, the locking session had ended
+// (errSessionGone), or the key's fence is the run's last
+// (ErrFencesExhausted), or a lock-delay refused it (what is left of it is
+// returned, at least 1 ms so that the caller knows).
+func (s *sessions) refused(ctx context.Context, ex querier, key string, ss *session, alive bool) (time.Duration, error) {
+	rows, err := ex.QueryContext(ctx, `SELECT (SELECT epoch FROM `+s.run+` WHERE id = 1),
+  (SELECT fence FROM `+s.table+` WHERE name = ?),
+  (SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), delay_until), 0) FROM `+s.table+` WHERE name = ?),
+  EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`, key, key, ss.id)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer rows.Close()
-	var us int64
+	var epoch, fence sql.NullInt64
+	var us sql.NullInt64
 	live := false
 	if rows.Next() {
-		if err := rows.Scan(&us, &live); err != nil {
-			return 0, 0, err
+		if err := rows.Scan(&epoch, &fence, &us, &live); err != nil {
+			return 0, err
 		}
 	}
 	if err := rows.Close(); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
-	if alive && !live {
-		return 0, 0, errSessionGone
+	switch {
+	case !epoch.Valid:
+		return 0, errNoRun
+	case alive && !live:
+		return 0, errSessionGone
+	case fence.Valid && uint64(fence.Int64) >= lastFence(uint64(epoch.Int64)):
+		return 0, fmt.Errorf("%w: key %q has fence %d", ErrFencesExhausted, key, fence.Int64)
 	}
-	return 0, max(time.Duration(us)*time.Microsecond, time.Millisecond), nil
+	return max(time.Duration(us.Int64)*time.Microsecond, time.Millisecond), nil
 }
 
 // holderTTL is the TTL of req's holder: the store's lease less the

@@ -171,8 +171,8 @@ func TestSetMetadataExpiredLease(t *testing.T) {
 }
 
 // TestSetMetadataCallerDeadlineKeepsLocks checks that a SetMetadata whose
-// caller's deadline ends while its statement waits (here for a row lock
-// that another client holds) leaves every lock of the caller held: on the
+// caller's deadline ends while its statement waits (here for a lock on
+// the key's row that another client holds) leaves every lock of the caller held: on the
 // session strategies the statement must not run under the caller's
 // deadline on the session that holds them, which the driver would close.
 func TestSetMetadataCallerDeadlineKeepsLocks(t *testing.T) {
@@ -193,18 +193,11 @@ func TestSetMetadataCallerDeadlineKeepsLocks(t *testing.T) {
 			acquire(t, b, a)
 			acquire(t, b, c)
 
-			blocker, err := open(t, "").BeginTx(ctx, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var name []byte
-			if err := blocker.QueryRowContext(ctx, "SELECT name FROM "+s.table+" WHERE name = ? FOR UPDATE", a.Key).Scan(&name); err != nil {
-				t.Fatal(err)
-			}
+			unblock := blockRow(t, s.table, a.Key)
 			dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			err = ms.SetMetadata(dctx, a.Key, a.Token, "a2")
+			err := ms.SetMetadata(dctx, a.Key, a.Token, "a2")
 			cancel()
-			_ = blocker.Rollback()
+			unblock()
 			if err == nil || errors.Is(err, dlock.ErrNotHeld) {
 				t.Fatalf("SetMetadata cut by its caller's deadline: %v, want an error of unknown outcome", err)
 			}
@@ -274,4 +267,39 @@ func TestElectionProclaim(t *testing.T) {
 			}
 		})
 	}
+}
+
+// blockRow has another client lock key's row of table until unblock: a row
+// lock (FOR UPDATE) in an InnoDB table, a lock of the whole table in a
+// MEMORY one (the session strategies'), which has no row locks.
+func blockRow(t *testing.T, table, key string) (unblock func()) {
+	t.Helper()
+	ctx := context.Background()
+	db := open(t, "")
+	var engine string
+	if err := db.QueryRowContext(ctx, "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?", table).Scan(&engine); err != nil {
+		t.Fatal(err)
+	}
+	if engine == "MEMORY" {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, "LOCK TABLES `"+table+"` WRITE"); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			_, _ = conn.ExecContext(ctx, "UNLOCK TABLES")
+			conn.Close()
+		}
+	}
+	blocker, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var name []byte
+	if err := blocker.QueryRowContext(ctx, "SELECT name FROM `"+table+"` WHERE name = ? FOR UPDATE", key).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	return func() { _ = blocker.Rollback() }
 }

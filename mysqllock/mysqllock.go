@@ -30,8 +30,29 @@
 // releases. With them an Election's Observe polls, and misses terms
 // shorter than a poll.
 //
+// GetLock and RowLock keep each key's last holder and fencing counter in a
+// MEMORY session table: their locks live in server sessions, and a server
+// restart ends every one of them, and empties the table with every pending
+// lock-delay and minimum hold (dlock.HoldKeeper) of these strategies. A
+// grant writes that table without a durable commit. Their fences still
+// grow across restarts: a fence is the epoch of the server's run, counted
+// by a durable counter that the first grant of each run bumps, shifted
+// left by 40 bits, or'd with the key's count of grants in the run (see
+// ErrFencesExhausted). Migrate converts the InnoDB session table of an
+// earlier version, keeping its rows; every fence after it is greater than
+// the fences before. Run every client of a table on this version before
+// the server next restarts: an earlier version, finding the key's row gone,
+// would count from 1 again.
+//
+// The session table has a row per key granted in the server's run and a
+// fixed size limit (256 MiB, about 47,000 keys, from Migrate; the server's
+// max_heap_table_size after a restart until Migrate runs again). A grant
+// that finds it full restores the limit if it may, starts a new epoch and
+// deletes the rows of free keys of earlier ones, then tries again; a table
+// full of held keys returns ErrSessionTableFull.
+//
 // Every strategy's grants, and so its fences, are only as durable as
-// the server's commits: with innodb_flush_log_at_trx_commit other than 1,
+// the server's commits (for the session strategies, the epoch counter's): with innodb_flush_log_at_trx_commit other than 1,
 // or the binary log on and sync_binlog other than 1, a crash can lose a
 // committed grant and a fence is handed out twice. No statement can
 // override these settings, so each strategy's Check method reports them,
@@ -79,8 +100,8 @@ type Options struct {
 	// Table is the lock table, optionally qualified by database
 	// ("locks.dlock_locks"). Each part is 1..64 of [A-Za-z0-9_$], not all
 	// digits, and the table itself at most 56, for the tables named after
-	// it ("_session", "_rows", "_claims", "_holders"). The default is
-	// DefaultTable.
+	// it ("_session", "_rows", "_claims", "_holders", "_journal", "_epoch",
+	// "_run"). The default is DefaultTable.
 	Table string
 
 	// Logger receives a warning for each server setting that breaks a
@@ -323,7 +344,15 @@ func (b *Backend) Migrate(ctx context.Context) error {
 
 // migrate creates the schema of table and reports the server's unsafe
 // settings through w.
-func migrate(ctx context.Context, db querier, table string, w *warner, check func(context.Context) ([]Finding, error)) error {
+func migrate(ctx context.Context, pool *sql.DB, table string, w *warner, check func(context.Context) ([]Finding, error)) error {
+	// One connection: the script sets the session's max_heap_table_size
+	// for the MEMORY tables it creates or converts.
+	db, err := pool.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
+	}
+	defer db.Close()
+	defer db.ExecContext(context.WithoutCancel(ctx), "SET SESSION max_heap_table_size = DEFAULT")
 	tables, triggers := splitScript(schemaFor(table))
 	if err := execScript(ctx, db, tables); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: %w", table, err)
@@ -333,6 +362,9 @@ func migrate(ctx context.Context, db querier, table string, w *warner, check fun
 	}
 	if err := upgrade(ctx, db, sessionTable(table), sessionColumns); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: add the columns of lock-delays: %w", table, err)
+	}
+	if err := toMemory(ctx, db, sessionTable(table)); err != nil {
+		return fmt.Errorf("mysqllock: migrate %s: make the session table MEMORY: %w", table, err)
 	}
 	if err := upgrade(ctx, db, table, journalColumns); err != nil {
 		return fmt.Errorf("mysqllock: migrate %s: add the journal's position: %w", table, err)

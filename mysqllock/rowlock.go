@@ -34,12 +34,13 @@ import (
 // AcquireWait waits for a lock's release. In a limited pool a released
 // lock's connection goes back to the pool at once.
 //
-// Fences come from the per-key counter row, bumped on every grant in
-// an autocommit statement on another connection, so that it is durable at
-// once. A fence is reported only if the row stayed locked across its write:
-// after the write commits, the locking transaction must still be open, or
-// the acquisition fails. So fences reported to holders strictly increase.
-// Commits are only as durable as the server's settings make them: see Check.
+// Fences come from the key's row in the session table (MEMORY, see
+// epoch.go), bumped on every grant in one statement on another connection
+// than the locking transaction's, so that it counts at once. A fence is
+// reported only if the row stayed locked across its write: after the write,
+// the locking transaction must still be open, or the acquisition fails. So
+// fences reported to holders strictly increase, also across server
+// restarts (the epoch of the server's run is their high bits).
 //
 // As with GetLock, a session the server ends by itself frees the row at
 // once, and the holder is told only at its next check (up to TTL/3 later):
@@ -114,7 +115,8 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 		return nil, err
 	}
 	base := strings.TrimSuffix(table, "`")
-	s := newSessions(db, sessionTable(table)).forStrategy("rowlock", minRowLockConns, connector(opts))
+	s := newSessions(db, table).forStrategy("rowlock", minRowLockConns, connector(opts))
+	s.log = logger(opts)
 	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
 	}
@@ -248,9 +250,10 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	if f := rowLockedHook.Load(); f != nil {
 		(*f)(req.Key, ss.id)
 	}
-	// The fence is written on another connection, so that it is durable at
-	// once; it counts only if the row stayed locked across its write. The
-	// locking transaction still open after the write commits proves that.
+	// The fence is written on another connection, so that it counts at
+	// once (it is not part of the locking transaction); it counts only if
+	// the row stayed locked across its write. The locking transaction still
+	// open after the write proves that.
 	// If its session ended before, another client may have locked the row
 	// and written a smaller fence meanwhile; the write is then not made, so
 	// that the holder's row (List, ForceRelease) stays as it wrote it.

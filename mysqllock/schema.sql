@@ -2,8 +2,10 @@
 -- Apply with mysqllock.(*Backend).Migrate or `dlock migrate`; rows are kept
 -- after release so that each key's fencing counter never goes back.
 -- Migrate also adds the last four columns of the lease table, and the
--- last two of the session table, to tables created without them, and
--- creates the triggers (at the end: apply them with the mysql client as
+-- last two of the session table, to tables created without them, converts
+-- a session table of an earlier version (InnoDB) to MEMORY, keeping its
+-- rows (ALTER TABLE … ENGINE=MEMORY with the max_heap_table_size below),
+-- and creates the triggers (at the end: apply them with the mysql client as
 -- written, with its DELIMITER) after those columns.
 CREATE TABLE IF NOT EXISTS `dlock_locks` (
   name         VARBINARY(255)  NOT NULL,                -- the key, byte for byte
@@ -35,12 +37,23 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_holders` (
 ) ENGINE=InnoDB;
 
 -- Session strategies (getlock, rowlock): the lock lives in the holder's
--- session; this row keeps each key's fencing counter and its last holder.
+-- session; this row keeps its key's last holder and fencing counter of the
+-- server's run. MEMORY, as volatile as the locks themselves: a server
+-- restart ends every session lock and empties the table (and with it every
+-- pending lock-delay and minimum hold). Fences still grow across restarts:
+-- a fence is the run's epoch (below) << 40 | the key's counter. MEMORY rows
+-- have a fixed length (~5.7 KB), and the table's size limit is the
+-- max_heap_table_size in effect when it is created or altered, 256 MiB
+-- (~47,000 keys) here; after a server restart it is that of the first
+-- session to open it (the server's max_heap_table_size, unless Migrate runs
+-- again). A grant that finds it full restores that limit if it may, and
+-- deletes the rows of free keys under a new epoch (see docs/fencing.md).
+SET SESSION max_heap_table_size = 268435456;
 CREATE TABLE IF NOT EXISTS `dlock_locks_session` (
   name        VARBINARY(255)  NOT NULL,
   token       BINARY(16)      NOT NULL,
   owner       VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
-  fence       BIGINT UNSIGNED NOT NULL,
+  fence       BIGINT UNSIGNED NOT NULL,                 -- epoch << 40 | grants of the key in the server's run
   conn_id     BIGINT UNSIGNED NOT NULL,                 -- CONNECTION_ID() of the holder's session
   lock_name   VARCHAR(64)     CHARACTER SET utf8mb4 NOT NULL DEFAULT '',  -- GET_LOCK name ('' for rowlock)
   acquired_at DATETIME(6)     NOT NULL,
@@ -48,6 +61,23 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_session` (
   delay_us    BIGINT UNSIGNED NOT NULL DEFAULT 0,       -- lock-delay of the last grant while neither released nor spent
   delay_until DATETIME(6)     NOT NULL DEFAULT '1970-01-01 00:00:00', -- UTC, server clock; no grant before
   PRIMARY KEY (name)
+) ENGINE=MEMORY;
+
+-- The session strategies' epoch of the server's run (one row, id 1),
+-- emptied by a restart; the first grant of a run bumps the durable counter
+-- below and inserts the value it got.
+CREATE TABLE IF NOT EXISTS `dlock_locks_run` (
+  id    TINYINT UNSIGNED NOT NULL,
+  epoch BIGINT UNSIGNED  NOT NULL,
+  PRIMARY KEY (id)
+) ENGINE=MEMORY;
+
+-- The durable count of the server runs in which a session strategy granted
+-- (one row, id 1).
+CREATE TABLE IF NOT EXISTS `dlock_locks_epoch` (
+  id    TINYINT UNSIGNED NOT NULL,
+  epoch BIGINT UNSIGNED  NOT NULL,
+  PRIMARY KEY (id)
 ) ENGINE=InnoDB;
 
 -- rowlock: the rows locked with SELECT … FOR UPDATE, created on demand.

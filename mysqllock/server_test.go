@@ -53,6 +53,15 @@ func isExec(p string) bool {
 // two more free loopback ports (for Galera's group communication).
 func startMariaDB(t testing.TB, args ...string) string {
 	t.Helper()
+	dsn, _ := startRestartableMariaDB(t, args...)
+	return dsn
+}
+
+// startRestartableMariaDB is startMariaDB that also returns restart, which
+// kills the server with SIGKILL and starts it again on the same port and
+// data, waiting (bounded) until it serves.
+func startRestartableMariaDB(t testing.TB, args ...string) (dsn string, restart func()) {
+	t.Helper()
 	mariadbd := mariadbBinary(t, "mariadbd")
 	install := mariadbBinary(t, "mariadb-install-db")
 	// A short directory: the socket path must fit in 108 bytes.
@@ -88,31 +97,46 @@ func startMariaDB(t testing.TB, args ...string) string {
 			continue
 		}
 		base := fmt.Sprintf("root@tcp(127.0.0.1:%d)/", ports[0])
-		db, err := sql.Open("mysql", base)
-		if err != nil {
-			t.Fatal(err)
+		ready := func() error {
+			db, err := sql.Open("mysql", base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			return p.WaitReady(90*time.Second, 100*time.Millisecond, func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				_, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS test")
+				return err == nil
+			})
 		}
-		lastErr = p.WaitReady(90*time.Second, 100*time.Millisecond, func() bool {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			defer cancel()
-			_, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS test")
-			return err == nil
-		})
-		db.Close()
-		if lastErr == nil {
+		if lastErr = ready(); lastErr == nil {
 			t.Cleanup(func() {
 				if err := p.Kill(); err != nil {
 					t.Errorf("mariadbd: %v", err)
 				}
 			})
-			return base + "test"
+			restart := func() {
+				t.Helper()
+				if err := p.Kill(); err != nil {
+					t.Fatalf("mariadbd: %v", err)
+				}
+				if err := p.Start(mariadbd, sargs...); err != nil {
+					t.Fatalf("mariadbd again: %v", err)
+				}
+				if err := ready(); err != nil {
+					log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+					t.Fatalf("mariadbd again: %v\nerror log:\n%s", err, log)
+				}
+			}
+			return base + "test", restart
 		}
 		log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
 		lastErr = fmt.Errorf("%v\nerror log:\n%s", lastErr, log)
 		p.Kill()
 	}
 	t.Fatalf("could not start mariadbd %v: %v", args, lastErr)
-	return ""
+	return "", nil
 }
 
 // startGalera starts a one-node MariaDB Galera cluster of the test's own

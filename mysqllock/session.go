@@ -7,6 +7,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sort"
 	"strings"
@@ -165,11 +166,20 @@ type sessions struct {
 	galeraKnown, galera bool
 	// grantQuery and grantAliveQuery record a grant (see grant).
 	grantQuery, grantAliveQuery string
+	// run and epochs are the quoted tables of the server run's epoch
+	// (see epoch.go).
+	run, epochs string
+	// compacting is the running compaction of the session table (under
+	// mu; see epoch.go), log where a compaction logs (nil: nowhere).
+	compacting *compaction
+	log        *slog.Logger
 }
 
+// newSessions returns the sessions of the lock table table (quoted).
 func newSessions(db *sql.DB, table string) *sessions {
-	return &sessions{db: db, table: table, all: make(map[*session]struct{}),
-		grantQuery: grantQuery(table, ""), grantAliveQuery: grantQuery(table, grantIfAlive)}
+	st, run := sessionTable(table), runTable(table)
+	return &sessions{db: db, table: st, run: run, epochs: epochTable(table), all: make(map[*session]struct{}),
+		grantQuery: grantQuery(st, run, ""), grantAliveQuery: grantQuery(st, run, grantIfAlive)}
 }
 
 // connectorOnly hides every method of a connector but Connect and Driver,
@@ -599,14 +609,20 @@ type execer interface {
 // sessionTable is the session table of the lock table table (quoted).
 func sessionTable(table string) string { return strings.TrimSuffix(table, "`") + "_session`" }
 
+// runTable and epochTable are the tables of the server run's epoch of the
+// lock table table (quoted): see epoch.go.
+func runTable(table string) string   { return strings.TrimSuffix(table, "`") + "_run`" }
+func epochTable(table string) string { return strings.TrimSuffix(table, "`") + "_epoch`" }
+
 // grant records a new holder of key (on session ss) in the session table
-// through ex, in its own autocommit statement so that it is durable at once,
-// bumping the key's fencing counter, and returns the new fence. It runs
-// while ss holds the lock, so grants of a key are serialised. With alive,
-// the row is written only if ss is still alive (see RowLock.take), and the
-// error is errSessionGone if it was not. A grant that a lock-delay refuses
-// (see grantQuery) returns a fence of 0 and what is left of the delay; the
-// caller frees the lock.
+// through ex, in one statement, bumping the key's fencing counter, and
+// returns the new fence. It runs while ss holds the lock, so grants of a
+// key are serialised. The first grant of a server run gives the run its
+// epoch first (see epoch.go). With alive, the row is written only if ss
+// is still alive (see RowLock.take), and the error is errSessionGone if it
+// was not. A grant that finds the table full compacts it and tries again
+// once (see epoch.go). A grant that a lock-delay refuses (see grantQuery) returns a
+// fence of 0 and what is left of the delay; the caller frees the lock.
 func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock.Request, lockName string, alive bool) (uint64, time.Duration, error) {
 	q, args := s.grantQuery, []any{req.Key, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds()}
 	if alive {
@@ -614,17 +630,36 @@ func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock
 		args = append(args, ss.id)
 	}
 	args = append(args, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds())
-	res, err := ex.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, 0, err
-	}
-	if fence, err := res.LastInsertId(); err != nil || fence > 0 {
-		if err != nil {
-			return 0, 0, fmt.Errorf("mysqllock: no fence from the grant (%v)", err)
+	compacted := false
+	for try := 0; ; try++ {
+		res, err := ex.ExecContext(ctx, q, args...)
+		if tableFull(err) && !compacted {
+			if err := s.compactOnce(ctx); err != nil {
+				return 0, 0, fmt.Errorf("mysqllock: compact the full session table %s: %w", s.table, err)
+			}
+			compacted, try = true, try-1
+			continue
 		}
-		return uint64(fence), 0, nil
+		if tableFull(err) {
+			return 0, 0, fmt.Errorf("%w: %s: raise max_heap_table_size and run Migrate (%w)", ErrSessionTableFull, s.table, err)
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		if fence, err := res.LastInsertId(); err != nil || fence > 0 {
+			if err != nil {
+				return 0, 0, fmt.Errorf("mysqllock: no fence from the grant (%v)", err)
+			}
+			return uint64(fence), 0, nil
+		}
+		left, err := s.refused(ctx, ex, req.Key, ss, alive)
+		if !errors.Is(err, errNoRun) || try > 0 {
+			return 0, left, err
+		}
+		if err := s.startRun(ctx); err != nil {
+			return 0, 0, err
+		}
 	}
-	return s.delayLeft(ctx, ex, req.Key, ss, alive)
 }
 
 // notAcquired describes the key's last holder, best effort.

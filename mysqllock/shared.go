@@ -483,11 +483,7 @@ func upgrade(ctx context.Context, db querier, table string, cols []column) error
 // missingColumns returns the ADD COLUMN clauses for the columns of cols
 // that table lacks.
 func missingColumns(ctx context.Context, db querier, table string, cols []column) ([]string, error) {
-	parts := strings.Split(strings.ReplaceAll(table, "`", ""), ".")
-	schema, name := "", parts[len(parts)-1]
-	if len(parts) == 2 {
-		schema = parts[0]
-	}
+	schema, name := splitTable(table)
 	rows, err := db.QueryContext(ctx, `SELECT LOWER(COLUMN_NAME) FROM information_schema.COLUMNS
 WHERE TABLE_SCHEMA = IF(? = '', DATABASE(), ?) AND TABLE_NAME = ?`, schema, schema, name)
 	if err != nil {
@@ -512,4 +508,14 @@ WHERE TABLE_SCHEMA = IF(? = '', DATABASE(), ?) AND TABLE_NAME = ?`, schema, sche
 		}
 	}
 	return add, nil
+}
+
+// splitTable splits a quoted table name into its schema ("" for the
+// connection's) and name.
+func splitTable(table string) (schema, name string) {
+	parts := strings.Split(strings.ReplaceAll(table, "`", ""), ".")
+	if len(parts) == 2 {
+		schema = parts[0]
+	}
+	return schema, parts[len(parts)-1]
 }

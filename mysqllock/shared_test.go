@@ -353,7 +353,7 @@ func TestMigrateUpgradesExclusiveOnlyTable(t *testing.T) {
 	table, fresh := scoped(fmt.Sprintf("dlock_up%d", stamp)), scoped(fmt.Sprintf("dlock_new%d", stamp))
 	t.Cleanup(func() {
 		for _, tb := range []string{table, fresh} {
-			for _, suffix := range []string{"", "_session", "_rows", "_claims", "_holders", "_journal"} {
+			for _, suffix := range []string{"", "_session", "_rows", "_claims", "_holders", "_journal", "_epoch", "_run"} {
 				db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+tb+suffix)
 			}
 		}

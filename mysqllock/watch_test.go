@@ -71,7 +71,7 @@ func TestWatchHoldersAfterTableRecreated(t *testing.T) {
 	ctx := t.Context()
 	table := scoped(fmt.Sprintf("dlock_re%d", time.Now().UnixNano()%1e12))
 	t.Cleanup(func() {
-		for _, suffix := range []string{"", "_session", "_rows", "_claims", "_holders", "_journal"} {
+		for _, suffix := range []string{"", "_session", "_rows", "_claims", "_holders", "_journal", "_epoch", "_run"} {
 			db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table+suffix)
 		}
 	})

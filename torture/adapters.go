@@ -131,7 +131,11 @@ type Env struct {
 	RedisAddr, EtcdAddr, ZKAddr string
 	ZKDataDir                   string // the ZooKeeper's dataDir, if the harness can read it
 	TTL                         time.Duration
-	relaunched                  *relaunched // servers the restart fault started as the harness's children
+	// VersionSessions converts the mysql session strategies' session
+	// table to InnoDB, versioned, for a record of their grants (see
+	// sessionAdapter).
+	VersionSessions bool
+	relaunched      *relaunched // servers the restart fault started as the harness's children
 }
 
 // OpenArgs is what a worker hands Adapter.Open.
@@ -250,7 +254,7 @@ var mysqlLease = &Adapter{
 	Pooled:    true,
 	Upstream:  mysqlStoreUpstream,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
-		return prepareMySQL(ctx, env, "")
+		return prepareMySQL(ctx, env, "", true)
 	},
 	Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
 		return openMySQL(a, func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) { return mysqllock.New(db, o) })
@@ -309,8 +313,14 @@ var mysqlLease = &Adapter{
 }
 
 // mysqlGetLock and mysqlRowLock are mysqllock's session strategies. Their
-// session table (fence, token, holder's connection per key) is versioned the
-// same way; it records grants only.
+// session table (fence, token, holder's connection per key) is MEMORY,
+// which a server restart empties and which MariaDB cannot version by
+// transaction: there is no store record (ErrNoHistory), and fences are
+// checked on the workers' and the resource's records (a fence granted
+// twice is a violation). With Env.VersionSessions the table is converted
+// to InnoDB and versioned the same way as the lease table, for a record of
+// grants only; a restart then keeps its rows, and only the epoch of the
+// server's run starts afresh.
 var (
 	mysqlGetLock = sessionAdapter("mysql-getlock", func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) {
 		return mysqllock.NewGetLock(db, o)
@@ -344,12 +354,18 @@ func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.B
 		SessionHeld: true,
 		Known:       sessionEnds,
 		Prepare: func(ctx context.Context, env *Env) (string, error) {
-			return prepareMySQL(ctx, env, "_session")
+			if !env.VersionSessions {
+				return prepareMySQL(ctx, env, "", false)
+			}
+			return prepareMySQL(ctx, env, "_session", true)
 		},
 		Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
 			return openMySQL(a, newB)
 		},
 		History: func(ctx context.Context, env *Env, store string) ([]LeaseEvent, error) {
+			if !env.VersionSessions {
+				return nil, errMemorySessions
+			}
 			rows, err := env.StoreDB.QueryContext(ctx, versionsQuery(store+"_session",
 				"TIMESTAMPDIFF(MICROSECOND, '1970-01-01', t.acquired_at)"))
 			if err != nil {
@@ -397,9 +413,14 @@ func versionsQuery(table, cols string) string {
 		" ORDER BY r.commit_id"
 }
 
-// prepareMySQL creates fresh lock tables for env's tag and versions the one
-// named by suffix (the lease table, or "_session").
-func prepareMySQL(ctx context.Context, env *Env, suffix string) (string, error) {
+// errMemorySessions is the session strategies' History without
+// Env.VersionSessions.
+var errMemorySessions = fmt.Errorf("%w: the session table is MEMORY (run with -version-sessions for a record of grants)", ErrNoHistory)
+
+// prepareMySQL creates fresh lock tables for env's tag and, with version,
+// versions the one named by suffix (the lease table, or "_session", which
+// is converted to InnoDB first).
+func prepareMySQL(ctx context.Context, env *Env, suffix string, version bool) (string, error) {
 	locks := mysqlTable(env.Tag)
 	b, err := mysqllock.New(env.StoreDB, &mysqllock.Options{Table: locks})
 	if err != nil {
@@ -408,13 +429,16 @@ func prepareMySQL(ctx context.Context, env *Env, suffix string) (string, error) 
 	if c, ok := any(b).(interface{ Close() error }); ok {
 		defer c.Close()
 	}
-	if _, err := env.StoreDB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows, "+locks+"_claims, "+locks+"_holders, "+locks+"_journal"); err != nil {
+	if _, err := env.StoreDB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows, "+locks+"_claims, "+locks+"_holders, "+locks+"_journal, "+locks+"_epoch, "+locks+"_run"); err != nil {
 		return "", fmt.Errorf("prepare: %w", err)
 	}
 	if err := b.Migrate(ctx); err != nil {
 		return "", err
 	}
-	if _, err := env.StoreDB.ExecContext(ctx, "ALTER TABLE "+locks+suffix+
+	if !version {
+		return locks, nil
+	}
+	if _, err := env.StoreDB.ExecContext(ctx, "ALTER TABLE "+locks+suffix+" ENGINE=InnoDB,"+
 		" ADD COLUMN row_start BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE,"+
 		" ADD COLUMN row_end BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE,"+
 		" ADD PERIOD FOR SYSTEM_TIME(row_start, row_end), ADD SYSTEM VERSIONING"); err != nil {

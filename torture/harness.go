@@ -95,15 +95,17 @@ type Config struct {
 	// tables, whose clock need not be this host's (libfaketime): the
 	// harness samples it through the run and maps the store's instants by
 	// it. The resource stays on MySQLDSN.
-	StoreDSN  string
-	PGDSN     string    // the PostgreSQL for the pg strategies (needed only for those)
-	RedisAddr string    // host:port of the Redis of redis-lease
-	EtcdAddr  string    // host:port (client URL) of the etcd of etcd-lease
-	ZKAddr    string    // host:port of the ZooKeeper of zk-lease
-	ZKDataDir string    // that ZooKeeper's dataDir (its transaction log is zk-lease's history)
-	Out       string    // output directory
-	Tag       string    // table-name tag: torture_<tag>_*
-	Log       io.Writer // progress lines; nil discards
+	StoreDSN string
+	// VersionSessions: see Env.VersionSessions.
+	VersionSessions bool
+	PGDSN           string    // the PostgreSQL for the pg strategies (needed only for those)
+	RedisAddr       string    // host:port of the Redis of redis-lease
+	EtcdAddr        string    // host:port (client URL) of the etcd of etcd-lease
+	ZKAddr          string    // host:port of the ZooKeeper of zk-lease
+	ZKDataDir       string    // that ZooKeeper's dataDir (its transaction log is zk-lease's history)
+	Out             string    // output directory
+	Tag             string    // table-name tag: torture_<tag>_*
+	Log             io.Writer // progress lines; nil discards
 }
 
 var tagRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
@@ -233,7 +235,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: MariaDB at %s: %v", ErrNoServer, cfg.MySQLDSN, err)
 	}
-	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL}
+	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions}
 	if cfg.StoreDSN != "" {
 		sdsn, err := directDSN(cfg.StoreDSN)
 		if err != nil {

@@ -35,7 +35,7 @@ func reproDB(t *testing.T) *sql.DB {
 func reproLease(t *testing.T, db *sql.DB, table string) *mysqllock.Backend {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table+", "+table+"_session, "+table+"_rows, "+table+"_claims, "+table+"_holders, "+table+"_journal"); err != nil {
+	if _, err := db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table+", "+table+"_session, "+table+"_rows, "+table+"_claims, "+table+"_holders, "+table+"_journal, "+table+"_epoch, "+table+"_run"); err != nil {
 		t.Fatal(err)
 	}
 	b, err := mysqllock.New(db, &mysqllock.Options{Table: table})

@@ -107,7 +107,7 @@ func TestMigrateSaysWhat(t *testing.T) {
 		t.Cleanup(func() {
 			db := openMySQLForTest(t)
 			defer db.Close()
-			db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_session, " + table + "_rows, " + table + "_claims, " + table + "_holders, " + table + "_journal")
+			db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_session, " + table + "_rows, " + table + "_claims, " + table + "_holders, " + table + "_journal, " + table + "_epoch, " + table + "_run")
 		})
 		if r := run(t, e, "migrate"); r.code != 0 || !strings.Contains(r.stdout, "created") || !strings.Contains(r.stdout, table+"_claims") {
 			t.Errorf("first migrate on MySQL: exit %d %q %q", r.code, r.stdout, r.stderr)

@@ -46,7 +46,9 @@ func (a *app) doctorCmd() *cobra.Command {
 was found, what it breaks, and how to fix it.
 
   MySQL, MariaDB  commits that are not durable (innodb_flush_log_at_trx_commit,
-                  sync_binlog), Galera with getlock or rowlock
+                  sync_binlog), Galera with getlock or rowlock, and with
+                  those a session table not yet MEMORY or too small (run
+                  migrate)
   PostgreSQL      fsync or full_page_writes off, asynchronous standbys
   Redis           appendonly off or appendfsync not always (a restart or crash
                   forgets leases and fencing counters), an eviction policy

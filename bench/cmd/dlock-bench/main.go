@@ -13,9 +13,9 @@
 // reached ("-pg off", "-etcd off" leave them out on purpose), and
 // ZooKeeper (-zk; by default it starts one from Debian's zookeeper package
 // when that is installed; "-zk off" leaves it out).
-// -only pg (or any part of the strategies' names) measures only those
-// strategies, with the floors and their store's contended floors: a quicker
-// run to compare two versions of one backend. Peer libraries live only in
+// -only REGEXP measures only the rows whose name it matches (-only pg,
+// -only 'getlock|GET_LOCK'): a quicker run to compare two versions of one
+// backend; -table names the lock table. Peer libraries live only in
 // this module, so dlock's users never download them.
 package main
 
@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -68,7 +69,10 @@ type config struct {
 	iterations          int
 	manyLocks           int
 	jsonOut             string
-	only                string
+	table               string
+	// only, when set, keeps the rows whose name it matches: the others
+	// are not run.
+	only *regexp.Regexp
 }
 
 // Sections of the report, which the rows carry.
@@ -149,9 +153,18 @@ func main() {
 	flag.DurationVar(&c.duration, "duration", 3*time.Second, "length of each contended run")
 	flag.IntVar(&c.iterations, "n", 2000, "iterations of each uncontended measurement")
 	flag.IntVar(&c.manyLocks, "many", 10000, "locks held at once in the many-locks run")
-	flag.StringVar(&c.only, "only", "", `measure only dlock's strategies whose name contains this ("pg", "advisory"), with the floors; peer libraries and other stores' contended floors are left out`)
 	flag.StringVar(&c.jsonOut, "json", "", `also write {"rows": […], "targets": […]} as JSON to this file`)
+	flag.StringVar(&c.table, "table", "dlock_bench_locks", "lock table (the others are named after it); Migrate runs on it")
+	only := flag.String("only", "", "run only the rows whose name matches this regular expression (default: all)")
 	flag.Parse()
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dlock-bench: -only:", err)
+			os.Exit(2)
+		}
+		c.only = re
+	}
 	if err := run(c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "dlock-bench:", err)
 		os.Exit(1)
@@ -280,10 +293,11 @@ type probe struct {
 	redis bool          // the client talks to the bench's Redis server
 }
 
-const table = "dlock_bench_locks"
+// want reports whether the run measures the row name (see -only).
+func (b *bench) want(name string) bool { return b.c.only == nil || b.c.only.MatchString(name) }
 
 func (b *bench) setup(ctx context.Context) error {
-	lease, err := mysqllock.New(b.db, &mysqllock.Options{Table: table})
+	lease, err := mysqllock.New(b.db, &mysqllock.Options{Table: b.c.table})
 	if err != nil {
 		return err
 	}
@@ -300,7 +314,7 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	if b.pg != nil {
-		pl, err := pglock.New(b.pg, &pglock.Options{Table: table})
+		pl, err := pglock.New(b.pg, &pglock.Options{Table: b.c.table})
 		if err != nil {
 			return err
 		}
@@ -328,16 +342,11 @@ type strategy struct {
 
 // strategies are the backends that -only selects (all by default).
 func (b *bench) strategies() []strategy {
-	all := b.every()
-	if b.c.only == "" {
-		return all
-	}
-	return slices.DeleteFunc(all, func(st strategy) bool { return !strings.Contains(st.name, b.c.only) })
+	return slices.DeleteFunc(b.everyStrategy(), func(st strategy) bool { return !b.want(st.name) })
 }
 
-// every lists dlock's backends by name; each call makes a new client (a
-// "process": its own pool or connection).
-func (b *bench) every() []strategy {
+// everyStrategy is strategies without -only.
+func (b *bench) everyStrategy() []strategy {
 	mysqlPool := func() *sql.DB {
 		cfg, err := mysql.ParseDSN(b.c.mysqlDSN)
 		if err != nil {
@@ -365,16 +374,16 @@ func (b *bench) every() []strategy {
 	}
 	out := []strategy{
 		{mysqlLease, "raw lease + doorbell: upsert, GET_LOCK, release, RELEASE_LOCK", func() dlock.Backend {
-			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: table}))
+			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: b.c.table}))
 		}},
 		{mysqlLeaseNoBell, "raw lease upsert + release", func() dlock.Backend {
-			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: table, NoDoorbell: true}))
+			return closing(mysqllock.New(mysqlPool(), &mysqllock.Options{Table: b.c.table, NoDoorbell: true}))
 		}},
 		{mysqlGetLock, "raw GET_LOCK + fence upsert + RELEASE_LOCK", func() dlock.Backend {
-			return closing(mysqllock.NewGetLock(mysqlPool(), &mysqllock.Options{Table: table}))
+			return closing(mysqllock.NewGetLock(mysqlPool(), &mysqllock.Options{Table: b.c.table}))
 		}},
 		{mysqlRowLock, "raw BEGIN + FOR UPDATE NOWAIT + fence upsert + COMMIT", func() dlock.Backend {
-			return closing(mysqllock.NewRowLock(mysqlPool(), &mysqllock.Options{Table: table}))
+			return closing(mysqllock.NewRowLock(mysqlPool(), &mysqllock.Options{Table: b.c.table}))
 		}},
 		{sqliteLease, "", func() dlock.Backend {
 			return closing(sqlitelock.Open(b.sqlitePath))
@@ -410,9 +419,9 @@ func (b *bench) every() []strategy {
 			return p
 		}
 		out = append(out, strategy{pgLease, "", func() dlock.Backend {
-			return closing(pglock.New(pgPool(), &pglock.Options{Table: table}))
+			return closing(pglock.New(pgPool(), &pglock.Options{Table: b.c.table}))
 		}}, strategy{pgAdvisory, "", func() dlock.Backend {
-			return closing(pglock.NewAdvisory(pgPool(), &pglock.Options{Table: table}))
+			return closing(pglock.NewAdvisory(pgPool(), &pglock.Options{Table: b.c.table}))
 		}})
 	}
 	if b.etcd != nil {
@@ -537,6 +546,9 @@ func (b *bench) openEtcd(ctx context.Context) error {
 
 // latency runs op n times and records p50, p99 and ops/s.
 func (b *bench) latency(section, name, floor string, n int, op func(i int) error) {
+	if !b.want(name) {
+		return
+	}
 	d := make([]time.Duration, 0, n)
 	start := time.Now()
 	for i := range n {
@@ -564,12 +576,12 @@ func (b *bench) floors(ctx context.Context) {
 	})
 	// The row is created once; each UPDATE then changes it, so that every
 	// statement commits a write.
-	if _, err := b.db.ExecContext(ctx, `INSERT IGNORE INTO `+table+` (name, token, fence, acquired_at, expires_at)
+	if _, err := b.db.ExecContext(ctx, `INSERT IGNORE INTO `+b.c.table+` (name, token, fence, acquired_at, expires_at)
 VALUES ('bench-floor', ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, make([]byte, 16)); err != nil {
 		b.rows = append(b.rows, Row{Section: s, Name: "MySQL autocommit PK UPDATE", Note: "error: " + err.Error()})
 	} else {
 		b.latency(s, "MySQL autocommit PK UPDATE", "", n, func(int) error {
-			r, err := b.db.ExecContext(ctx, "UPDATE "+table+" SET fence = fence + 1 WHERE name = 'bench-floor'")
+			r, err := b.db.ExecContext(ctx, "UPDATE "+b.c.table+" SET fence = fence + 1 WHERE name = 'bench-floor'")
 			if err != nil {
 				return err
 			}
@@ -602,12 +614,12 @@ VALUES ('bench-floor', ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, make([]byte, 
 	}
 	tok := dlock.NewToken()
 	b.latency(s, "raw lease upsert + release", "", n, func(int) error {
-		if _, err := b.db.ExecContext(ctx, `INSERT INTO `+table+` (name, token, fence, acquired_at, expires_at)
+		if _, err := b.db.ExecContext(ctx, `INSERT INTO `+b.c.table+` (name, token, fence, acquired_at, expires_at)
 VALUES ('bench-raw', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)
 ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = VALUES(expires_at)`, tok[:]); err != nil {
 			return err
 		}
-		_, err := b.db.ExecContext(ctx, `UPDATE `+table+` SET expires_at = UTC_TIMESTAMP(6) WHERE name = 'bench-raw' AND token = ?`, tok[:])
+		_, err := b.db.ExecContext(ctx, `UPDATE `+b.c.table+` SET expires_at = UTC_TIMESTAMP(6) WHERE name = 'bench-raw' AND token = ?`, tok[:])
 		return err
 	})
 	// Each strategy's floor is the SQL it issues for an uncontended
@@ -617,11 +629,11 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = V
 		b.rows = append(b.rows, Row{Section: s, Name: "pinned connection", Note: "error: " + err.Error()})
 	} else {
 		defer conn.Close()
-		upsertFence := `INSERT INTO ` + table + `_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+		upsertFence := `INSERT INTO ` + b.c.table + `_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
 VALUES ('bench-raw', ?, '', 1, CONNECTION_ID(), 'bench-raw', UTC_TIMESTAMP(6), '')
 ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALUES(conn_id), acquired_at = VALUES(acquired_at)`
 		b.latency(s, "raw lease + doorbell: upsert, GET_LOCK, release, RELEASE_LOCK", "", n, func(int) error {
-			if _, err := b.db.ExecContext(ctx, `INSERT INTO `+table+` (name, token, fence, acquired_at, expires_at)
+			if _, err := b.db.ExecContext(ctx, `INSERT INTO `+b.c.table+` (name, token, fence, acquired_at, expires_at)
 VALUES ('bench-raw', ?, 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 30 SECOND)
 ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = VALUES(expires_at)`, tok[:]); err != nil {
 				return err
@@ -629,7 +641,7 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = V
 			if _, err := conn.ExecContext(ctx, "DO GET_LOCK('bench-raw-bell', 0)"); err != nil {
 				return err
 			}
-			if _, err := b.db.ExecContext(ctx, `UPDATE `+table+` SET expires_at = UTC_TIMESTAMP(6) WHERE name = 'bench-raw' AND token = ?`, tok[:]); err != nil {
+			if _, err := b.db.ExecContext(ctx, `UPDATE `+b.c.table+` SET expires_at = UTC_TIMESTAMP(6) WHERE name = 'bench-raw' AND token = ?`, tok[:]); err != nil {
 				return err
 			}
 			_, err := conn.ExecContext(ctx, "DO RELEASE_LOCK('bench-raw-bell')")
@@ -652,13 +664,13 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = V
 			_, err := conn.ExecContext(ctx, "DO RELEASE_LOCK('bench-raw')")
 			return err
 		})
-		_, _ = conn.ExecContext(ctx, "INSERT IGNORE INTO "+table+"_rows (name) VALUES ('bench-raw')")
+		_, _ = conn.ExecContext(ctx, "INSERT IGNORE INTO "+b.c.table+"_rows (name) VALUES ('bench-raw')")
 		b.latency(s, "raw BEGIN + FOR UPDATE NOWAIT + fence upsert + COMMIT", "", n, func(int) error {
 			tx, err := conn.BeginTx(ctx, nil)
 			if err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, "SELECT name FROM "+table+"_rows WHERE name = 'bench-raw' FOR UPDATE NOWAIT"); err != nil {
+			if _, err := tx.ExecContext(ctx, "SELECT name FROM "+b.c.table+"_rows WHERE name = 'bench-raw' FOR UPDATE NOWAIT"); err != nil {
 				tx.Rollback()
 				return err
 			}
@@ -666,7 +678,7 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = V
 				tx.Rollback()
 				return err
 			}
-			if _, err := tx.ExecContext(ctx, "UPDATE "+table+"_session SET conn_id = 0 WHERE name = 'bench-raw' AND token = ?", tok[:]); err != nil {
+			if _, err := tx.ExecContext(ctx, "UPDATE "+b.c.table+"_session SET conn_id = 0 WHERE name = 'bench-raw' AND token = ?", tok[:]); err != nil {
 				tx.Rollback()
 				return err
 			}
@@ -738,7 +750,7 @@ func (b *bench) uncontended(ctx context.Context) {
 		})
 		l.Close(ctx)
 	}
-	if b.c.only != "" {
+	if b.c.only != nil {
 		return
 	}
 	bl := bsm.New(b.rdb)
@@ -772,12 +784,14 @@ func (b *bench) contended(ctx context.Context) {
 		stats, err := locktest.Contend(ctx, lockers, "bench/contended/"+st.name, locktest.Contention{Duration: b.c.duration})
 		floor := naive
 		switch {
-		case strings.Contains(st.name, "getlock"), strings.Contains(st.name, "rowlock"):
+		case st.name == mysqlGetLock:
 			floor = rawGetLock
 		case st.name == pgAdvisory:
 			floor = rawPGAdvisory
 		case st.name == pgLease:
 			floor = naivePG
+		case st.name == mysqlRowLock:
+			floor = rawForUpdate
 		case strings.Contains(st.name, "redis"):
 			floor = bsmRetry
 		}
@@ -786,16 +800,13 @@ func (b *bench) contended(ctx context.Context) {
 			l.Close(ctx)
 		}
 	}
-	if b.pg != nil {
+	if b.pg != nil && (b.want(rawPGAdvisory) || b.want(naivePG)) {
 		b.contendedPG(ctx)
 	}
-	if b.c.only != "" {
-		return
-	}
-	{
+	if b.want(naive) {
 		lockers := make([]*dlock.Locker, workers)
 		for i := range lockers {
-			lockers[i] = dlock.New(b.strategies()[1].make(), nil)
+			lockers[i] = dlock.New(b.everyStrategy()[1].make(), nil)
 		}
 		stats, err := locktest.Contend(ctx, lockers, "bench/contended/naive", locktest.Contention{Duration: b.c.duration, Poll: 100 * time.Millisecond})
 		b.addContended(s, naive, "", stats, err)
@@ -803,24 +814,38 @@ func (b *bench) contended(ctx context.Context) {
 			l.Close(ctx)
 		}
 	}
-	stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
-		lk, err := bsm.New(b.rdb).Obtain(ctx, "bench-bsm-contended", 30*time.Second,
-			&bsm.Options{RetryStrategy: bsm.LinearBackoff(10 * time.Millisecond)})
-		if err != nil {
-			return nil, err
-		}
-		return func() error { return lk.Release(ctx) }, nil
-	})
-	b.addContended(s, bsmRetry, "", stats, err)
-	rs := redsync.New(goredis.NewPool(b.rdb))
-	stats, err = b.peerContend(ctx, func(i int) (func() error, error) {
-		m := rs.NewMutex("bench-redsync-contended")
-		if err := m.LockContext(ctx); err != nil {
-			return nil, err
-		}
-		return func() error { _, err := m.UnlockContext(ctx); return err }, nil
-	})
-	b.addContended(s, "go-redsync/redsync, defaults", bsmRetry, stats, err)
+	if b.want(bsmRetry) {
+		stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
+			lk, err := bsm.New(b.rdb).Obtain(ctx, "bench-bsm-contended", 30*time.Second,
+				&bsm.Options{RetryStrategy: bsm.LinearBackoff(10 * time.Millisecond)})
+			if err != nil {
+				return nil, err
+			}
+			return func() error { return lk.Release(ctx) }, nil
+		})
+		b.addContended(s, bsmRetry, "", stats, err)
+	}
+	if redsyncRow := "go-redsync/redsync, defaults"; b.want(redsyncRow) {
+		rs := redsync.New(goredis.NewPool(b.rdb))
+		stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
+			m := rs.NewMutex("bench-redsync-contended")
+			if err := m.LockContext(ctx); err != nil {
+				return nil, err
+			}
+			return func() error { _, err := m.UnlockContext(ctx); return err }, nil
+		})
+		b.addContended(s, redsyncRow, bsmRetry, stats, err)
+	}
+	b.rawContended(ctx)
+}
+
+// rawContended measures the session strategies' floors: the server's own
+// blocking waits, each worker on a connection of its own.
+func (b *bench) rawContended(ctx context.Context) {
+	const s = secContended
+	if !b.want(rawGetLock) && !b.want(rawGetLockFenced) && !b.want(rawForUpdate) {
+		return
+	}
 	// The floor of the session strategies: raw GET_LOCK blocking in the
 	// server, each worker on a connection of its own.
 	conns := make([]*sql.Conn, workers)
@@ -833,39 +858,34 @@ func (b *bench) contended(ctx context.Context) {
 		defer c.Close()
 		conns[i] = c
 	}
-	stats, err = b.peerContend(ctx, func(i int) (func() error, error) {
-		var got sql.NullInt64
-		if err := conns[i].QueryRowContext(ctx, "SELECT GET_LOCK('bench-raw-contended', 10)").Scan(&got); err != nil {
-			return nil, err
-		}
-		if got.Int64 != 1 {
-			return nil, fmt.Errorf("GET_LOCK returned %v", got)
-		}
-		return func() error {
-			_, err := conns[i].ExecContext(ctx, "DO RELEASE_LOCK('bench-raw-contended')")
-			return err
-		}, nil
-	})
-	b.addContended(s, rawGetLock, "", stats, err)
-	// The same with the fencing write every grant needs (a durable commit).
+	if b.want(rawGetLock) {
+		stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
+			if err := getLock(ctx, conns[i], "bench-raw-contended"); err != nil {
+				return nil, err
+			}
+			return releaseLock(ctx, conns[i], "bench-raw-contended"), nil
+		})
+		b.addContended(s, rawGetLock, "", stats, err)
+	}
+	if b.want(rawForUpdate) {
+		stats, err := b.forUpdateContend(ctx, conns)
+		b.addContended(s, rawForUpdate, "", stats, err)
+	}
+	if !b.want(rawGetLockFenced) {
+		return
+	}
+	// The same with the fencing write of a grant, in the session table.
 	tok := dlock.NewToken()
-	stats, err = b.peerContend(ctx, func(i int) (func() error, error) {
-		var got sql.NullInt64
-		if err := conns[i].QueryRowContext(ctx, "SELECT GET_LOCK('bench-raw-contended-f', 10)").Scan(&got); err != nil {
+	stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
+		if err := getLock(ctx, conns[i], "bench-raw-contended-f"); err != nil {
 			return nil, err
 		}
-		if got.Int64 != 1 {
-			return nil, fmt.Errorf("GET_LOCK returned %v", got)
-		}
-		if _, err := conns[i].ExecContext(ctx, `INSERT INTO `+table+`_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+		if _, err := conns[i].ExecContext(ctx, `INSERT INTO `+b.c.table+`_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
 VALUES ('bench-raw-contended-f', ?, '', 1, CONNECTION_ID(), 'bench-raw-contended-f', UTC_TIMESTAMP(6), '')
 ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALUES(conn_id), acquired_at = VALUES(acquired_at)`, tok[:]); err != nil {
 			return nil, err
 		}
-		return func() error {
-			_, err := conns[i].ExecContext(ctx, "DO RELEASE_LOCK('bench-raw-contended-f')")
-			return err
-		}, nil
+		return releaseLock(ctx, conns[i], "bench-raw-contended-f"), nil
 	})
 	b.addContended(s, rawGetLockFenced, "", stats, err)
 }
@@ -902,10 +922,10 @@ func (b *bench) contendedPG(ctx context.Context) {
 	})
 	b.addContended(s, rawPGAdvisory, "", stats, err)
 	// Each worker a process of its own (its own pool), as for MySQL's.
-	i := slices.IndexFunc(b.every(), func(st strategy) bool { return st.name == pgLease })
+	i := slices.IndexFunc(b.everyStrategy(), func(st strategy) bool { return st.name == pgLease })
 	lockers := make([]*dlock.Locker, workers)
 	for w := range lockers {
-		lockers[w] = dlock.New(b.every()[i].make(), nil)
+		lockers[w] = dlock.New(b.everyStrategy()[i].make(), nil)
 	}
 	stats, err = locktest.Contend(ctx, lockers, "bench/contended/naive-pg", locktest.Contention{Duration: b.c.duration, Poll: 100 * time.Millisecond})
 	b.addContended(s, naivePG, "", stats, err)
@@ -923,8 +943,53 @@ const (
 	rawGetLock    = "raw GET_LOCK blocking (no fencing)"
 	// rawGetLockFenced adds the durable fence write of every grant.
 	rawGetLockFenced = "raw GET_LOCK blocking + fence upsert"
-	bsmRetry         = "bsm/redislock, 10 ms linear retry"
+	// rawForUpdate is rowlock's floor: BEGIN; SELECT … FOR UPDATE (a
+	// blocking wait on the row lock); COMMIT.
+	rawForUpdate = "raw SELECT … FOR UPDATE blocking (no fencing)"
+	bsmRetry     = "bsm/redislock, 10 ms linear retry"
 )
+
+// getLock takes the named lock on conn, waiting in the server.
+func getLock(ctx context.Context, conn *sql.Conn, name string) error {
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 10)", name).Scan(&got); err != nil {
+		return err
+	}
+	if got.Int64 != 1 {
+		return fmt.Errorf("GET_LOCK returned %v", got)
+	}
+	return nil
+}
+
+// releaseLock returns a function that releases the named lock on conn.
+func releaseLock(ctx context.Context, conn *sql.Conn, name string) func() error {
+	return func() error {
+		_, err := conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name)
+		return err
+	}
+}
+
+// forUpdateContend has each worker take one row's lock in a transaction
+// (BEGIN; SELECT … FOR UPDATE, waiting in the server) and commit to hand it
+// on.
+func (b *bench) forUpdateContend(ctx context.Context, conns []*sql.Conn) (locktest.ContentionStats, error) {
+	rows := b.c.table + "_rows"
+	if _, err := b.db.ExecContext(ctx, "INSERT IGNORE INTO `"+rows+"` (name) VALUES ('bench-raw-contended')"); err != nil {
+		return locktest.ContentionStats{}, err
+	}
+	return b.peerContend(ctx, func(i int) (func() error, error) {
+		tx, err := conns[i].BeginTx(ctx, nil)
+		if err != nil {
+			return nil, err
+		}
+		var name []byte
+		if err := tx.QueryRowContext(ctx, "SELECT name FROM `"+rows+"` WHERE name = 'bench-raw-contended' FOR UPDATE").Scan(&name); err != nil {
+			tx.Rollback()
+			return nil, err
+		}
+		return tx.Commit, nil
+	})
+}
 
 // peerContend runs the contention loop for a peer library: acquire returns
 // the release function.

@@ -18,6 +18,7 @@ const (
 	tOverhead   = "uncontended overhead over own raw SQL/commands ≤ 10% (p50 ÷ floor p50)"
 	tSession    = "contended true handoffs/s ≥ 90% of raw GET_LOCK blocking"
 	tSessionPG  = "contended true handoffs/s ≥ 90% of raw pg_advisory_lock blocking"
+	tRowSession = "contended true handoffs/s ≥ 90% of raw SELECT … FOR UPDATE blocking"
 	tWakeUps    = "contended true handoffs/s ≥ 50× the 100 ms-polling recipe"
 	tRedis      = "contended true handoffs/s ≥ 10× bsm/redislock, 10 ms linear retry"
 	tContended  = "contended true handoffs/s"
@@ -64,7 +65,7 @@ func evaluateTargets(rows []Row) []Target {
 		why                 string // when there is no floor
 	}{
 		{mysqlGetLock, tSession, rawGetLock, 0.9, ""},
-		{mysqlRowLock, tSession, rawGetLock, 0.9, ""},
+		{mysqlRowLock, tRowSession, rawForUpdate, 0.9, ""},
 		{pgAdvisory, tSessionPG, rawPGAdvisory, 0.9, ""},
 		{mysqlLease, tWakeUps, naive, 50, ""},
 		{pgLease, tWakeUps, naivePG, 50, ""},

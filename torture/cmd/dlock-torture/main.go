@@ -79,6 +79,7 @@ func run() int {
 	flag.DurationVar(&cfg.Control, "control", 20*time.Second, "after each strategy, a positive-control run (no fencing, SIGSTOP faults) this long; 0 for none")
 	flag.StringVar(&cfg.MySQLDSN, "dsn", dsn, "MariaDB DSN for the resource and the mysql strategies ($DLOCK_MYSQL_DSN)")
 	flag.StringVar(&cfg.StoreDSN, "store-dsn", "", "another MariaDB for the mysql strategies' locks (the resource stays on -dsn), e.g. one whose clock libfaketime skews: its clock is sampled through the run and the store's instants mapped by it")
+	flag.BoolVar(&cfg.VersionSessions, "version-sessions", false, "convert the mysql session strategies' MEMORY session table to InnoDB and version it, for the server's record of their grants (a restart then keeps the table)")
 	flag.StringVar(&cfg.PGDSN, "pg-dsn", pgDSN, "PostgreSQL DSN for the pg strategies, used only by those ($DLOCK_PG_DSN)")
 	flag.StringVar(&cfg.Out, "out", "", "output directory (default torture-out/<time>)")
 	flag.StringVar(&cfg.Tag, "tag", "cli", "tag in table names: torture_<tag><n>_*")
