@@ -238,14 +238,19 @@ func (w *holderWatch) grantEarlier(e entry, later []entry, reports *[][]dlock.Lo
 	}
 }
 
+// byFence returns the index of the holder of fence f in hs, or -1.
+func byFence(hs []dlock.LockInfo, f uint64) int {
+	return slices.IndexFunc(hs, func(h dlock.LockInfo) bool { return h.Fence == f })
+}
+
 // knows reports whether the watcher holds the term of fence f as a holder.
 func (w *holderWatch) knows(f uint64) bool {
-	return slices.ContainsFunc(w.known, func(h dlock.LockInfo) bool { return h.Fence == f })
+	return byFence(w.known, f) >= 0
 }
 
 // change applies e to the known holders.
 func (w *holderWatch) change(e entry, reports *[][]dlock.LockInfo) {
-	i := slices.IndexFunc(w.known, func(h dlock.LockInfo) bool { return h.Fence == uint64(e.Fence) })
+	i := byFence(w.known, uint64(e.Fence))
 	if i < 0 {
 		// A term the watcher has not seen granted. Only its holder
 		// releases it or changes its metadata, and only holders are
@@ -259,7 +264,7 @@ func (w *holderWatch) change(e entry, reports *[][]dlock.LockInfo) {
 			return
 		}
 		w.grant(h, reports)
-		i = slices.IndexFunc(w.known, func(h dlock.LockInfo) bool { return h.Fence == uint64(e.Fence) })
+		i = byFence(w.known, uint64(e.Fence))
 	}
 	switch e.Kind {
 	case kindMetadata:
@@ -300,11 +305,8 @@ func excludes(a, b dlock.LockInfo) bool {
 // journal's position that the watcher has reached: first the ends (in
 // fence order), then the grants (in fence order).
 func (w *holderWatch) diff(hs []dlock.LockInfo, reports *[][]dlock.LockInfo) {
-	in := func(list []dlock.LockInfo, f uint64) int {
-		return slices.IndexFunc(list, func(h dlock.LockInfo) bool { return h.Fence == f })
-	}
 	for i := 0; i < len(w.known); {
-		j := in(hs, w.known[i].Fence)
+		j := byFence(hs, w.known[i].Fence)
 		if j < 0 {
 			w.known = slices.Delete(w.known, i, i+1)
 			w.report(reports)
@@ -314,7 +316,7 @@ func (w *holderWatch) diff(hs []dlock.LockInfo, reports *[][]dlock.LockInfo) {
 		i++
 	}
 	for _, h := range hs {
-		if in(w.known, h.Fence) < 0 {
+		if byFence(w.known, h.Fence) < 0 {
 			w.grant(h, reports)
 		}
 	}
