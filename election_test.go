@@ -17,6 +17,20 @@ type listOnly struct{ *memlock.Backend }
 func (b listOnly) Watch()       {} // not dlock.Watcher's signature
 func (b listOnly) SetMetadata() {} // not dlock.MetadataSetter's
 
+// observing starts an Election of key on a Locker over b, and an
+// observer whose first report, nobody leading, it checks.
+func observing(t *testing.T, ctx context.Context, b dlock.Backend, key string) (*dlock.Election, <-chan dlock.Leader) {
+	t.Helper()
+	l := dlock.New(b, nil)
+	t.Cleanup(func() { l.Close(context.Background()) })
+	e := dlock.NewElection(l, key)
+	seen := e.Observe(ctx)
+	if ld := <-seen; ld.Fence != 0 {
+		t.Fatalf("first report: %+v, want nobody", ld)
+	}
+	return e, seen
+}
+
 // TestObserveWithoutWatcher checks that on a store that cannot notify,
 // observers still see each change (by looking again), and that Proclaim
 // says it cannot change the value rather than pretending to.
@@ -28,13 +42,7 @@ func TestObserveWithoutWatcher(t *testing.T) {
 	if _, ok := any(b).(dlock.Watcher); ok {
 		t.Fatal("listOnly must not be a Watcher")
 	}
-	l := dlock.New(b, nil)
-	defer l.Close(ctx)
-	e := dlock.NewElection(l, "poll")
-	seen := e.Observe(ctx)
-	if ld := <-seen; ld.Fence != 0 {
-		t.Fatalf("first report: %+v, want nobody", ld)
-	}
+	e, seen := observing(t, ctx, b, "poll")
 	term, err := e.Campaign(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
@@ -133,13 +141,7 @@ func TestObserveLaggingWatchMissesNoTerm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b := slowWatch{memlock.New(), make(chan struct{})}
-	l := dlock.New(b, nil)
-	defer l.Close(ctx)
-	e := dlock.NewElection(l, "lagging")
-	seen := e.Observe(ctx)
-	if ld := <-seen; ld.Fence != 0 {
-		t.Fatalf("first report: %+v, want nobody", ld)
-	}
+	e, seen := observing(t, ctx, b, "lagging")
 	var fences []uint64
 	for _, v := range []string{"a", "b", "c"} {
 		term, err := e.Campaign(ctx, v, dlock.WithTTL(time.Second))
