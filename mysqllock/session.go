@@ -630,18 +630,20 @@ func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock
 		args = append(args, ss.id)
 	}
 	args = append(args, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds())
-	compacted := false
-	for try := 0; ; try++ {
+	// Each of the two remedies is tried once: a compaction of a full
+	// table, and the epoch of a server run that has none.
+	compacted, started := false, false
+	for {
 		res, err := ex.ExecContext(ctx, q, args...)
-		if tableFull(err) && !compacted {
+		if tableFull(err) {
+			if compacted {
+				return 0, 0, fmt.Errorf("%w: %s: raise max_heap_table_size and run Migrate (%w)", ErrSessionTableFull, s.table, err)
+			}
 			if err := s.compactOnce(ctx); err != nil {
 				return 0, 0, fmt.Errorf("mysqllock: compact the full session table %s: %w", s.table, err)
 			}
-			compacted, try = true, try-1
+			compacted = true
 			continue
-		}
-		if tableFull(err) {
-			return 0, 0, fmt.Errorf("%w: %s: raise max_heap_table_size and run Migrate (%w)", ErrSessionTableFull, s.table, err)
 		}
 		if err != nil {
 			return 0, 0, err
@@ -653,12 +655,13 @@ func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock
 			return uint64(fence), 0, nil
 		}
 		left, err := s.refused(ctx, ex, req.Key, ss, alive)
-		if !errors.Is(err, errNoRun) || try > 0 {
+		if !errors.Is(err, errNoRun) || started {
 			return 0, left, err
 		}
 		if err := s.startRun(ctx); err != nil {
 			return 0, 0, err
 		}
+		started = true
 	}
 }
 
