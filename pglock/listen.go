@@ -232,12 +232,14 @@ func (l *listener) join(ctx context.Context, add func(r *listenRun)) error {
 	l.mu.Unlock()
 	select {
 	case <-r.ready:
+		// r.err is written before ready closes: read it only after.
+		if r.err != nil {
+			return r.err
+		}
+		return ended(ctx)
 	case <-ctx.Done():
+		return ctx.Err()
 	}
-	if r.err != nil {
-		return r.err
-	}
-	return ended(ctx)
 }
 
 // take returns f's pending records, and whether f has ended.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -192,3 +193,36 @@ func TestAdvisoryWatchHoldersSeesEndedSession(t *testing.T) {
 }
 
 var _ holderWatchBackend = (*pglock.Advisory)(nil)
+
+// TestWatchHoldersEndsWhileListenerStarts: a watch whose context ends while
+// the listening connection is still starting returns the context's error,
+// and the connection, once it starts, serves the next watch (run with -race:
+// the first watch must not read the start's outcome before it is known).
+func TestWatchHoldersEndsWhileListenerStarts(t *testing.T) {
+	for name, s := range holderWatchStrategies {
+		t.Run(name, func(t *testing.T) {
+			open(t, "") // the tables exist
+			cfg := openConfig(t)
+			proxy := newGateProxy(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+			host, port, _ := net.SplitHostPort(proxy.ln.Addr().String())
+			cfg.ConnConfig.Host = host
+			fmt.Sscan(port, &cfg.ConnConfig.Port)
+			proxy.hold()
+			w := s.build(t, openWith(t, cfg))
+			// Opened by a timer, not after the first watch returns: what the
+			// test does next must not order the start after that watch.
+			opened := time.AfterFunc(time.Second, proxy.release)
+			defer opened.Stop()
+			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			defer cancel()
+			if _, ch, err := w.WatchHolders(ctx, watchKey("starting")); !errors.Is(err, context.DeadlineExceeded) || ch != nil {
+				t.Fatalf("WatchHolders while the server does not answer: %v, %v; want context.DeadlineExceeded", ch, err)
+			}
+			ctx, cancel = context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			if _, _, err := w.WatchHolders(ctx, watchKey("starting")); err != nil {
+				t.Fatalf("WatchHolders once the server answers: %v", err)
+			}
+		})
+	}
+}
