@@ -331,15 +331,16 @@ var (
 )
 
 // sessionEnds are the session strategies' known limitations: a cut
-// connection or a server restart ends the session, and with it the lock, at
-// once; the holder learns of it only when it next uses the connection (its
-// next renewal, within TTL/3), so another client can hold the lock before
-// the holder is told, and its Err says "held" until then. Only those two
-// faults: any other end of a session (a caller's deadline, a pool too small,
-// a pause) is a violation.
+// connection, a server restart or a failover ends the session, and with it
+// the lock, at once; the holder learns of it only when it next uses the
+// connection (its next renewal, within TTL/3), so another client can hold
+// the lock before the holder is told, and its Err says "held" until then.
+// Only those faults: any other end of a session (a caller's deadline, a
+// pool too small, a pause) is a violation.
 var sessionEnds = map[string][]string{
 	FaultCut:       {vLateNotice, vNoNotice, vErrNilAfterEnd, vOverClaimed},
 	FaultDBRestart: {vLateNotice, vNoNotice, vErrNilAfterEnd, vOverClaimed},
+	FaultFailover:  {vLateNotice, vNoNotice, vErrNilAfterEnd, vOverClaimed},
 }
 
 // bothModes are the modes of a strategy that grants every one.

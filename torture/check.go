@@ -537,6 +537,10 @@ func (c *checker) matchHoldsLeases() {
 	}
 }
 
+// serverFault reports whether a fault kind hits the store's server, and so
+// every client, rather than one holder.
+func serverFault(kind string) bool { return kind == FaultDBRestart || kind == FaultFailover }
+
 // attributeFaults marks the holds each fault hit, the mode keys' too.
 func (c *checker) attributeFaults() {
 	all := append(slices.Clone(c.holds), c.modeHolds...)
@@ -547,7 +551,7 @@ func (c *checker) attributeFaults() {
 	for i := range c.in.Faults {
 		f := &c.in.Faults[i]
 		switch f.Kind {
-		case FaultDBRestart:
+		case FaultDBRestart, FaultFailover:
 			for _, h := range all {
 				if e := h.end(); h.acqOK <= f.End && (e == 0 || e >= f.Start) {
 					h.restarted = f
@@ -671,7 +675,11 @@ func (c *checker) checkNotification() {
 			// The server forgot the lease when it was killed: no holder can
 			// be told before that. The figure is how soon it stopped
 			// believing it held the lock; fencing covers the gap.
-			c.fault(FaultDBRestart).LossNotice.add(float64(h.end()-c.mono(l.lostUs)) / 1e6)
+			kind := FaultDBRestart
+			if h.restarted != nil {
+				kind = h.restarted.Kind
+			}
+			c.fault(kind).LossNotice.add(float64(h.end()-c.mono(l.lostUs)) / 1e6)
 			continue
 		}
 		// The store's end of the lease: its expiry, or for a session lock
@@ -828,11 +836,11 @@ func (c *checker) faultFigures() {
 		fs.Injected++
 		if f.Err != "" {
 			fs.Errors++
-			if f.Kind == FaultDBRestart || f.Kind == "spawn-error" {
+			if serverFault(f.Kind) || f.Kind == "spawn-error" {
 				c.rep.Problems = append(c.rep.Problems, fmt.Sprintf("%s failed: %s", f.Kind, f.Err))
 			}
 		}
-		if f.Kind == FaultDBRestart {
+		if serverFault(f.Kind) {
 			for _, h := range c.holds {
 				if h.restarted == f {
 					fs.HitHolder++
@@ -933,7 +941,7 @@ func (c *checker) liveness() {
 	// waiting in the store meanwhile).
 	inFault := func(worker string, a, b int64) bool {
 		for _, f := range c.in.Faults {
-			anyone := f.Kind == FaultDBRestart || (f.Kind == FaultStop && c.in.PauseStallsStore)
+			anyone := serverFault(f.Kind) || (f.Kind == FaultStop && c.in.PauseStallsStore)
 			if (f.Worker == worker || anyone) && f.Start <= b && f.End+int64(c.in.TTL) >= a {
 				return true
 			}

@@ -83,8 +83,16 @@ type Config struct {
 	DBRestart      bool
 	DBRestartEvery time.Duration
 	RestartOnly    []string
-	NoFencing      bool    // the whole run is a positive control
-	ClockSkew      float64 // workers' clocks run at 1−skew (even slots) or 1+skew (odd)
+	// Failover, if set, is the replicated store of every selected
+	// strategy (Cluster.Configure names them): every FailoverEvery the
+	// failover fault kills its primary and promotes a replica. The store's
+	// own record of its history is not read in such a run (a failover
+	// loses part of it): the checker judges by the resource and the
+	// workers' reports.
+	Failover      Cluster
+	FailoverEvery time.Duration
+	NoFencing     bool    // the whole run is a positive control
+	ClockSkew     float64 // workers' clocks run at 1−skew (even slots) or 1+skew (odd)
 	// Netns runs the workers of networked strategies in network namespaces
 	// of their own (root, ip and nft needed), which the partition fault
 	// requires.
@@ -179,6 +187,12 @@ func (c *Config) check() error {
 	if c.DBRestartEvery <= 0 {
 		c.DBRestartEvery = 30 * time.Second
 	}
+	if c.Failover != nil && c.DBRestart {
+		return errors.New("the failover fault and the restart fault do not run together")
+	}
+	if c.FailoverEvery <= 0 {
+		c.FailoverEvery = 20 * time.Second
+	}
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
@@ -208,6 +222,7 @@ type mode struct {
 	duration   time.Duration
 	longFrac   float64
 	dbRestart  bool
+	failover   bool
 	name       string // directory and report name
 }
 
@@ -286,6 +301,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		modes = append(modes, mode{adapter: a, noFencing: cfg.NoFencing, control: cfg.NoFencing, faults: faults,
 			client: client, faultEvery: cfg.FaultEvery, duration: cfg.Duration, longFrac: cfg.LongFrac,
 			dbRestart: cfg.DBRestart && a.Restart != nil && (len(cfg.RestartOnly) == 0 || slices.Contains(cfg.RestartOnly, a.Name)),
+			failover:  cfg.Failover != nil,
 			name:      name})
 		if cfg.Control > 0 && !cfg.NoFencing {
 			modes = append(modes, mode{adapter: a, noFencing: true, control: true, faults: []string{FaultStop},
@@ -453,7 +469,7 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 		return nil, err
 	}
 	r.store = store
-	if m.adapter.Record != nil {
+	if m.adapter.Record != nil && !m.failover {
 		rec, err := m.adapter.Record(ctx, r.env, store)
 		if err != nil {
 			return nil, fmt.Errorf("record the store: %w", err)
@@ -494,7 +510,7 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 	}
 	fmt.Fprintf(cfg.Log, "== %s: %d workers × %d lanes, %d keys%s, ttl %s, %s, faults %v every ~%s%s, client faults %v, fencing %v\n",
 		m.name, cfg.Workers, r.lanes(), cfg.Keys, describeModeKeys(r.modeKeys, r.leader), cfg.TTL, m.duration, m.faults, m.faultEvery,
-		map[bool]string{true: " + db restarts", false: ""}[m.dbRestart], m.client, !m.noFencing)
+		map[bool]string{true: " + db restarts", false: ""}[m.dbRestart]+map[bool]string{true: " + failovers", false: ""}[m.failover], m.client, !m.noFencing)
 
 	stopClock := make(chan struct{})
 	clockDone := make(chan struct{})
@@ -527,6 +543,10 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 	if m.dbRestart {
 		faults.Add(1)
 		go func() { defer faults.Done(); r.restarts(rctx) }()
+	}
+	if m.failover {
+		faults.Add(1)
+		go func() { defer faults.Done(); r.failovers(rctx) }()
 	}
 	<-rctx.Done()
 	rcancel()
@@ -944,6 +964,32 @@ func (r *runner) restart() FaultRecord {
 		f.End = Mono()
 	}
 	return f
+}
+
+// failovers fails the cluster over at intervals.
+func (r *runner) failovers(ctx context.Context) {
+	for {
+		if !sleepCtx(ctx, r.cfg.FailoverEvery) {
+			return
+		}
+		fmt.Fprintln(r.cfg.Log, "   failover: kill -9 of the primary")
+		f := FaultRecord{Kind: FaultFailover, Slot: -1}
+		fctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		killed, ready, err := r.cfg.Failover.Failover(fctx, r.cfg.Log)
+		cancel()
+		f.Start, f.End = killed, ready
+		if err != nil {
+			f.Err = err.Error()
+		}
+		if f.Start == 0 {
+			f.Start = Mono()
+		}
+		if f.End == 0 {
+			f.End = Mono()
+		}
+		fmt.Fprintf(r.cfg.Log, "   failover: serving again after %s %s\n", time.Duration(f.End-f.Start).Round(time.Millisecond), f.Err)
+		r.recordFault(f)
+	}
 }
 
 // sleepCtx sleeps d and reports whether ctx is still live.

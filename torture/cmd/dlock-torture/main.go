@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -83,6 +84,9 @@ func run() int {
 	flag.StringVar(&cfg.PGDSN, "pg-dsn", pgDSN, "PostgreSQL DSN for the pg strategies, used only by those ($DLOCK_PG_DSN)")
 	flag.StringVar(&cfg.Out, "out", "", "output directory (default torture-out/<time>)")
 	flag.StringVar(&cfg.Tag, "tag", "cli", "tag in table names: torture_<tag><n>_*")
+	var cluster string
+	flag.StringVar(&cluster, "failover", "", "start a replicated store of this kind ("+strings.Join(torture.ClusterKinds(), ", ")+") under the output directory, run its strategies on it and fail it over every -failover-every")
+	flag.DurationVar(&cfg.FailoverEvery, "failover-every", 20*time.Second, "interval between failovers")
 	flag.Parse()
 	faultsSet := false
 	flag.Visit(func(f *flag.Flag) { faultsSet = faultsSet || f.Name == "faults" })
@@ -108,6 +112,20 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if cluster != "" {
+		c, err := torture.StartCluster(ctx, cluster, filepath.Join(cfg.Out, "cluster"), os.Stderr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dlock-torture:", err)
+			return 2
+		}
+		defer c.Close()
+		cfg.Failover = c
+		if strategies == "" {
+			cfg.Strategies = c.Configure(&cfg)
+		} else {
+			c.Configure(&cfg)
+		}
+	}
 	rep, err := torture.Run(ctx, cfg)
 	if rep != nil && len(rep.Runs) > 0 {
 		rep.Markdown(os.Stdout)
