@@ -77,7 +77,11 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if stop := r.stopRecord; stop != nil {
+	if r.m.failover {
+		// A failover loses the store's last changes: what is left is not
+		// the history the clients saw.
+		in.NoHistory = "a failover loses part of the store's history"
+	} else if stop := r.stopRecord; stop != nil {
 		r.stopRecord = nil
 		hist, err := stop(ctx)
 		if err != nil {

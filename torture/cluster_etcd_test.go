@@ -1,0 +1,71 @@
+package torture
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runFailover runs the harness on the cluster of kind for d with a
+// failover every `every`, and returns its report, failing the test on a
+// setup error or when no failover happened.
+func runFailover(t *testing.T, kind string, d, every time.Duration) *RunReport {
+	t.Helper()
+	dsn, _ := testDSN(t)
+	out := t.TempDir()
+	var log strings.Builder
+	c, err := StartCluster(context.Background(), kind, out+"/cluster", &log)
+	if err != nil {
+		t.Fatalf("start %s: %v\n%s", kind, err, log.String())
+	}
+	defer c.Close()
+	cfg := Config{
+		Duration: d, Workers: 4, Keys: 2, TTL: time.Second, Seed: uint64(time.Now().UnixNano()),
+		FaultEvery: time.Hour, LongFrac: 0.3, Failover: c, FailoverEvery: every,
+		MySQLDSN: dsn, Out: out, Tag: "fo" + strings.ReplaceAll(kind, "-", ""), Log: &log,
+	}
+	cfg.Strategies = c.Configure(&cfg)[:1]
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	var md strings.Builder
+	rep.Markdown(&md)
+	t.Log("\n" + log.String() + "\n" + md.String())
+	r := rep.Runs[0]
+	failovers := 0
+	for _, f := range r.Faults {
+		if f.Kind == FaultFailover {
+			failovers = f.Injected
+			if f.Errors > 0 {
+				t.Errorf("%d of %d failovers failed: %v", f.Errors, f.Injected, r.Problems)
+			}
+		}
+	}
+	if failovers == 0 {
+		t.Fatalf("%s: no failover happened", kind)
+	}
+	return r
+}
+
+// A three-member etcd keeps every guarantee when its leader, the member
+// the clients are connected to, is killed: the other two elect a leader
+// and hold every acknowledged write.
+func TestFailoverEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts an etcd cluster")
+	}
+	if _, err := exec.LookPath("etcd"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("etcd is required (CI=true): %v", err)
+		}
+		t.Skip("SKIPPING: no etcd (Debian: etcd-server)")
+	}
+	r := runFailover(t, "etcd-3", 15*time.Second, 5*time.Second)
+	if r.Failed || r.Verdict != "PASS" {
+		t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
+	}
+}
