@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -22,78 +21,7 @@ import (
 // killed member restarts with its data and rejoins as a follower.
 type etcdCluster struct {
 	front   *Front
-	members []*etcdMember
-}
-
-type etcdMember struct {
-	name         string
-	client, peer int
-	dir, logFile string
-	args         []string
-	cmd          *exec.Cmd
-	done         chan struct{}
-}
-
-func (m *etcdMember) endpoint() string { return "127.0.0.1:" + strconv.Itoa(m.client) }
-
-func (m *etcdMember) start() error {
-	out, err := os.OpenFile(m.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	cmd := exec.Command("etcd", m.args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("etcd %s: %w", m.name, err)
-	}
-	m.cmd, m.done = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(m.done) }()
-	return nil
-}
-
-// kill stops the member with SIGKILL and waits for it to exit.
-func (m *etcdMember) kill() {
-	if m.cmd == nil {
-		return
-	}
-	_ = m.cmd.Process.Kill()
-	select {
-	case <-m.done:
-	case <-time.After(10 * time.Second):
-	}
-}
-
-// healthy reports whether the member answers its /health endpoint as
-// healthy (it has a leader and serves a quorum read).
-func (m *etcdMember) healthy(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+m.endpoint()+"/health", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-	return resp.StatusCode == http.StatusOK && strings.Contains(string(body), `"health":"true"`)
-}
-
-// waitHealthy waits until the member is healthy, it exits, or d passes.
-func (m *etcdMember) waitHealthy(ctx context.Context, d time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	for !m.healthy(ctx) {
-		select {
-		case <-m.done:
-			return fmt.Errorf("etcd %s exited (see %s)", m.name, m.logFile)
-		case <-ctx.Done():
-			return fmt.Errorf("etcd %s: not healthy: %w", m.name, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return nil
+	members []*clusterNode
 }
 
 func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
@@ -104,25 +32,27 @@ func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, er
 		return nil, err
 	}
 	c := &etcdCluster{}
-	var initial []string
+	var initial, peers []string
 	for i := range 3 {
-		m := &etcdMember{name: fmt.Sprintf("m%d", i), dir: filepath.Join(dir, fmt.Sprintf("etcd%d", i)),
-			logFile: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i))}
-		var err error
-		if m.client, err = freePort(); err != nil {
+		client, err := freePort()
+		if err != nil {
 			return nil, err
 		}
-		if m.peer, err = freePort(); err != nil {
+		peer, err := freePort()
+		if err != nil {
 			return nil, err
 		}
-		c.members = append(c.members, m)
-		initial = append(initial, fmt.Sprintf("%s=http://127.0.0.1:%d", m.name, m.peer))
+		addr := "127.0.0.1:" + strconv.Itoa(client)
+		c.members = append(c.members, &clusterNode{name: fmt.Sprintf("etcd%d", i), addr: addr, bin: "etcd",
+			logFile: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i)), ready: etcdReady(addr)})
+		peers = append(peers, "http://127.0.0.1:"+strconv.Itoa(peer))
+		initial = append(initial, fmt.Sprintf("etcd%d=%s", i, peers[i]))
 	}
-	for _, m := range c.members {
-		cu, pu := "http://"+m.endpoint(), "http://127.0.0.1:"+strconv.Itoa(m.peer)
-		m.args = []string{"--name", m.name, "--data-dir", m.dir,
+	for i, m := range c.members {
+		cu := "http://" + m.addr
+		m.args = []string{"--name", m.name, "--data-dir", filepath.Join(dir, m.name),
 			"--listen-client-urls", cu, "--advertise-client-urls", cu,
-			"--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
+			"--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
 			"--initial-cluster-token", "torture-" + strconv.Itoa(os.Getpid()),
 			"--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn"}
@@ -132,14 +62,14 @@ func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, er
 		}
 	}
 	for _, m := range c.members {
-		if err := m.waitHealthy(ctx, 30*time.Second); err != nil {
+		if err := m.waitReady(ctx, 30*time.Second); err != nil {
 			c.Close()
 			return nil, err
 		}
 	}
 	lead, err := c.leader(ctx, nil)
 	if err == nil {
-		c.front, err = NewFront(lead.endpoint())
+		c.front, err = NewFront(lead.addr)
 	}
 	if err != nil {
 		c.Close()
@@ -155,23 +85,23 @@ func (c *etcdCluster) Configure(cfg *Config) []string {
 
 // leader returns the member that leads, as the members other than skip
 // report it.
-func (c *etcdCluster) leader(ctx context.Context, skip *etcdMember) (*etcdMember, error) {
-	var live []*etcdMember
+func (c *etcdCluster) leader(ctx context.Context, skip *clusterNode) (*clusterNode, error) {
+	var live []*clusterNode
 	for _, m := range c.members {
 		if m != skip {
 			live = append(live, m)
 		}
 	}
-	cli, err := etcdClient(live[0].endpoint())
+	cli, err := etcdClient(live[0].addr)
 	if err != nil {
 		return nil, err
 	}
 	defer cli.Close()
-	ids := map[uint64]*etcdMember{}
+	ids := map[uint64]*clusterNode{}
 	var leaders []uint64
 	for _, m := range live {
 		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		st, err := cli.Status(sctx, m.endpoint())
+		st, err := cli.Status(sctx, m.addr)
 		cancel()
 		if err == nil {
 			ids[st.Header.MemberId] = m
@@ -187,8 +117,8 @@ func (c *etcdCluster) leader(ctx context.Context, skip *etcdMember) (*etcdMember
 }
 
 // Failover kills the leader, which the Front forwards to, points the Front
-// at the leader the other two elect, and restarts the killed member with
-// its data once they serve.
+// at the leader the other two elect once it serves, and restarts the
+// killed member with its data.
 func (c *etcdCluster) Failover(ctx context.Context, log io.Writer) (killed, ready int64, err error) {
 	old, err := c.leader(ctx, nil)
 	if err != nil {
@@ -196,35 +126,27 @@ func (c *etcdCluster) Failover(ctx context.Context, log io.Writer) (killed, read
 	}
 	old.kill()
 	killed = Mono()
-	var lead *etcdMember
+	var lead *clusterNode
 	for {
-		if lead, err = c.leader(ctx, old); err == nil && lead.healthy(ctx) {
-			break
+		if lead, err = c.leader(ctx, old); err == nil {
+			if err = lead.ready(ctx); err == nil {
+				break
+			}
 		}
 		if ctx.Err() != nil {
 			return killed, 0, fmt.Errorf("no new leader: %w", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := c.front.Switch(lead.endpoint()); err != nil {
+	if err := c.front.Switch(lead.addr); err != nil {
 		return killed, 0, err
 	}
 	ready = Mono()
-	fmt.Fprintf(log, "   failover: etcd %s leads\n", lead.name)
-	old.args = append(old.args[:len(old.args):len(old.args)], "--initial-cluster-state", "existing")
-	for range 50 { // the killed member's sockets may linger for a moment
-		if err = old.start(); err == nil {
-			if err = old.waitHealthy(ctx, 30*time.Second); err == nil {
-				return killed, ready, nil
-			}
-			old.kill()
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	fmt.Fprintf(log, "   failover: %s leads\n", lead.name)
+	if !slices.Contains(old.args, "existing") {
+		old.args = append(old.args, "--initial-cluster-state", "existing")
 	}
-	return killed, ready, fmt.Errorf("restart etcd %s: %w", old.name, err)
+	return killed, ready, old.restart(ctx)
 }
 
 func (c *etcdCluster) Close() error {

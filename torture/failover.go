@@ -5,9 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
@@ -99,6 +103,7 @@ func freePort() (int, error) {
 // name; each starts its nodes under dir, on loopback ports of its own.
 var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Writer) (Cluster, error){
 	"etcd-3": startEtcdCluster,
+	"zk-3":   startZKCluster,
 }
 
 // ClusterKinds names the clusters StartCluster starts.
@@ -119,4 +124,86 @@ func StartCluster(ctx context.Context, kind, dir string, log io.Writer) (Cluster
 		return nil, fmt.Errorf("unknown cluster %q (have %s)", kind, strings.Join(ClusterKinds(), ","))
 	}
 	return start(ctx, dir, log)
+}
+
+// clusterNode is one server process of a Cluster, started by the harness
+// (killed with it: Pdeathsig), its output in logFile.
+type clusterNode struct {
+	name, addr, logFile string
+	bin                 string
+	args                []string
+	ready               func(ctx context.Context) error
+	cmd                 *exec.Cmd
+	done                chan struct{}
+}
+
+// start runs the node's process; it does not wait for it to serve.
+func (n *clusterNode) start() error {
+	out, err := os.OpenFile(n.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command(n.bin, n.args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s: %w", n.name, err)
+	}
+	n.cmd, n.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(n.done) }()
+	return nil
+}
+
+// kill stops the node with SIGKILL and waits (bounded) for it to exit.
+func (n *clusterNode) kill() {
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Kill()
+	select {
+	case <-n.done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// waitReady waits until the node is ready, it exits, or d passes.
+func (n *clusterNode) waitReady(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		err := n.ready(rctx)
+		rcancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-n.done:
+			return fmt.Errorf("%s exited (see %s)", n.name, n.logFile)
+		case <-ctx.Done():
+			return fmt.Errorf("%s: not ready: %w (%v)", n.name, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// restart starts the killed node again with its data and waits until it
+// is ready; its old sockets may linger for a moment, so a failed start is
+// tried again (bounded).
+func (n *clusterNode) restart(ctx context.Context) error {
+	var err error
+	for range 50 {
+		if err = n.start(); err == nil {
+			if err = n.waitReady(ctx, 30*time.Second); err == nil {
+				return nil
+			}
+			n.kill()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("restart %s: %w", n.name, err)
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dlock-dev/dlock/internal/testproc"
 )
 
 // runFailover runs the harness on the cluster of kind for d with a
@@ -65,6 +67,25 @@ func TestFailoverEtcd(t *testing.T) {
 		t.Skip("SKIPPING: no etcd (Debian: etcd-server)")
 	}
 	r := runFailover(t, "etcd-3", 15*time.Second, 5*time.Second)
+	if r.Failed || r.Verdict != "PASS" {
+		t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
+	}
+}
+
+// A ZooKeeper ensemble of three keeps every guarantee when its leader, the
+// server the clients are connected to, is killed: their sessions move to
+// the new leader.
+func TestFailoverZooKeeper(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a ZooKeeper ensemble")
+	}
+	if _, _, err := testproc.ZooKeeperCommand(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("ZooKeeper is required (CI=true): %v", err)
+		}
+		t.Skip("SKIPPING: no ZooKeeper (Debian: zookeeper)")
+	}
+	r := runFailover(t, "zk-3", 15*time.Second, 5*time.Second)
 	if r.Failed || r.Verdict != "PASS" {
 		t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
 	}
