@@ -14,16 +14,8 @@ import (
 	"time"
 )
 
-// etcdCluster is three etcd members on loopback (50 ms heartbeat, 500 ms
-// election timeout, as the harness's single etcd). Its Front follows the
-// leader: every failover kills the member the clients are connected to,
-// and a new leader must be elected before they are served again. The
-// killed member restarts with its data and rejoins as a follower.
-type etcdCluster struct {
-	front   *Front
-	members []*clusterNode
-}
-
+// startEtcdCluster starts three etcd members on loopback (50 ms heartbeat,
+// 500 ms election timeout, as the harness's single etcd) for etcd-lease.
 func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
 	if _, err := exec.LookPath("etcd"); err != nil {
 		return nil, fmt.Errorf("%w: etcd (Debian: etcd-server): %v", ErrNoServer, err)
@@ -31,7 +23,20 @@ func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, er
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	c := &etcdCluster{}
+	c := &quorumCluster{
+		configure: func(cfg *Config, addr string) []string {
+			cfg.EtcdAddr = addr
+			return []string{"etcd-lease"}
+		},
+		rejoin: func(n *clusterNode) {
+			if !slices.Contains(n.args, "existing") {
+				n.args = append(n.args, "--initial-cluster-state", "existing")
+			}
+		},
+	}
+	c.leader = func(ctx context.Context, skip *clusterNode) (*clusterNode, error) {
+		return etcdLeader(ctx, c.nodes, skip)
+	}
 	var initial, peers []string
 	for i := range 3 {
 		client, err := freePort()
@@ -43,51 +48,28 @@ func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, er
 			return nil, err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(client)
-		c.members = append(c.members, &clusterNode{name: fmt.Sprintf("etcd%d", i), addr: addr, bin: "etcd",
+		c.nodes = append(c.nodes, &clusterNode{name: fmt.Sprintf("etcd%d", i), addr: addr, bin: "etcd",
 			logFile: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i)), ready: etcdReady(addr)})
 		peers = append(peers, "http://127.0.0.1:"+strconv.Itoa(peer))
 		initial = append(initial, fmt.Sprintf("etcd%d=%s", i, peers[i]))
 	}
-	for i, m := range c.members {
-		cu := "http://" + m.addr
-		m.args = []string{"--name", m.name, "--data-dir", filepath.Join(dir, m.name),
+	for i, n := range c.nodes {
+		cu := "http://" + n.addr
+		n.args = []string{"--name", n.name, "--data-dir", filepath.Join(dir, n.name),
 			"--listen-client-urls", cu, "--advertise-client-urls", cu,
 			"--listen-peer-urls", peers[i], "--initial-advertise-peer-urls", peers[i],
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
 			"--initial-cluster-token", "torture-" + strconv.Itoa(os.Getpid()),
 			"--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn"}
-		if err := m.start(); err != nil {
-			c.Close()
-			return nil, err
-		}
 	}
-	for _, m := range c.members {
-		if err := m.waitReady(ctx, 30*time.Second); err != nil {
-			c.Close()
-			return nil, err
-		}
-	}
-	lead, err := c.leader(ctx, nil)
-	if err == nil {
-		c.front, err = NewFront(lead.addr)
-	}
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
+	return c.start(ctx, 30*time.Second)
 }
 
-func (c *etcdCluster) Configure(cfg *Config) []string {
-	cfg.EtcdAddr = c.front.Addr()
-	return []string{"etcd-lease"}
-}
-
-// leader returns the member that leads, as the members other than skip
+// etcdLeader returns the member that leads, as the members other than skip
 // report it.
-func (c *etcdCluster) leader(ctx context.Context, skip *clusterNode) (*clusterNode, error) {
+func etcdLeader(ctx context.Context, members []*clusterNode, skip *clusterNode) (*clusterNode, error) {
 	var live []*clusterNode
-	for _, m := range c.members {
+	for _, m := range members {
 		if m != skip {
 			live = append(live, m)
 		}
@@ -114,47 +96,4 @@ func (c *etcdCluster) leader(ctx context.Context, skip *clusterNode) (*clusterNo
 		}
 	}
 	return nil, errors.New("etcd: no member leads")
-}
-
-// Failover kills the leader, which the Front forwards to, points the Front
-// at the leader the other two elect once it serves, and restarts the
-// killed member with its data.
-func (c *etcdCluster) Failover(ctx context.Context, log io.Writer) (killed, ready int64, err error) {
-	old, err := c.leader(ctx, nil)
-	if err != nil {
-		return 0, 0, err
-	}
-	old.kill()
-	killed = Mono()
-	var lead *clusterNode
-	for {
-		if lead, err = c.leader(ctx, old); err == nil {
-			if err = lead.ready(ctx); err == nil {
-				break
-			}
-		}
-		if ctx.Err() != nil {
-			return killed, 0, fmt.Errorf("no new leader: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := c.front.Switch(lead.addr); err != nil {
-		return killed, 0, err
-	}
-	ready = Mono()
-	fmt.Fprintf(log, "   failover: %s leads\n", lead.name)
-	if !slices.Contains(old.args, "existing") {
-		old.args = append(old.args, "--initial-cluster-state", "existing")
-	}
-	return killed, ready, old.restart(ctx)
-}
-
-func (c *etcdCluster) Close() error {
-	if c.front != nil {
-		c.front.Close()
-	}
-	for _, m := range c.members {
-		m.kill()
-	}
-	return nil
 }

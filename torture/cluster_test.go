@@ -53,40 +53,32 @@ func runFailover(t *testing.T, kind string, d, every time.Duration) *RunReport {
 	return r
 }
 
-// A three-member etcd keeps every guarantee when its leader, the member
-// the clients are connected to, is killed: the other two elect a leader
-// and hold every acknowledged write.
-func TestFailoverEtcd(t *testing.T) {
+// A three-member etcd and a ZooKeeper ensemble of three keep every
+// guarantee when their leader, the node the clients are connected to, is
+// killed: the others elect a leader and hold every acknowledged write, and
+// ZooKeeper's sessions move to it.
+func TestFailoverQuorum(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: starts an etcd cluster")
+		t.Skip("-short: starts etcd and ZooKeeper ensembles")
 	}
-	if _, err := exec.LookPath("etcd"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("etcd is required (CI=true): %v", err)
-		}
-		t.Skip("SKIPPING: no etcd (Debian: etcd-server)")
-	}
-	r := runFailover(t, "etcd-3", 15*time.Second, 5*time.Second)
-	if r.Failed || r.Verdict != "PASS" {
-		t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
-	}
-}
-
-// A ZooKeeper ensemble of three keeps every guarantee when its leader, the
-// server the clients are connected to, is killed: their sessions move to
-// the new leader.
-func TestFailoverZooKeeper(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: starts a ZooKeeper ensemble")
-	}
-	if _, _, err := testproc.ZooKeeperCommand(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("ZooKeeper is required (CI=true): %v", err)
-		}
-		t.Skip("SKIPPING: no ZooKeeper (Debian: zookeeper)")
-	}
-	r := runFailover(t, "zk-3", 15*time.Second, 5*time.Second)
-	if r.Failed || r.Verdict != "PASS" {
-		t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
+	for _, tc := range []struct {
+		kind string
+		have func() error
+	}{
+		{"etcd-3", func() error { _, err := exec.LookPath("etcd"); return err }},
+		{"zk-3", func() error { _, _, err := testproc.ZooKeeperCommand(); return err }},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			if err := tc.have(); err != nil {
+				if os.Getenv("CI") == "true" {
+					t.Fatalf("%s is required (CI=true): %v", tc.kind, err)
+				}
+				t.Skipf("SKIPPING: %v", err)
+			}
+			r := runFailover(t, tc.kind, 15*time.Second, 5*time.Second)
+			if r.Failed || r.Verdict != "PASS" {
+				t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
+			}
+		})
 	}
 }

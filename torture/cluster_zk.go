@@ -14,22 +14,23 @@ import (
 	"github.com/dlock-dev/dlock/internal/testproc"
 )
 
-// zkCluster is a ZooKeeper ensemble of three on loopback (the test
-// server's 200 ms tick). Its Front follows the leader: every failover kills
-// the server the clients are connected to; their sessions must survive on
-// the server the other two elect. The killed server restarts with its data
-// and rejoins as a follower.
-type zkCluster struct {
-	front   *Front
-	servers []*clusterNode
-}
-
+// startZKCluster starts a ZooKeeper ensemble of three on loopback (the test
+// server's 200 ms tick) for zk-lease. Sessions must survive the leader's
+// death: the clients reconnect, through the Front, to the new leader.
 func startZKCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
 	java, cp, err := testproc.ZooKeeperCommand()
 	if err != nil {
 		return nil, fmt.Errorf("%w: ZooKeeper (Debian: zookeeper): %v", ErrNoServer, err)
 	}
-	c := &zkCluster{}
+	c := &quorumCluster{
+		configure: func(cfg *Config, addr string) []string {
+			cfg.ZKAddr, cfg.ZKDataDir = addr, ""
+			return []string{"zk-lease"}
+		},
+	}
+	c.leader = func(ctx context.Context, skip *clusterNode) (*clusterNode, error) {
+		return zkLeader(ctx, c.nodes, skip)
+	}
 	var ensemble strings.Builder
 	ports := make([]int, 9)
 	for i := range ports {
@@ -53,40 +54,15 @@ func startZKCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, erro
 			return nil, err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(ports[3*i])
-		c.servers = append(c.servers, &clusterNode{name: fmt.Sprintf("zk%d", i), addr: addr, bin: java,
+		c.nodes = append(c.nodes, &clusterNode{name: fmt.Sprintf("zk%d", i), addr: addr, bin: java,
 			args: testproc.ZooKeeperArgs(cp, conf), logFile: filepath.Join(dir, fmt.Sprintf("zk%d.log", i)), ready: zkReady(addr)})
 	}
-	for _, s := range c.servers {
-		if err := s.start(); err != nil {
-			c.Close()
-			return nil, err
-		}
-	}
-	for _, s := range c.servers {
-		if err := s.waitReady(ctx, 60*time.Second); err != nil {
-			c.Close()
-			return nil, err
-		}
-	}
-	lead, err := c.leader(ctx, nil)
-	if err == nil {
-		c.front, err = NewFront(lead.addr)
-	}
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
-	return c, nil
+	return c.start(ctx, 60*time.Second)
 }
 
-func (c *zkCluster) Configure(cfg *Config) []string {
-	cfg.ZKAddr, cfg.ZKDataDir = c.front.Addr(), ""
-	return []string{"zk-lease"}
-}
-
-// leader returns the server other than skip that reports itself leader.
-func (c *zkCluster) leader(ctx context.Context, skip *clusterNode) (*clusterNode, error) {
-	for _, s := range c.servers {
+// zkLeader returns the server other than skip that reports itself leader.
+func zkLeader(ctx context.Context, servers []*clusterNode, skip *clusterNode) (*clusterNode, error) {
+	for _, s := range servers {
 		if s == skip {
 			continue
 		}
@@ -96,42 +72,4 @@ func (c *zkCluster) leader(ctx context.Context, skip *clusterNode) (*clusterNode
 		}
 	}
 	return nil, errors.New("zookeeper: no server leads")
-}
-
-// Failover kills the leader, which the Front forwards to, points the Front
-// at the leader the other two elect once it serves, and restarts the
-// killed server with its data.
-func (c *zkCluster) Failover(ctx context.Context, log io.Writer) (killed, ready int64, err error) {
-	old, err := c.leader(ctx, nil)
-	if err != nil {
-		return 0, 0, err
-	}
-	old.kill()
-	killed = Mono()
-	var lead *clusterNode
-	for {
-		if lead, err = c.leader(ctx, old); err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return killed, 0, fmt.Errorf("no new leader: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := c.front.Switch(lead.addr); err != nil {
-		return killed, 0, err
-	}
-	ready = Mono()
-	fmt.Fprintf(log, "   failover: %s leads\n", lead.name)
-	return killed, ready, old.restart(ctx)
-}
-
-func (c *zkCluster) Close() error {
-	if c.front != nil {
-		c.front.Close()
-	}
-	for _, s := range c.servers {
-		s.kill()
-	}
-	return nil
 }
