@@ -500,12 +500,17 @@ func (c *checker) buildLeases() {
 // matchHoldsLeases ties each client acquisition to the store's grant.
 func (c *checker) matchHoldsLeases() {
 	if !c.in.HasHistory {
-		byKey := map[string]int{}
+		// The workers' acquisitions alone, in the order they were told
+		// (c.holds is sorted by it).
+		last := map[string]*hold{}
 		for _, h := range c.holds {
-			byKey[h.key]++
-		}
-		for _, n := range byKey {
-			c.rep.Handoffs += n - 1
+			if p := last[h.key]; p != nil {
+				c.rep.Handoffs++
+				if p.worker != h.worker {
+					c.rep.CrossHandoffs++
+				}
+			}
+			last[h.key] = h
 		}
 		return
 	}

@@ -63,6 +63,25 @@ func TestCheckClean(t *testing.T) {
 	}
 }
 
+// A run that reads no store history by design (a failover) passes on the
+// workers' and the resource's records, counts hand-offs from the workers'
+// acquisitions, and says what it did not check.
+func TestCheckNoHistoryByDesign(t *testing.T) {
+	in := base()
+	in.HasHistory, in.History, in.NoHistory = false, nil, "a failover loses part of the store's history"
+	r := check(in)
+	if r.Verdict != "PASS" || len(r.Inconclusive) > 0 || len(r.NotChecked) == 0 {
+		t.Fatalf("no history by design: %s, inconclusive %v, not checked %v", r.Verdict, r.Inconclusive, r.NotChecked)
+	}
+	if r.Handoffs != 1 || r.CrossHandoffs != 1 {
+		t.Errorf("hand-offs from the workers' records: %d (cross-worker %d); want 1 (1)", r.Handoffs, r.CrossHandoffs)
+	}
+	in.NoHistory = ""
+	if r := check(in); r.Verdict != "INCONCLUSIVE" {
+		t.Errorf("no history, no reason: %s; want INCONCLUSIVE", r.Verdict)
+	}
+}
+
 func wantViolation(t *testing.T, in checkInput, kind string) *RunReport {
 	t.Helper()
 	r := check(in)
