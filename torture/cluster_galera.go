@@ -25,7 +25,8 @@ import (
 // failover kills one node (each in turn), points its Front at a live node,
 // as a load balancer that routes around a dead node does, restarts the
 // killed node so that it rejoins by state transfer, and points its Front
-// back once it is Synced.
+// back once it is Synced. With isolate (galera-3-isolate) a failover cuts a
+// node off from the others instead, its clients still on it.
 type galeraCluster struct {
 	nodes  []*clusterNode
 	dbs    []*sql.DB // one per node, direct
@@ -33,6 +34,9 @@ type galeraCluster struct {
 	data   string    // the nodes' data directories
 	nobody []int     // uid, gid of nobody when run as root
 	next   int       // the node the next failover kills
+	// isolate: a failover cuts the node off from the others instead of
+	// killing it (galera-3-isolate).
+	isolate bool
 }
 
 // startGaleraCluster starts three MariaDB Galera nodes on loopback for
@@ -42,6 +46,16 @@ type galeraCluster struct {
 // temporary directory that nobody can reach (dir may not be); logs are in
 // dir.
 func startGaleraCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newGaleraCluster(ctx, dir, false)
+}
+
+// startGaleraIsolate starts the cluster of startGaleraCluster, whose
+// failovers isolate a node from the others (see galeraCluster.isolateNode).
+func startGaleraIsolate(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newGaleraCluster(ctx, dir, true)
+}
+
+func newGaleraCluster(ctx context.Context, dir string, isolate bool) (Cluster, error) {
 	bins := map[string]string{}
 	for _, b := range []string{"mariadbd", "mariadb-install-db", "rsync"} {
 		p, err := lookBinary(b)
@@ -60,7 +74,7 @@ func startGaleraCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, 
 	if err != nil {
 		return nil, err
 	}
-	c := &galeraCluster{data: data}
+	c := &galeraCluster{data: data, isolate: isolate}
 	if err := c.setUp(ctx, dir, bins); err != nil {
 		c.Close()
 		return nil, err
@@ -224,10 +238,8 @@ func (c *galeraCluster) Upstreams() []string {
 	return out
 }
 
-// Failover kills the next node, points its Front at the node after it (the
-// instant it returns as ready: no election is needed, the other two keep
-// the primary component), restarts the killed node, waits until it is
-// Synced and points its Front back at it.
+// Failover faults the next node: it kills it (killNode) or, for
+// galera-3-isolate, cuts it off from the others (isolateNode).
 func (c *galeraCluster) Failover(ctx context.Context, log io.Writer) (killed, ready int64, err error) {
 	// A node that left the cluster on its own (an inconsistency: a write
 	// set it could not apply) is a failure of the run, not of the fault.
@@ -238,6 +250,17 @@ func (c *galeraCluster) Failover(ctx context.Context, log io.Writer) (killed, re
 	}
 	k := c.next
 	c.next = (k + 1) % len(c.nodes)
+	if c.isolate {
+		return c.isolateNode(ctx, k, log)
+	}
+	return c.killNode(ctx, k, log)
+}
+
+// killNode kills node k, points its Front at the node after it (the
+// instant it returns as ready: no election is needed, the other two keep
+// the primary component), restarts the killed node, waits until it is
+// Synced and points its Front back at it.
+func (c *galeraCluster) killNode(ctx context.Context, k int, log io.Writer) (killed, ready int64, err error) {
 	dead, live := c.nodes[k], c.nodes[(k+1)%len(c.nodes)]
 	dead.kill()
 	killed = Mono()
@@ -246,23 +269,100 @@ func (c *galeraCluster) Failover(ctx context.Context, log io.Writer) (killed, re
 	}
 	ready = Mono()
 	fmt.Fprintf(log, "   failover: %s killed, its front on %s\n", dead.name, live.name)
-	// It joins the cluster now; bootstrapping again would split it.
-	dead.args = slices.DeleteFunc(dead.args, func(a string) bool { return a == "--wsrep-new-cluster" })
 	t0 := time.Now()
-	if err := c.ownData(dead); err != nil {
-		return killed, ready, err
-	}
-	if err := recoverPosition(ctx, dead); err != nil {
-		return killed, ready, err
-	}
-	if err := dead.restart(ctx); err != nil {
+	how, err := c.rejoin(ctx, dead)
+	if err != nil {
 		return killed, ready, err
 	}
 	if err := c.fronts[k].Switch(dead.addr); err != nil {
 		return killed, ready, err
 	}
-	fmt.Fprintf(log, "   failover: %s rejoined (%s: %s), its front back on it\n", dead.name, time.Since(t0).Round(time.Millisecond), transferKind(dead.logFile))
+	fmt.Fprintf(log, "   failover: %s rejoined (%s: %s), its front back on it\n", dead.name, time.Since(t0).Round(time.Millisecond), how)
 	return killed, ready, nil
+}
+
+// rejoin restarts the killed node n from the position it recovers and
+// waits until it is Synced; it returns how it caught up (transferKind).
+func (c *galeraCluster) rejoin(ctx context.Context, n *clusterNode) (string, error) {
+	// It joins the cluster now; bootstrapping again would split it.
+	n.args = slices.DeleteFunc(n.args, func(a string) bool { return a == "--wsrep-new-cluster" })
+	var logSize int64
+	if fi, err := os.Stat(n.logFile); err == nil {
+		logSize = fi.Size()
+	}
+	if err := c.ownData(n); err != nil {
+		return "", err
+	}
+	if err := recoverPosition(ctx, n); err != nil {
+		return "", err
+	}
+	if err := n.restart(ctx); err != nil {
+		return "", err
+	}
+	return transferKind(n.logFile, logSize), nil
+}
+
+// isolation is how long a partition keeps a node cut off: long enough for
+// the node to leave the primary component (evs.suspect_timeout 2 s,
+// evs.inactive_timeout 3 s) and for its clients to find it refusing.
+const isolation = 6 * time.Second
+
+// isolateNode cuts node k off from the others (gmcast.isolate=1: Galera drops
+// its group connections and refuses new ones) while its Front stays on it,
+// as when a network partition leaves a node and its clients on one side.
+// The others keep the primary component once they have dropped the node
+// from their view (until then their commits wait); the isolated node
+// leaves it and refuses every statement (WSREP 1047, or a lock wait
+// timeout with wsrep_sync_wait), so that its clients must see errors,
+// never a grant. After isolation the node is let back and rejoins by IST.
+// It returns the instants of the cut and of the others' new primary
+// component.
+func (c *galeraCluster) isolateNode(ctx context.Context, k int, log io.Writer) (cut, ready int64, err error) {
+	n, db := c.nodes[k], c.dbs[k]
+	if _, err := db.ExecContext(ctx, "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=1'"); err != nil {
+		return 0, 0, fmt.Errorf("isolate %s: %w", n.name, err)
+	}
+	cut = Mono()
+	fmt.Fprintf(log, "   failover: %s isolated from the others, its front still on it\n", n.name)
+	other := c.dbs[(k+1)%len(c.dbs)]
+	out := ""
+	deadline := time.Now().Add(isolation)
+	for ready == 0 || time.Now().Before(deadline) {
+		if ready == 0 && galeraPrimaryOf(ctx, other, len(c.nodes)-1) {
+			ready = Mono()
+		}
+		if err := n.ready(ctx); err != nil && out == "" {
+			out = fmt.Sprintf("%s after %s", err, time.Duration(Mono()-cut).Round(time.Millisecond))
+		}
+		if ctx.Err() != nil {
+			return cut, ready, fmt.Errorf("partition of %s: %w", n.name, ctx.Err())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out == "" {
+		return cut, ready, fmt.Errorf("%s stayed Synced and Primary for %s while isolated", n.name, isolation)
+	}
+	if _, err := db.ExecContext(ctx, "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'"); err != nil {
+		return cut, ready, fmt.Errorf("let %s back: %w", n.name, err)
+	}
+	t0 := time.Now()
+	if err := n.waitReady(ctx, 2*time.Minute); err != nil {
+		return cut, ready, err
+	}
+	fmt.Fprintf(log, "   failover: the others Primary without %s after %s; it left (%s), rejoined %s after its return\n",
+		n.name, time.Duration(ready-cut).Round(time.Millisecond), out, time.Since(t0).Round(time.Millisecond))
+	return cut, ready, nil
+}
+
+// galeraPrimaryOf reports whether the node of db is in a primary component
+// of size nodes.
+func galeraPrimaryOf(ctx context.Context, db *sql.DB, size int) bool {
+	var name, status, n string
+	if db.QueryRowContext(ctx, "SHOW STATUS LIKE 'wsrep_cluster_status'").Scan(&name, &status) != nil ||
+		db.QueryRowContext(ctx, "SHOW STATUS LIKE 'wsrep_cluster_size'").Scan(&name, &n) != nil {
+		return false
+	}
+	return status == "Primary" && n == strconv.Itoa(size)
 }
 
 // recoverPosition finds the last transaction a killed node committed
@@ -287,22 +387,22 @@ func recoverPosition(ctx context.Context, n *clusterNode) error {
 
 var recoveredRE = regexp.MustCompile(`Recovered position: (\S+)`)
 
-// transferKind tells from the node's log whether its last rejoin took an
-// incremental (IST) or a full (SST) state transfer.
-func transferKind(logFile string) string {
+// transferKind tells from the node's log past offset (its size before
+// the restart) how it caught up: an incremental state transfer (IST), a
+// full one (SST), or none.
+func transferKind(logFile string, offset int64) string {
 	b, err := os.ReadFile(logFile)
-	if err != nil {
+	if err != nil || int64(len(b)) < offset {
 		return "?"
 	}
-	s := string(b)
-	ist, sst := strings.LastIndex(s, "IST received"), strings.LastIndex(s, "SST succeeded")
+	s := string(b[offset:])
 	switch {
-	case ist < 0 && sst < 0:
-		return "?"
-	case ist > sst:
+	case strings.Contains(s, "IST received"):
 		return "IST"
-	default:
+	case strings.Contains(s, "SST succeeded"):
 		return "SST"
+	default:
+		return "no state transfer"
 	}
 }
 
