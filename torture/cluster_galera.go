@@ -258,8 +258,9 @@ func (c *galeraCluster) Failover(ctx context.Context, log io.Writer) (killed, re
 
 // killNode kills node k, points its Front at the node after it (the
 // instant it returns as ready: no election is needed, the other two keep
-// the primary component), restarts the killed node, waits until it is
-// Synced and points its Front back at it.
+// the primary component), waits until the others have dropped the node
+// from their view, restarts it, waits until it is Synced and points its
+// Front back at it.
 func (c *galeraCluster) killNode(ctx context.Context, k int, log io.Writer) (killed, ready int64, err error) {
 	dead, live := c.nodes[k], c.nodes[(k+1)%len(c.nodes)]
 	dead.kill()
@@ -268,7 +269,16 @@ func (c *galeraCluster) killNode(ctx context.Context, k int, log io.Writer) (kil
 		return killed, 0, err
 	}
 	ready = Mono()
-	fmt.Fprintf(log, "   failover: %s killed, its front on %s\n", dead.name, live.name)
+	// The others' commits wait until they drop the dead node from their
+	// view; the node restarts after that, as a crashed server does.
+	for !galeraPrimaryOf(ctx, c.dbs[(k+1)%len(c.nodes)], len(c.nodes)-1) {
+		if ctx.Err() != nil {
+			return killed, ready, fmt.Errorf("the others never dropped %s: %w", dead.name, ctx.Err())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Fprintf(log, "   failover: %s killed, its front on %s; the others Primary without it after %s\n",
+		dead.name, live.name, time.Duration(Mono()-killed).Round(time.Millisecond))
 	t0 := time.Now()
 	how, err := c.rejoin(ctx, dead)
 	if err != nil {
