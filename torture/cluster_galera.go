@@ -41,10 +41,10 @@ type galeraCluster struct {
 
 // startGaleraCluster starts three MariaDB Galera nodes on loopback for
 // mysql-lease: the first bootstraps the cluster, the others join it by
-// rsync state transfer. Run as root, the joiner's rsync daemon runs as
-// nobody: the data directories are then owned by nobody and lie in a
-// temporary directory that nobody can reach (dir may not be); logs are in
-// dir.
+// rsync state transfer. The data directories lie in a temporary directory
+// that Close removes, which a joiner's rsync daemon can reach (dir may not
+// be): run as root, that daemon runs as nobody, so the data directories are
+// owned by nobody. The nodes' logs are in dir.
 func startGaleraCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
 	return newGaleraCluster(ctx, dir, false)
 }
