@@ -92,19 +92,9 @@ func startGaleraCluster(t testing.TB, n int) []*galeraNode {
 		node := &galeraNode{proc: &testproc.Proc{}, log: filepath.Join(dir, "error.log"),
 			dsn: fmt.Sprintf("root@tcp(127.0.0.1:%d)/test", p[0])}
 		args := append([]string{"--no-defaults"}, common...)
-		args = append(args, "--port="+strconv.Itoa(p[0]), "--bind-address=127.0.0.1",
-			"--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
-			"--skip-name-resolve", "--performance-schema=OFF", "--log-error="+node.log,
-			"--skip-log-bin", "--innodb-flush-log-at-trx-commit=2", "--skip-innodb-doublewrite",
-			"--wsrep-on=ON", "--wsrep-provider="+galeraProvider,
-			"--wsrep-cluster-address=gcomm://"+strings.Join(peers, ","),
-			"--wsrep-node-address=127.0.0.1", "--wsrep-node-name=n"+strconv.Itoa(i),
-			"--wsrep-sst-method=rsync", fmt.Sprintf("--wsrep-sst-receive-address=127.0.0.1:%d", p[2]),
-			"--wsrep-provider-options="+fmt.Sprintf(
-				"gmcast.listen_addr=tcp://127.0.0.1:%d;ist.recv_addr=127.0.0.1:%d;gcache.size=16M;"+
-					"evs.inactive_timeout=PT3S;evs.suspect_timeout=PT2S;evs.keepalive_period=PT0.5S;evs.inactive_check_period=PT0.5S;evs.join_retrans_period=PT0.5S;evs.install_timeout=PT3S;pc.wait_prim_timeout=PT10S",
-				p[1], p[3]),
-			"--binlog-format=ROW", "--innodb-autoinc-lock-mode=2")
+		args = append(args, "--log-error="+node.log)
+		args = append(args, testproc.GaleraArgs(testproc.GaleraNode{Name: "n" + strconv.Itoa(i), Dir: dir,
+			Port: p[0], GroupPort: p[1], SSTPort: p[2], ISTPort: p[3]}, peers)...)
 		if i == 0 {
 			args = append(args, "--wsrep-new-cluster")
 		}

@@ -19,7 +19,7 @@ import (
 const mariadbHint = "apt-get install mariadb-server, or run scripts/test.sh"
 
 // galeraProvider is the Galera library of Debian's galera-4 package.
-const galeraProvider = "/usr/lib/galera/libgalera_smm.so"
+const galeraProvider = testproc.GaleraProvider
 
 // mariadbBinary returns the path of a MariaDB program (in $PATH or in
 // /usr/sbin, /usr/bin), or ends the test as testproc.Missing does.

@@ -135,6 +135,7 @@ type Env struct {
 	// table to InnoDB, versioned, for a record of their grants (see
 	// sessionAdapter).
 	VersionSessions bool
+	Galera          bool        // Config.Galera
 	relaunched      *relaunched // servers the restart fault started as the harness's children
 }
 
@@ -142,6 +143,7 @@ type Env struct {
 type OpenArgs struct {
 	DSN      string // Env.MySQLDSN
 	StoreDSN string // Env.StoreDSN
+	Galera   bool   // Env.Galera
 	PGDSN    string // Env.PGDSN
 	Store    string // from Prepare
 	Addr     string // the worker's proxy for a networked store (replaces the DSN's address)
@@ -254,7 +256,12 @@ var mysqlLease = &Adapter{
 	Pooled:    true,
 	Upstream:  mysqlStoreUpstream,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
-		return prepareMySQL(ctx, env, "", true)
+		// On Galera the lock table is not versioned: a versioned table
+		// written by the journal's triggers replicates their statements
+		// as text that the other nodes cannot apply (Unknown column
+		// NEW.name), and the cluster expels them. A failover run reads no
+		// history anyway.
+		return prepareMySQL(ctx, env, "", !env.Galera)
 	},
 	Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
 		return openMySQL(a, func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) { return mysqllock.New(db, o) })
@@ -469,7 +476,7 @@ func openMySQL(a OpenArgs, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := &mysqllock.Options{Table: a.Store}
+	opts := &mysqllock.Options{Table: a.Store, NoDoorbell: a.Galera}
 	if a.PoolSize > 0 {
 		// A small pool is the application's; dlock's sessions are pinned
 		// outside it, as mysqllock documents for small pools.

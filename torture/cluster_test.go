@@ -12,9 +12,10 @@ import (
 )
 
 // runFailover runs the harness on the cluster of kind for d with a
-// failover every `every`, and returns its report, failing the test on a
-// setup error or when no failover happened.
-func runFailover(t *testing.T, kind string, d, every time.Duration) *RunReport {
+// failover every `every` (with cfg's other settings changed by tweaks), and
+// returns its report, failing the test on a setup error or when no
+// failover happened.
+func runFailover(t *testing.T, kind string, d, every time.Duration, tweaks ...func(*Config)) *RunReport {
 	t.Helper()
 	dsn, _ := testDSN(t)
 	out := t.TempDir()
@@ -30,6 +31,9 @@ func runFailover(t *testing.T, kind string, d, every time.Duration) *RunReport {
 		MySQLDSN: dsn, Out: out, Tag: "fo" + strings.ReplaceAll(kind, "-", ""), Log: &log,
 	}
 	cfg.Strategies = c.Configure(&cfg)[:1]
+	for _, f := range tweaks {
+		f(&cfg)
+	}
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())

@@ -40,6 +40,13 @@ type Cluster interface {
 	Close() error
 }
 
+// A Spread is a Cluster whose clients spread over several nodes, each
+// behind a Front of its own: worker slot i connects to Upstreams()[i % len].
+// A Cluster without it has every slot on the one Front Configure names.
+type Spread interface {
+	Upstreams() []string
+}
+
 // Front is a TCP forwarder with a fixed address whose upstream a failover
 // switches.
 type Front struct {
@@ -102,8 +109,10 @@ func freePort() (int, error) {
 // clusterKinds are the replicated stores the failover fault runs on, by
 // name; each starts its nodes under dir, on loopback ports of its own.
 var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Writer) (Cluster, error){
-	"etcd-3": startEtcdCluster,
-	"zk-3":   startZKCluster,
+	"etcd-3":           startEtcdCluster,
+	"galera-3":         startGaleraCluster,
+	"galera-3-isolate": startGaleraIsolate,
+	"zk-3":             startZKCluster,
 }
 
 // ClusterKinds names the clusters StartCluster starts.

@@ -104,6 +104,10 @@ type Config struct {
 	// harness samples it through the run and maps the store's instants by
 	// it. The resource stays on MySQLDSN.
 	StoreDSN string
+	// Galera: the lock tables' server (StoreDSN) is a node of a MariaDB
+	// Galera cluster, where the mysql strategies open with
+	// mysqllock.Options.NoDoorbell (Galera does not replicate named locks).
+	Galera bool
 	// VersionSessions: see Env.VersionSessions.
 	VersionSessions bool
 	PGDSN           string    // the PostgreSQL for the pg strategies (needed only for those)
@@ -250,7 +254,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: MariaDB at %s: %v", ErrNoServer, cfg.MySQLDSN, err)
 	}
-	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions}
+	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions, Galera: cfg.Galera}
 	if cfg.StoreDSN != "" {
 		sdsn, err := directDSN(cfg.StoreDSN)
 		if err != nil {
@@ -498,12 +502,16 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 			if err != nil {
 				return nil, err
 			}
-			if r.rp, err = newFaultProxies(cfg.Workers, resUp, listen); err != nil {
+			if r.rp, err = newFaultProxies(cfg.Workers, []string{resUp}, listen); err != nil {
 				return nil, err
 			}
 			defer r.rp.close()
 		}
-		if r.fp, err = newFaultProxies(cfg.Workers, up, listen); err != nil {
+		ups := []string{up}
+		if s, ok := cfg.Failover.(Spread); ok && m.failover {
+			ups = s.Upstreams()
+		}
+		if r.fp, err = newFaultProxies(cfg.Workers, ups, listen); err != nil {
 			return nil, err
 		}
 		defer r.fp.close()
@@ -607,7 +615,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 	}
 	wc := workerConfig{
 		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, ModeKeys: r.modeKeys, Leader: r.leader, TTL: r.cfg.TTL,
-		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
+		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, Galera: r.env.Galera, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
 		Lanes:        r.lanes(),
 		ClientFaults: r.m.client,
 		Resource:     resAddr,

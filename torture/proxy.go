@@ -57,16 +57,16 @@ func (fp *faultProxies) proxy(slot int) *toxiproxy.Proxy {
 	return fp.ps[slot]
 }
 
-// newFaultProxies starts n proxies to upstream; listen gives slot i's
-// listening host (nil: loopback).
-func newFaultProxies(n int, upstream string, listen func(slot int) string) (*faultProxies, error) {
+// newFaultProxies starts n proxies, slot i's to upstreams[i % len]; listen
+// gives slot i's listening host (nil: loopback).
+func newFaultProxies(n int, upstreams []string, listen func(slot int) string) (*faultProxies, error) {
 	fp := &faultProxies{srv: toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())}
 	for i := range n {
 		host := "127.0.0.1"
 		if listen != nil {
 			host = listen(i)
 		}
-		p := toxiproxy.NewProxy(fp.srv, fmt.Sprintf("slot%d", i), net.JoinHostPort(host, "0"), upstream)
+		p := toxiproxy.NewProxy(fp.srv, fmt.Sprintf("slot%d", i), net.JoinHostPort(host, "0"), upstreams[i%len(upstreams)])
 		if err := p.Start(); err != nil {
 			fp.close()
 			return nil, fmt.Errorf("start proxy: %w", err)
