@@ -980,7 +980,7 @@ func (r *runner) failovers(ctx context.Context) {
 		if !sleepCtx(ctx, r.cfg.FailoverEvery) {
 			return
 		}
-		fmt.Fprintln(r.cfg.Log, "   failover: kill -9 of the primary")
+		fmt.Fprintln(r.cfg.Log, "   failover: begins")
 		f := FaultRecord{Kind: FaultFailover, Slot: -1}
 		fctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		killed, ready, err := r.cfg.Failover.Failover(fctx, r.cfg.Log)
