@@ -129,6 +129,7 @@ type Env struct {
 	PGDSN    string // the PostgreSQL server of the pg strategies (pgx syntax)
 	// The servers of the redis, etcd and zk strategies (host:port).
 	RedisAddr, EtcdAddr, ZKAddr string
+	RedisMinReplicas            int    // Config.RedisMinReplicas
 	ZKDataDir                   string // the ZooKeeper's dataDir, if the harness can read it
 	TTL                         time.Duration
 	// VersionSessions converts the mysql session strategies' session
@@ -150,6 +151,8 @@ type OpenArgs struct {
 	// PoolSize, if not 0, is the size of the store client's connection
 	// pool (the smallpool client fault); clients without a pool ignore it.
 	PoolSize int
+	// RedisMinReplicas is Env.RedisMinReplicas.
+	RedisMinReplicas int
 }
 
 // LeaseEvent is one change of a lease as the store applied it: a grant (new

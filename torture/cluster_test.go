@@ -25,10 +25,12 @@ func runFailover(t *testing.T, kind string, d, every time.Duration, tweaks ...fu
 		t.Fatalf("start %s: %v\n%s", kind, err, log.String())
 	}
 	defer c.Close()
+	tag := "fo" + strings.ReplaceAll(kind, "-", "")
+	tag = tag[:min(len(tag), 16)] // tagRE
 	cfg := Config{
 		Duration: d, Workers: 4, Keys: 2, TTL: time.Second, Seed: uint64(time.Now().UnixNano()),
 		FaultEvery: time.Hour, LongFrac: 0.3, Failover: c, FailoverEvery: every,
-		MySQLDSN: dsn, Out: out, Tag: "fo" + strings.ReplaceAll(kind, "-", ""), Log: &log,
+		MySQLDSN: dsn, Out: out, Tag: tag, Log: &log,
 	}
 	cfg.Strategies = c.Configure(&cfg)[:1]
 	for _, f := range tweaks {

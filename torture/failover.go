@@ -109,10 +109,12 @@ func freePort() (int, error) {
 // clusterKinds are the replicated stores the failover fault runs on, by
 // name; each starts its nodes under dir, on loopback ports of its own.
 var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Writer) (Cluster, error){
-	"etcd-3":           startEtcdCluster,
-	"galera-3":         startGaleraCluster,
-	"galera-3-isolate": startGaleraIsolate,
-	"zk-3":             startZKCluster,
+	"etcd-3":            startEtcdCluster,
+	"galera-3":          startGaleraCluster,
+	"galera-3-isolate":  startGaleraIsolate,
+	"redis-async":       startRedisAsync,
+	"redis-minreplicas": startRedisMinReplicas,
+	"zk-3":              startZKCluster,
 }
 
 // ClusterKinds names the clusters StartCluster starts.

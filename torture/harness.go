@@ -118,6 +118,10 @@ type Config struct {
 	Out             string    // output directory
 	Tag             string    // table-name tag: torture_<tag>_*
 	Log             io.Writer // progress lines; nil discards
+
+	// RedisMinReplicas is redis-lease's redislock.Options.MinReplicas:
+	// how many replicas acknowledge each grant and extension (WAIT).
+	RedisMinReplicas int
 }
 
 var tagRE = regexp.MustCompile(`^[a-z0-9]{1,16}$`)
@@ -254,7 +258,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: MariaDB at %s: %v", ErrNoServer, cfg.MySQLDSN, err)
 	}
-	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions, Galera: cfg.Galera}
+	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, RedisMinReplicas: cfg.RedisMinReplicas, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions, Galera: cfg.Galera}
 	if cfg.StoreDSN != "" {
 		sdsn, err := directDSN(cfg.StoreDSN)
 		if err != nil {
@@ -615,7 +619,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 	}
 	wc := workerConfig{
 		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, ModeKeys: r.modeKeys, Leader: r.leader, TTL: r.cfg.TTL,
-		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, Galera: r.env.Galera, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr},
+		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, Galera: r.env.Galera, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr, RedisMinReplicas: r.env.RedisMinReplicas},
 		Lanes:        r.lanes(),
 		ClientFaults: r.m.client,
 		Resource:     resAddr,

@@ -68,7 +68,7 @@ var redisLease = &Adapter{
 		rdb := redis.NewClient(&redis.Options{Addr: a.Addr, DialTimeout: time.Second,
 			ReadTimeout: 300 * time.Millisecond, WriteTimeout: 300 * time.Millisecond, MaxRetries: -1,
 			PoolSize: a.PoolSize}) // 0: go-redis's default
-		b, err := redislock.New(rdb, &redislock.Options{Prefix: a.Store})
+		b, err := redislock.New(rdb, &redislock.Options{Prefix: a.Store, MinReplicas: a.RedisMinReplicas})
 		if err != nil {
 			rdb.Close()
 			return nil, nil, err
