@@ -214,9 +214,6 @@ func (c *pgCluster) Failover(ctx context.Context, log io.Writer) (killed, ready 
 		return killed, 0, err
 	}
 	c.primary, c.replica = next, nil
-	if err := os.RemoveAll(old.data); err != nil {
-		return killed, 0, err
-	}
 	if err := c.promote(ctx, next); err != nil {
 		return killed, 0, err
 	}
@@ -224,6 +221,9 @@ func (c *pgCluster) Failover(ctx context.Context, log io.Writer) (killed, ready 
 		return killed, 0, fmt.Errorf("switch the front to %s: %w", next.addr, err)
 	}
 	ready = Mono()
+	if err := os.RemoveAll(old.data); err != nil {
+		return killed, ready, err
+	}
 	if err := c.newLink(next.addr); err != nil {
 		return killed, ready, err
 	}
