@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -81,6 +82,14 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     role's default. A clean restart keeps the rows and the epoch. A
 //     key's counter reaching 2^40 within one epoch refuses its grants with
 //     an error until a new epoch begins.
+//   - With synchronous standbys, a fence is returned only in an epoch that
+//     they have: an Advisory's first grant in each epoch writes the
+//     epoch's row again and so waits for them. A commit whose wait for the
+//     standbys is cancelled (as the cancel request sent when a caller's
+//     context ends mid-statement does) is visible at once, replicated or
+//     not; without that write, the grants that follow it in its epoch
+//     would wait for nothing, and a failover to a standby that lacks the
+//     epoch would begin it again and repeat their fences.
 //   - A crash also forgets what the rows kept past a lock's end: a pending
 //     lock-delay or minimum hold (dlock.WithLockDelay, dlock.WithMinHold) of
 //     a lock that the crash freed is not waited out. Its holder's
@@ -132,6 +141,11 @@ type Advisory struct {
 	all     map[*session]bool  // every open session
 	closed  bool
 	wg      sync.WaitGroup // the sessions' goroutines
+
+	// durable is the epoch of the last grant returned to a caller (0:
+	// none yet). A grant in any other epoch writes the epoch's row of
+	// "_epochs" again (see newAdvisoryQueries).
+	durable atomic.Int64
 
 	// afterUnlock, if set (tests only), runs in Release between the unlock
 	// statement and the bookkeeping that follows it.
@@ -314,8 +328,14 @@ const (
 // whatever the server's, the database's or the role's default), and in
 // "_epoch_now". Concurrent first grants agree on the epoch through that
 // row's key (eu: the later one waits for the first to commit, then takes
-// its epoch). So a key's fence grows by one per grant within an epoch, and
-// a new epoch's fences exceed every fence of an earlier one. A
+// its epoch). A grant in an epoch other than the one its Advisory last
+// granted in (the parameter after the others, Advisory.durable) writes the
+// epoch's row of "_epochs" again (ed), so its commit waits for the
+// synchronous standbys: the epoch is theirs before the Advisory returns a
+// fence in it (only a grant whose caller still waited, so whose wait was
+// not cancelled, advances Advisory.durable). So a key's fence grows by one
+// per grant within an epoch, and a new epoch's fences exceed every fence of
+// an earlier one, on the server and on its synchronous standbys. A
 // session-level advisory lock survives the rollback of a failed statement,
 // so after an error the lock is unlocked (or the session closed).
 //
@@ -349,6 +369,10 @@ func newAdvisoryQueries(tb tables) advisoryQueries {
     `+granted("writer_until", "'-infinity'"), ``, `0::bigint`, ``
 		lim, gone := `'-1'`, `''`
 		unlockFn := `pg_advisory_unlock`
+		durable := `$9` // the epoch this Advisory knows durable (Advisory.durable)
+		if marks {
+			durable = `$10`
+		}
 		if shared {
 			ok = `CASE WHEN k.wu > k.now THEN false ELSE ` + lock + ` END`
 			bump = ``
@@ -390,6 +414,9 @@ ei AS (INSERT INTO ` + es + ` (epoch) SELECT epoch FROM eb ON CONFLICT DO NOTHIN
 eu AS (INSERT INTO ` + en + ` AS n (one, epoch) SELECT true, epoch FROM eb
   ON CONFLICT (one) DO UPDATE SET one = n.one RETURNING n.epoch),
 e AS MATERIALIZED (SELECT coalesce((SELECT epoch FROM e0), (SELECT epoch FROM eu)) AS epoch),
+ed AS (INSERT INTO ` + es + ` AS d (epoch) SELECT epoch FROM e
+  WHERE (SELECT ok FROM l) AND NOT EXISTS (SELECT FROM eb) AND epoch IS DISTINCT FROM ` + durable + `::bigint
+  ON CONFLICT (epoch) DO UPDATE SET epoch = d.epoch),
 g AS (
   INSERT INTO ` + s + ` AS s (name, lock_id, token, owner, fence, pid, acquired_at, metadata, delay_us, changes)
   SELECT $3, $4, $5, $6, (e.epoch << ` + shift + `) + 1, pg_backend_pid(), clock_timestamp(), $7, $8::bigint, 1 FROM l, e WHERE l.ok
@@ -985,6 +1012,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	if q == a.q.try {
 		args = append(args, us(dlock.WriterMark))
 	}
+	args = append(args, a.durable.Load())
 	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs, nil, nil, &delayUs)
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && strings.Contains(pe.Message, fencesExhausted) {
 		err = fmt.Errorf("pglock: the fencing counter of %q reached 2^%d in this epoch; emptying %s begins a new one", req.Key, epochShift, a.tb.epoch)
@@ -1032,6 +1060,9 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	if j.settle() {
 		if res.ok {
 			a.record(id, req, ss)
+			// Its commit waited for the standbys, uncancelled: its
+			// epoch is as durable as the server's commits are.
+			a.durable.Store(int64(res.fence >> epochShift))
 		}
 		return nil
 	}

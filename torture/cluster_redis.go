@@ -430,13 +430,6 @@ func freshDir(dir string) error {
 	return os.MkdirAll(dir, 0o755)
 }
 
-// portOf is the port of a host:port address.
-func portOf(addr string) int {
-	_, p, _ := net.SplitHostPort(addr)
-	n, _ := strconv.Atoi(p)
-	return n
-}
-
 // waitUntil calls f every 50 ms until it returns nil, for at most d.
 func waitUntil(ctx context.Context, d time.Duration, f func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, d)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -96,6 +97,13 @@ func (f *Front) Close() {
 	f.p.Stop()
 }
 
+// portOf returns the port of a host:port address (0 if it has none).
+func portOf(addr string) int {
+	_, p, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
 // freePort returns a TCP port free on loopback now.
 func freePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -112,6 +120,8 @@ var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Write
 	"etcd-3":            startEtcdCluster,
 	"galera-3":          startGaleraCluster,
 	"galera-3-isolate":  startGaleraIsolate,
+	"pg-async":          startPGAsync,
+	"pg-sync":           startPGSync,
 	"redis-async":       startRedisAsync,
 	"redis-minreplicas": startRedisMinReplicas,
 	"zk-3":              startZKCluster,

@@ -1,0 +1,251 @@
+package torture
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/testproc"
+	"github.com/dlock-dev/dlock/pglock"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// startTestPGCluster starts a cluster of the kind in a directory the
+// postgres user can reach, closed when the test ends. Without PostgreSQL's
+// programs the test fails under CI=true and is skipped otherwise.
+func startTestPGCluster(t *testing.T, kind string, log io.Writer) Cluster {
+	t.Helper()
+	if _, err := exec.LookPath(pgBin("initdb")); err != nil {
+		testproc.Missing(t, "PostgreSQL's initdb", "apt-get install postgresql-15, or set DLOCK_PG_BIN", err)
+	}
+	dir, err := os.MkdirTemp("", "torture-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	c, err := StartCluster(context.Background(), kind, dir, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return c
+}
+
+// A commit acknowledged before a failover is on the new primary in pg-sync,
+// and the last ones are lost in pg-async (its standby misses the stream for
+// pgLag before the kill): the cluster's own positive control.
+func TestPGClusterCommits(t *testing.T) {
+	testproc.Short(t, "PostgreSQL clusters of its own")
+	for _, kind := range []string{"pg-sync", "pg-async"} {
+		t.Run(kind, func(t *testing.T) {
+			var log strings.Builder
+			c := startTestPGCluster(t, kind, &log)
+			var cfg Config
+			c.Configure(&cfg)
+			ctx := context.Background()
+			pool, err := pgxpool.New(ctx, cfg.PGDSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			if _, err := pool.Exec(ctx, "CREATE TABLE acked (id bigint PRIMARY KEY)"); err != nil {
+				t.Fatal(err)
+			}
+			// One writer commits row after row through the Front and keeps
+			// the ids acknowledged, until the failover is over.
+			stop := make(chan struct{})
+			acked := make(chan []int64)
+			go func() {
+				var ids []int64
+				for id := int64(1); ; id++ {
+					select {
+					case <-stop:
+						acked <- ids
+						return
+					default:
+					}
+					wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					_, err := pool.Exec(wctx, "INSERT INTO acked VALUES ($1)", id)
+					cancel()
+					if err == nil {
+						ids = append(ids, id)
+					}
+				}
+			}()
+			time.Sleep(200 * time.Millisecond)
+			killed, ready, err := c.Failover(ctx, &log)
+			close(stop)
+			ids := <-acked
+			if err != nil || killed == 0 || ready < killed {
+				t.Fatalf("failover: killed %d ready %d: %v\n%s", killed, ready, err, log.String())
+			}
+			var missing int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM unnest($1::bigint[]) AS a(id) WHERE NOT EXISTS (SELECT FROM acked WHERE acked.id = a.id)",
+				ids).Scan(&missing); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: %d commits acknowledged, %d of them lost; serving %s after the kill\n%s",
+				kind, len(ids), missing, time.Duration(ready-killed), log.String())
+			switch {
+			case len(ids) == 0:
+				t.Fatal("no commit was acknowledged")
+			case kind == "pg-sync" && missing > 0:
+				t.Errorf("%d acknowledged commits lost in a synchronous failover", missing)
+			case kind == "pg-async" && missing == 0:
+				t.Errorf("no acknowledged commit lost in an asynchronous failover: the standby did not lag")
+			}
+		})
+	}
+}
+
+// TestFailoverPGSync runs pg-lease on a pg-sync cluster failed over every
+// 6 s: with a synchronous standby a failover loses no grant, so the run
+// passes. It needs the MariaDB of the resource (see testDSN).
+func TestFailoverPGSync(t *testing.T) {
+	testproc.Short(t, "a MariaDB server and PostgreSQL clusters of its own")
+	dsn, _ := testDSN(t)
+	var log strings.Builder
+	c := startTestPGCluster(t, "pg-sync", &log)
+	cfg := Config{
+		Duration: 15 * time.Second, Workers: 4, Keys: 2, TTL: time.Second, Seed: uint64(time.Now().UnixNano()),
+		Faults: []string{FaultKill, FaultStop}, FaultEvery: 2 * time.Second, LongFrac: 0.3,
+		Failover: c, FailoverEvery: 6 * time.Second,
+		MySQLDSN: dsn, Out: t.TempDir(), Tag: "pgsyncfo", Log: &log,
+	}
+	c.Configure(&cfg)
+	cfg.Strategies = []string{pgLease.Name}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	var md strings.Builder
+	rep.Markdown(&md)
+	if len(rep.Runs) != 1 {
+		t.Fatalf("%d runs, want 1\n%s", len(rep.Runs), md.String())
+	}
+	r := rep.Runs[0]
+	if r.Failed || r.Verdict != "PASS" {
+		t.Errorf("%s: %s: %s %v %v\n%s", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems,
+			strings.Join(r.ViolationList[:min(5, len(r.ViolationList))], "\n"))
+	}
+	failovers := 0
+	for _, f := range r.Faults {
+		if f.Kind == FaultFailover {
+			failovers = f.Injected - f.Errors
+			if f.Errors > 0 {
+				t.Errorf("%d of %d failovers failed", f.Errors, f.Injected)
+			}
+		}
+	}
+	if failovers == 0 {
+		t.Error("no failover was done")
+	}
+	t.Log("\n" + log.String())
+	t.Log("\n" + md.String())
+}
+
+// openAdvisory opens a Locker on pglock's advisory strategy through the
+// cluster's Front.
+func openAdvisory(t *testing.T, dsn string) (*dlock.Locker, *pglock.Advisory) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adv, err := pglock.NewAdvisory(pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := dlock.New(adv, nil)
+	t.Cleanup(func() { l.Close(context.Background()); adv.Close(); pool.Close() })
+	return l, adv
+}
+
+// An advisory fence granted before a failover to the synchronous standby
+// is below every fence of that key granted after it, even when the grant
+// that began the fence's epoch had its wait for the standby cut short by
+// its caller's deadline.
+func TestPGSyncAdvisoryEpochCancelledWait(t *testing.T) {
+	testproc.Short(t, "PostgreSQL clusters of its own")
+	var log strings.Builder
+	c := startTestPGCluster(t, "pg-sync", &log)
+	pc := c.(*pgCluster)
+	var cfg Config
+	c.Configure(&cfg)
+	ctx := context.Background()
+	l, adv := openAdvisory(t, cfg.PGDSN)
+	if err := adv.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b"} { // each key's claim, and epoch 1
+		lk, err := l.Acquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The new primary begins an epoch at its first grant. The Locker
+	// lives on, as an application does, its claims of the keys known.
+	if _, _, err := c.Failover(ctx, &log); err != nil {
+		t.Fatalf("failover: %v\n%s", err, log.String())
+	}
+	// The standby receives nothing more: commits wait for it.
+	if _, err := pc.link.Toxics.AddToxicJson(strings.NewReader(`{"name":"hold","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)); err != nil {
+		t.Fatal(err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := l.Acquire(actx, "a")
+	cancel()
+	t.Logf("the grant that begins the epoch, with a 300 ms deadline: %v", err)
+	// Its commit becomes visible on the primary once the cancel request
+	// that the deadline sent arrives: the wait for the standby was
+	// cancelled, not the transaction.
+	conn, err := pgconn.Connect(ctx, pc.primary.dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for try := 0; ; try++ {
+		res := conn.ExecParams(ctx, "SELECT epoch FROM "+pglock.DefaultTable+"_epoch_now", nil, nil, nil, nil).Read()
+		if res.Err == nil && len(res.Rows) == 1 {
+			break
+		}
+		if try == 100 {
+			t.Fatalf("the epoch begun while the standby receives nothing is not visible on the primary: %v %q", res.Err, res.Rows)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	bctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	before, err := l.Acquire(bctx, "b")
+	cancel()
+	if err != nil {
+		t.Logf("no grant while the standby receives nothing: %v", err)
+	} else {
+		t.Logf("granted b fence %#x while the standby receives nothing", before.Fence())
+	}
+	if _, _, err := c.Failover(ctx, &log); err != nil {
+		t.Fatalf("failover: %v\n%s", err, log.String())
+	}
+	actx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	after, err := l.Acquire(actx, "b")
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("b fence %#x after the failover", after.Fence())
+	if before != nil && after.Fence() <= before.Fence() {
+		t.Errorf("b: fence %#x granted after the failover, %#x before it: fences must increase", after.Fence(), before.Fence())
+	}
+}
