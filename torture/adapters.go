@@ -136,8 +136,13 @@ type Env struct {
 	// table to InnoDB, versioned, for a record of their grants (see
 	// sessionAdapter).
 	VersionSessions bool
-	Galera          bool        // Config.Galera
-	relaunched      *relaunched // servers the restart fault started as the harness's children
+	Galera          bool // Config.Galera
+	// Unrecorded: the run reads no store history (a failover run), so
+	// Prepare adds no instrumentation, which would change what the store
+	// does (a trigger's logged write makes an unlogged grant durable and
+	// makes it wait for synchronous standbys).
+	Unrecorded bool
+	relaunched *relaunched // servers the restart fault started as the harness's children
 }
 
 // OpenArgs is what a worker hands Adapter.Open.
@@ -264,7 +269,7 @@ var mysqlLease = &Adapter{
 		// as text that the other nodes cannot apply (Unknown column
 		// NEW.name), and the cluster expels them. A failover run reads no
 		// history anyway.
-		return prepareMySQL(ctx, env, "", !env.Galera)
+		return prepareMySQL(ctx, env, "", !env.Galera && !env.Unrecorded)
 	},
 	Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
 		return openMySQL(a, func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) { return mysqllock.New(db, o) })
@@ -365,7 +370,7 @@ func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.B
 		SessionHeld: true,
 		Known:       sessionEnds,
 		Prepare: func(ctx context.Context, env *Env) (string, error) {
-			if !env.VersionSessions {
+			if !env.VersionSessions || env.Unrecorded {
 				return prepareMySQL(ctx, env, "", false)
 			}
 			return prepareMySQL(ctx, env, "_session", true)

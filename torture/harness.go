@@ -452,6 +452,7 @@ func runMode(ctx context.Context, cfg Config, m mode, idx int, env Env) (*RunRep
 	}
 	tag := fmt.Sprintf("%s%d", cfg.Tag, idx)
 	env.Tag, env.Dir = tag, r.dir
+	env.Unrecorded = m.failover
 	r.env = &env
 	db := env.DB
 	for i := range cfg.Keys {

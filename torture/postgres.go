@@ -167,7 +167,8 @@ func pgIdent(name string) string { return `"` + name + `"` }
 // preparePG drops and recreates pglock's tables for env's tag (Migrate
 // creates those of both strategies), and instruments the one named by
 // suffix ("" for the lease table, "_session") with a history table filled
-// by a trigger whose PL/pgSQL body is body, with %[1]s for the history table.
+// by a trigger whose PL/pgSQL body is body, with %[1]s for the history table
+// (not when env.Unrecorded).
 func preparePG(ctx context.Context, env *Env, suffix, body string) (string, error) {
 	locks, err := pgTable(env.Tag)
 	if err != nil {
@@ -193,6 +194,9 @@ func preparePG(ctx context.Context, env *Env, suffix, body string) (string, erro
 	}
 	if err := b.Migrate(ctx); err != nil {
 		return "", err
+	}
+	if env.Unrecorded {
+		return locks, nil
 	}
 	hist, fn := pgIdent(t+"_hist"), pgIdent(t+"_hist_fn")
 	for _, s := range []string{
