@@ -135,7 +135,12 @@ type Env struct {
 	// table to InnoDB, versioned, for a record of their grants (see
 	// sessionAdapter).
 	VersionSessions bool
-	relaunched      *relaunched // servers the restart fault started as the harness's children
+	// NoRecord: the run reads no store record (Config.Failover), so
+	// Prepare adds nothing to the store for one. (MariaDB logs changes of
+	// a transaction-precise versioned table as statements, also those a
+	// trigger makes, and a replica stops on them.)
+	NoRecord   bool
+	relaunched *relaunched // servers the restart fault started as the harness's children
 }
 
 // OpenArgs is what a worker hands Adapter.Open.
@@ -254,7 +259,7 @@ var mysqlLease = &Adapter{
 	Pooled:    true,
 	Upstream:  mysqlStoreUpstream,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
-		return prepareMySQL(ctx, env, "", true)
+		return prepareMySQL(ctx, env, "", !env.NoRecord)
 	},
 	Open: func(ctx context.Context, a OpenArgs) (dlock.Backend, func() error, error) {
 		return openMySQL(a, func(db *sql.DB, o *mysqllock.Options) (dlock.Backend, error) { return mysqllock.New(db, o) })
@@ -355,7 +360,7 @@ func sessionAdapter(name string, newB func(*sql.DB, *mysqllock.Options) (dlock.B
 		SessionHeld: true,
 		Known:       sessionEnds,
 		Prepare: func(ctx context.Context, env *Env) (string, error) {
-			if !env.VersionSessions {
+			if !env.VersionSessions || env.NoRecord {
 				return prepareMySQL(ctx, env, "", false)
 			}
 			return prepareMySQL(ctx, env, "_session", true)

@@ -84,9 +84,14 @@ type checkInput struct {
 	Workers          []*workerLog
 	HasHistory       bool
 	History          []LeaseEvent
-	ResLog           []logRow
-	Faults           []FaultRecord
-	Offset           int64 // wall minus mono, ns
+	// NoStoreRecord: the run reads no store record by design (a failover
+	// run: a failover loses part of it), so its absence leaves nothing
+	// open; the workers' and the resource's records judge the run, and
+	// the store-side checks and liveness are not made.
+	NoStoreRecord bool
+	ResLog        []logRow
+	Faults        []FaultRecord
+	Offset        int64 // wall minus mono, ns
 	// StoreClock maps the store's instants when its server runs on a clock
 	// of its own (nil: this host's wall clock, by Offset).
 	StoreClock *clockMap
@@ -442,7 +447,9 @@ func (c *checker) buildHolds() {
 // kept its own rules, judged by the store's own clock and order.
 func (c *checker) buildLeases() {
 	if !c.in.HasHistory {
-		c.inconclusive("no store history for %s: store-side exclusion not checked, lead times estimated", c.in.Strategy)
+		if !c.in.NoStoreRecord {
+			c.inconclusive("no store history for %s: store-side exclusion not checked, lead times estimated", c.in.Strategy)
+		}
 		return
 	}
 	cur := map[string]*lease{}
@@ -930,7 +937,9 @@ func (c *checker) liveness() {
 		c.rep.AcquireWait.add(float64(h.acqOK-h.acqStart) / 1e6)
 	}
 	if !c.in.HasHistory || !c.clockOK {
-		c.inconclusive("liveness (free key with waiters) not checked: no store history or clock stepped")
+		if !c.in.NoStoreRecord || !c.clockOK {
+			c.inconclusive("liveness (free key with waiters) not checked: no store history or clock stepped")
+		}
 		return
 	}
 	// faultedAt: a fault touched the worker within [a, b] or a TTL before;

@@ -21,7 +21,7 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 		Name: r.m.name, Strategy: r.m.adapter.Name, TTL: r.cfg.TTL,
 		NoFencing: r.m.noFencing, Control: r.m.control, SessionHeld: r.m.adapter.SessionHeld, PauseStallsStore: r.m.adapter.PauseStallsStore, Known: r.m.adapter.Known,
 		Started: started, Ended: ended,
-		Faults: r.faults, ModeKeys: r.modeKeys, Leader: r.leader,
+		Faults: r.faults, ModeKeys: r.modeKeys, Leader: r.leader, NoStoreRecord: r.m.failover,
 	}
 	in.Offset, in.OffsetSkew = r.clock.offset()
 	if r.storeClock != nil {
@@ -84,7 +84,8 @@ func (r *runner) collect(started, ended int64) (*RunReport, error) {
 			return nil, fmt.Errorf("read store record: %w", err)
 		}
 		in.HasHistory, in.History = true, hist
-	} else if h := r.m.adapter.History; h != nil {
+	} else if h := r.m.adapter.History; h != nil && !r.m.failover {
+		// A failover loses part of the store's record (Config.Failover).
 		hist, err := h(ctx, r.env, r.store)
 		switch {
 		case errors.Is(err, ErrNoHistory):

@@ -97,7 +97,10 @@ func freePort() (int, error) {
 
 // clusterKinds are the replicated stores the failover fault runs on, by
 // name; each starts its nodes under dir, on loopback ports of its own.
-var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Writer) (Cluster, error){}
+var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Writer) (Cluster, error){
+	"mariadb-async":    startMariaAsync,
+	"mariadb-semisync": startMariaSemiSync,
+}
 
 // ClusterKinds names the clusters StartCluster starts.
 func ClusterKinds() []string {

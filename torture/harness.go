@@ -250,7 +250,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: MariaDB at %s: %v", ErrNoServer, cfg.MySQLDSN, err)
 	}
-	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions}
+	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions, NoRecord: cfg.Failover != nil}
 	if cfg.StoreDSN != "" {
 		sdsn, err := directDSN(cfg.StoreDSN)
 		if err != nil {
