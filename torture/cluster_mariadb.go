@@ -244,6 +244,7 @@ func (n *mariaNode) start(ctx context.Context, args []string) error {
 		}
 		select {
 		case <-n.done:
+			db.Close()
 			log, _ := os.ReadFile(filepath.Join(n.dir, "error.log"))
 			return fmt.Errorf("mariadbd exited: %s", lastLines(log, 5))
 		default:
@@ -477,7 +478,8 @@ func (c *mariaCluster) Failover(ctx context.Context, log io.Writer) (killed, rea
 		return 0, 0, fmt.Errorf("drop the replication link: %w", err)
 	}
 	if !sleepCtx(ctx, mariaLag) {
-		return 0, 0, ctx.Err()
+		c.down = fmt.Errorf("the replication link was left dropped: %w", ctx.Err())
+		return 0, 0, c.down
 	}
 	old := c.primary
 	killed = Mono()
