@@ -139,8 +139,10 @@ type Env struct {
 	Galera          bool // Config.Galera
 	// Unrecorded: the run reads no store history (a failover run), so
 	// Prepare adds no instrumentation, which would change what the store
-	// does (a trigger's logged write makes an unlogged grant durable and
-	// makes it wait for synchronous standbys).
+	// does: a trigger's logged write makes an unlogged grant durable and
+	// makes it wait for synchronous standbys, and MariaDB logs changes of
+	// a transaction-precise versioned table as statements, also those a
+	// trigger makes, on which a replica stops.
 	Unrecorded bool
 	relaunched *relaunched // servers the restart fault started as the harness's children
 }

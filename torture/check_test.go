@@ -491,3 +491,19 @@ func TestCheckLivenessKeyTakenByACutOffWaiter(t *testing.T) {
 	in.Workers[2].Events[0].Tok = ""
 	wantViolation(t, in, vLiveness)
 }
+
+// A failover run reads no store record (a failover loses part of it): the
+// workers' and the resource's records judge it, and still catch a fence
+// handed out twice.
+func TestCheckFailoverWithoutStoreRecord(t *testing.T) {
+	in := base()
+	in.HasHistory, in.History, in.NoHistory = false, nil, "a failover loses part of the store's history"
+	in.Faults = []FaultRecord{{Kind: FaultFailover, Slot: -1, Start: 620 * ms, End: 640 * ms}}
+	if r := check(in); r.Verdict != "PASS" || r.ViolationCount != 0 {
+		t.Fatalf("clean failover run: %s %v %v %v", r.Verdict, r.ViolationList, r.Inconclusive, r.Problems)
+	}
+	for i := range in.Workers[1].Events { // the promoted replica missed fence 1
+		in.Workers[1].Events[i].F = 1
+	}
+	wantViolation(t, in, vFenceTwice)
+}

@@ -125,6 +125,8 @@ var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Write
 	"redis-async":       startRedisAsync,
 	"redis-minreplicas": startRedisMinReplicas,
 	"zk-3":              startZKCluster,
+	"mariadb-async":     startMariaAsync,
+	"mariadb-semisync":  startMariaSemiSync,
 }
 
 // ClusterKinds names the clusters StartCluster starts.
