@@ -19,6 +19,7 @@ func TestFailoverGalera(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts Galera clusters")
 	}
+	t.Parallel()
 	for _, b := range []string{"mariadbd", "mariadb-install-db", "rsync"} {
 		if _, err := lookBinary(b); err != nil {
 			galeraMissing(t, err)
@@ -32,10 +33,7 @@ func TestFailoverGalera(t *testing.T) {
 			// The mode keys too: shared and limited holders are rows of
 			// another table, which the journal's triggers tie to the lock
 			// table's.
-			r := runFailover(t, kind, 15*time.Second, 6*time.Second, func(cfg *Config) { cfg.ModeKeys = true })
-			if r.Failed || r.Verdict != "PASS" {
-				t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
-			}
+			wantPass(t, runFailover(t, kind, 15*time.Second, 6*time.Second, func(cfg *Config) { cfg.ModeKeys = true }))
 		})
 	}
 }

@@ -3,7 +3,6 @@ package torture
 import (
 	"context"
 	"io"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -16,29 +15,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// startTestPGCluster starts a cluster of the kind in a directory the
-// postgres user can reach, closed when the test ends. Without PostgreSQL's
-// programs the test fails under CI=true and is skipped otherwise.
+// startTestPGCluster starts a cluster of kind for the test (startClusterT).
+// Without PostgreSQL's programs the test fails under CI=true and is skipped
+// otherwise.
 func startTestPGCluster(t *testing.T, kind string, log io.Writer) Cluster {
 	t.Helper()
 	if _, err := exec.LookPath(pgBin("initdb")); err != nil {
 		testproc.Missing(t, "PostgreSQL's initdb", "apt-get install postgresql-15, or set DLOCK_PG_BIN", err)
 	}
-	dir, err := os.MkdirTemp("", "torture-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	c, err := StartCluster(context.Background(), kind, dir, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return c
+	return startClusterT(t, kind, log)
 }
 
 // A commit acknowledged before a failover is on the new primary in pg-sync,
@@ -46,6 +31,7 @@ func startTestPGCluster(t *testing.T, kind string, log io.Writer) Cluster {
 // pgLag before the kill): the cluster's own positive control.
 func TestPGClusterCommits(t *testing.T) {
 	testproc.Short(t, "PostgreSQL clusters of its own")
+	t.Parallel()
 	for _, kind := range []string{"pg-sync", "pg-async"} {
 		t.Run(kind, func(t *testing.T) {
 			var log strings.Builder
@@ -113,45 +99,14 @@ func TestPGClusterCommits(t *testing.T) {
 // passes. It needs the MariaDB of the resource (see testDSN).
 func TestFailoverPGSync(t *testing.T) {
 	testproc.Short(t, "a MariaDB server and PostgreSQL clusters of its own")
-	dsn, _ := testDSN(t)
-	var log strings.Builder
-	c := startTestPGCluster(t, "pg-sync", &log)
-	cfg := Config{
-		Duration: 15 * time.Second, Workers: 4, Keys: 2, TTL: time.Second, Seed: uint64(time.Now().UnixNano()),
-		Faults: []string{FaultKill, FaultStop}, FaultEvery: 2 * time.Second, LongFrac: 0.3,
-		Failover: c, FailoverEvery: 6 * time.Second,
-		MySQLDSN: dsn, Out: t.TempDir(), Tag: "pgsyncfo", Log: &log,
+	if _, err := exec.LookPath(pgBin("initdb")); err != nil {
+		testproc.Missing(t, "PostgreSQL's initdb", "apt-get install postgresql-15, or set DLOCK_PG_BIN", err)
 	}
-	c.Configure(&cfg)
-	cfg.Strategies = []string{pgLease.Name}
-	rep, err := Run(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
-	var md strings.Builder
-	rep.Markdown(&md)
-	if len(rep.Runs) != 1 {
-		t.Fatalf("%d runs, want 1\n%s", len(rep.Runs), md.String())
-	}
-	r := rep.Runs[0]
-	if r.Failed || r.Verdict != "PASS" {
-		t.Errorf("%s: %s: %s %v %v\n%s", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems,
-			strings.Join(r.ViolationList[:min(5, len(r.ViolationList))], "\n"))
-	}
-	failovers := 0
-	for _, f := range r.Faults {
-		if f.Kind == FaultFailover {
-			failovers = f.Injected - f.Errors
-			if f.Errors > 0 {
-				t.Errorf("%d of %d failovers failed", f.Errors, f.Injected)
-			}
-		}
-	}
-	if failovers == 0 {
-		t.Error("no failover was done")
-	}
-	t.Log("\n" + log.String())
-	t.Log("\n" + md.String())
+	t.Parallel()
+	wantPass(t, runFailover(t, "pg-sync", 15*time.Second, 6*time.Second, func(cfg *Config) {
+		cfg.Strategies = []string{pgLease.Name}
+		cfg.Faults, cfg.FaultEvery = []string{FaultKill, FaultStop}, 2*time.Second
+	}))
 }
 
 // openAdvisory opens a Locker on pglock's advisory strategy through the
@@ -177,6 +132,7 @@ func openAdvisory(t *testing.T, dsn string) (*dlock.Locker, *pglock.Advisory) {
 // its caller's deadline.
 func TestPGSyncAdvisoryEpochCancelledWait(t *testing.T) {
 	testproc.Short(t, "PostgreSQL clusters of its own")
+	t.Parallel()
 	var log strings.Builder
 	c := startTestPGCluster(t, "pg-sync", &log)
 	pc := c.(*pgCluster)

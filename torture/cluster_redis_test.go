@@ -21,8 +21,6 @@ func TestFailoverRedisMinReplicas(t *testing.T) {
 		}
 		t.Skipf("SKIPPING: %v", err)
 	}
-	r := runFailover(t, "redis-minreplicas", 15*time.Second, 6*time.Second)
-	if r.Failed || r.Verdict != "PASS" {
-		t.Errorf("%s: %s: %s %v %v", r.Name, r.Verdict, summarizeViolations(r.Violations), r.Inconclusive, r.Problems)
-	}
+	t.Parallel()
+	wantPass(t, runFailover(t, "redis-minreplicas", 15*time.Second, 6*time.Second))
 }
