@@ -17,6 +17,16 @@ import (
 // startEtcdCluster starts three etcd members on loopback (50 ms heartbeat,
 // 500 ms election timeout, as the harness's single etcd) for etcd-lease.
 func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newEtcdCluster(ctx, dir, false)
+}
+
+// startEtcdPause is startEtcdCluster whose failovers pause the leader
+// (quorumCluster.pause).
+func startEtcdPause(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newEtcdCluster(ctx, dir, true)
+}
+
+func newEtcdCluster(ctx context.Context, dir string, pause bool) (Cluster, error) {
 	if _, err := exec.LookPath("etcd"); err != nil {
 		return nil, fmt.Errorf("%w: etcd (Debian: etcd-server): %v", ErrNoServer, err)
 	}
@@ -24,6 +34,7 @@ func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, er
 		return nil, err
 	}
 	c := &quorumCluster{
+		pause: pause,
 		configure: func(cfg *Config, addr string) []string {
 			cfg.EtcdAddr = addr
 			return []string{"etcd-lease"}

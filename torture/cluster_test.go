@@ -13,6 +13,10 @@ import (
 	"github.com/dlock-dev/dlock/internal/testproc"
 )
 
+func haveEtcd() error { _, err := exec.LookPath("etcd"); return err }
+
+func haveZK() error { _, _, err := testproc.ZooKeeperCommand(); return err }
+
 // startClusterT starts a cluster of kind for the test, its data in a
 // directory every server's user can reach (PostgreSQL's runs as postgres),
 // stopped and removed when the test ends. Its log goes to log.
@@ -99,7 +103,9 @@ func wantPass(t *testing.T, r *RunReport) {
 // A three-member etcd and a ZooKeeper ensemble of three keep every
 // guarantee when their leader, the node the clients are connected to, is
 // killed: the others elect a leader and hold every acknowledged write, and
-// ZooKeeper's sessions move to it.
+// ZooKeeper's sessions move to it. So they do when the leader, with the
+// clients spread over the nodes, is paused for several election timeouts
+// and resumed.
 func TestFailoverQuorum(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts etcd and ZooKeeper ensembles")
@@ -109,17 +115,20 @@ func TestFailoverQuorum(t *testing.T) {
 		kind string
 		have func() error
 	}{
-		{"etcd-3", func() error { _, err := exec.LookPath("etcd"); return err }},
-		{"zk-3", func() error { _, _, err := testproc.ZooKeeperCommand(); return err }},
+		{"etcd-3", haveEtcd},
+		{"etcd-3-pause", haveEtcd},
+		{"zk-3", haveZK},
+		{"zk-3-pause", haveZK},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
+			t.Parallel()
 			if err := tc.have(); err != nil {
 				if os.Getenv("CI") == "true" {
 					t.Fatalf("%s is required (CI=true): %v", tc.kind, err)
 				}
 				t.Skipf("SKIPPING: %v", err)
 			}
-			wantPass(t, runFailover(t, tc.kind, 15*time.Second, 5*time.Second))
+			wantPass(t, runFailover(t, tc.kind, 10*time.Second, 4*time.Second))
 		})
 	}
 }

@@ -18,11 +18,22 @@ import (
 // server's 200 ms tick) for zk-lease. Sessions must survive the leader's
 // death: the clients reconnect, through the Front, to the new leader.
 func startZKCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newZKCluster(ctx, dir, false)
+}
+
+// startZKPause is startZKCluster whose failovers pause the leader
+// (quorumCluster.pause).
+func startZKPause(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newZKCluster(ctx, dir, true)
+}
+
+func newZKCluster(ctx context.Context, dir string, pause bool) (Cluster, error) {
 	java, cp, err := testproc.ZooKeeperCommand()
 	if err != nil {
 		return nil, fmt.Errorf("%w: ZooKeeper (Debian: zookeeper): %v", ErrNoServer, err)
 	}
 	c := &quorumCluster{
+		pause: pause,
 		configure: func(cfg *Config, addr string) []string {
 			cfg.ZKAddr, cfg.ZKDataDir = addr, ""
 			return []string{"zk-lease"}

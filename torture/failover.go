@@ -2,11 +2,13 @@ package torture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -118,6 +120,7 @@ func freePort() (int, error) {
 // name; each starts its nodes under dir, on loopback ports of its own.
 var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Writer) (Cluster, error){
 	"etcd-3":            startEtcdCluster,
+	"etcd-3-pause":      startEtcdPause,
 	"galera-3":          startGaleraCluster,
 	"galera-3-isolate":  startGaleraIsolate,
 	"pg-async":          startPGAsync,
@@ -125,6 +128,7 @@ var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Write
 	"redis-async":       startRedisAsync,
 	"redis-minreplicas": startRedisMinReplicas,
 	"zk-3":              startZKCluster,
+	"zk-3-pause":        startZKPause,
 	"mariadb-async":     startMariaAsync,
 	"mariadb-semisync":  startMariaSemiSync,
 }
@@ -140,13 +144,31 @@ func ClusterKinds() []string {
 }
 
 // StartCluster starts a cluster of the kind named, its nodes' data under
-// dir. Close stops it.
+// dir. Close stops it. A start that fails (a port taken between freePort
+// and the server's bind, by anyone) is tried again with new ports, twice,
+// in a directory of its own; a missing program (ErrNoServer) is not.
 func StartCluster(ctx context.Context, kind, dir string, log io.Writer) (Cluster, error) {
 	start, ok := clusterKinds[kind]
 	if !ok {
 		return nil, fmt.Errorf("unknown cluster %q (have %s)", kind, strings.Join(ClusterKinds(), ","))
 	}
-	return start(ctx, dir, log)
+	var errs []error
+	for try := range 3 {
+		d := dir
+		if try > 0 {
+			d = filepath.Join(dir, fmt.Sprintf("try%d", try))
+		}
+		c, err := start(ctx, d, log)
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, err)
+		if errors.Is(err, ErrNoServer) || ctx.Err() != nil {
+			break
+		}
+		fmt.Fprintf(log, "   cluster %s did not start, trying again: %v\n", kind, err)
+	}
+	return nil, fmt.Errorf("start %s: %w", kind, errors.Join(errs...))
 }
 
 // clusterNode is one server process of a Cluster, started by the harness
@@ -188,6 +210,14 @@ func (n *clusterNode) kill() {
 	case <-n.done:
 	case <-time.After(10 * time.Second):
 	}
+}
+
+// signal sends sig to the node's process.
+func (n *clusterNode) signal(sig syscall.Signal) error {
+	if n.cmd == nil {
+		return fmt.Errorf("%s: not started", n.name)
+	}
+	return n.cmd.Process.Signal(sig)
 }
 
 // waitReady waits until the node is ready, it exits, or d passes.
