@@ -87,17 +87,9 @@ func (c *quorumCluster) Failover(ctx context.Context, log io.Writer) (killed, re
 	}
 	old.kill()
 	killed = Mono()
-	var lead *clusterNode
-	for {
-		if lead, err = c.leader(ctx, old); err == nil {
-			if err = lead.ready(ctx); err == nil {
-				break
-			}
-		}
-		if ctx.Err() != nil {
-			return killed, 0, fmt.Errorf("no new leader: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	lead, err := c.awaitLeader(ctx, old)
+	if err != nil {
+		return killed, 0, err
 	}
 	if err := c.front.Switch(lead.addr); err != nil {
 		return killed, 0, err
@@ -123,17 +115,9 @@ func (c *quorumCluster) pauseLeader(ctx context.Context, old *clusterNode, log i
 			err = cerr
 		}
 	}()
-	var lead *clusterNode
-	for {
-		if lead, err = c.leader(ctx, old); err == nil {
-			if err = lead.ready(ctx); err == nil {
-				break
-			}
-		}
-		if ctx.Err() != nil {
-			return killed, 0, fmt.Errorf("no new leader: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	lead, err := c.awaitLeader(ctx, old)
+	if err != nil {
+		return killed, 0, err
 	}
 	ready = Mono()
 	fmt.Fprintf(log, "   failover: %s paused, %s leads\n", old.name, lead.name)
@@ -142,6 +126,23 @@ func (c *quorumCluster) pauseLeader(ctx context.Context, old *clusterNode, log i
 		return killed, ready, err
 	}
 	return killed, ready, old.waitReady(ctx, 30*time.Second)
+}
+
+// awaitLeader waits until the nodes other than old elect a leader that
+// serves, and returns it.
+func (c *quorumCluster) awaitLeader(ctx context.Context, old *clusterNode) (*clusterNode, error) {
+	for {
+		lead, err := c.leader(ctx, old)
+		if err == nil {
+			if err = lead.ready(ctx); err == nil {
+				return lead, nil
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("no new leader: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (c *quorumCluster) Close() error {
