@@ -26,6 +26,22 @@ import (
 // locks are not safe there: use the lease strategy (New), or session pooling.
 var ErrTransactionPooling = errors.New("pglock: the connection's server session changed between statements (a pooler in transaction mode?); advisory locks need session pooling: use the lease strategy")
 
+// ErrFencesExhausted is returned by the advisory strategy for a key whose
+// fencing counter reached 2^40 in the current epoch: the key is refused
+// (and left free) until a new epoch begins, which emptying the
+// "_epoch_now" table (or a server restart) does.
+var ErrFencesExhausted = errors.New("pglock: the key's fences of this epoch are exhausted")
+
+// fencesExhaustedError is ErrFencesExhausted with the server's error of
+// the refused statement: the session that ran it is still usable.
+type fencesExhaustedError struct {
+	msg string
+	pg  *pgconn.PgError
+}
+
+func (e *fencesExhaustedError) Error() string   { return e.msg }
+func (e *fencesExhaustedError) Unwrap() []error { return []error{ErrFencesExhausted, e.pg} }
+
 // Advisory is the advisory strategy: session-level advisory locks
 // (pg_try_advisory_lock, pg_advisory_lock) held by server sessions that it
 // opens with the pool's configuration, outside the pool. It is safe for
@@ -81,7 +97,7 @@ var ErrTransactionPooling = errors.New("pglock: the connection's server session 
 //     commits durably (synchronous_commit on) whatever the server's or the
 //     role's default. A clean restart keeps the rows and the epoch. A
 //     key's counter reaching 2^40 within one epoch refuses its grants with
-//     an error until a new epoch begins.
+//     ErrFencesExhausted until a new epoch begins.
 //   - With synchronous standbys, a fence is returned only in an epoch that
 //     they have: an Advisory's first grant in each epoch writes the
 //     epoch's row again and so waits for them. A commit whose wait for the
@@ -1015,7 +1031,8 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	args = append(args, a.durable.Load())
 	err := ss.conn.QueryRow(ctx, q, args...).Scan(&res.ok, &fence, &pid, &syncCommit, &markUs, nil, nil, &delayUs)
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && strings.Contains(pe.Message, fencesExhausted) {
-		err = fmt.Errorf("pglock: the fencing counter of %q reached 2^%d in this epoch; emptying %s begins a new one", req.Key, epochShift, a.tb.epoch)
+		err = &fencesExhaustedError{pg: pe,
+			msg: fmt.Sprintf("%v: %q reached 2^%d; emptying %s begins a new epoch", ErrFencesExhausted, req.Key, epochShift, a.tb.epoch)}
 	}
 	res.mark = time.Duration(markUs) * time.Microsecond
 	if err == nil && !res.ok && delayUs > 0 {
