@@ -3,6 +3,7 @@ package mysqllock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"testing"
 	"time"
 
@@ -176,7 +177,9 @@ func emptyAsRestart(t *testing.T, db *sql.DB, table string) {
 }
 
 // TestSessionFenceLimit: a key whose counter would reach 2^40 in the
-// server's run is refused with an error, and nothing is granted.
+// server's run is refused with ErrFencesExhausted, and nothing is granted;
+// the refusal is the server's answer, not a lost session: a lock held on
+// the same session before it is still held after it.
 func TestSessionFenceLimit(t *testing.T) {
 	ctx := t.Context()
 	db := open(t, "")
@@ -190,13 +193,20 @@ func TestSessionFenceLimit(t *testing.T) {
 		defer closeBe()
 		key := "limit/" + st.name + "/" + dlock.NewToken().String()
 		f := grantOnce(t, be, key)
+		kept := dlock.Lease{Key: key + "/kept", Token: dlock.NewToken(), TTL: 10 * time.Second}
+		if res, err := be.Acquire(ctx, dlock.Request{Key: kept.Key, Token: kept.Token, TTL: kept.TTL}); err != nil || !res.Acquired {
+			t.Fatalf("%s: acquire %s: %+v, %v", st.name, kept.Key, res, err)
+		}
 		// The largest fence of f's run.
 		if _, err := db.ExecContext(ctx, `UPDATE `+session+` SET fence = ? WHERE name = ?`, f|(1<<40-1), key); err != nil {
 			t.Fatal(err)
 		}
 		res, err := be.Acquire(ctx, dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second})
-		if err == nil || res.Acquired {
-			t.Errorf("%s: past the run's last fence: %+v, %v; want an error and no grant", st.name, res, err)
+		if !errors.Is(err, mysqllock.ErrFencesExhausted) || res.Acquired {
+			t.Errorf("%s: past the run's last fence: %+v, %v; want ErrFencesExhausted and no grant", st.name, res, err)
+		}
+		if errs, err := be.Extend(ctx, []dlock.Lease{kept}); err != nil || errs[0] != nil {
+			t.Errorf("%s: extend a lock of the same session after the refusal: %v, %v; want it held", st.name, errs, err)
 		}
 		var fence uint64
 		if err := db.QueryRowContext(ctx, `SELECT fence FROM `+session+` WHERE name = ?`, key).Scan(&fence); err != nil || fence != f|(1<<40-1) {

@@ -573,7 +573,8 @@ var errAbandoned = errors.New("mysqllock: session abandoned")
 // statement's context ends, and the server then drops the session's locks),
 // or the server's word that it ended the session.
 func sessionLost(err error) bool {
-	if err == nil || callerLeft(err) || errors.Is(err, errSkipped) || errors.Is(err, dlock.ErrNotHeld) {
+	if err == nil || callerLeft(err) || errors.Is(err, errSkipped) || errors.Is(err, dlock.ErrNotHeld) ||
+		errors.Is(err, ErrFencesExhausted) { // a refusal by the statements: the session answered
 		return false
 	}
 	var me *mysql.MySQLError
