@@ -2,7 +2,6 @@ package torture
 
 import (
 	"context"
-	"io"
 	"os/exec"
 	"strings"
 	"testing"
@@ -15,82 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// startTestPGCluster starts a cluster of kind for the test (startClusterT).
-// Without PostgreSQL's programs the test fails under CI=true and is skipped
-// otherwise.
-func startTestPGCluster(t *testing.T, kind string, log io.Writer) Cluster {
+// needPGPrograms fails the test under CI=true, and skips it otherwise,
+// without the PostgreSQL programs the clusters run.
+func needPGPrograms(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath(pgBin("initdb")); err != nil {
 		testproc.Missing(t, "PostgreSQL's initdb", "apt-get install postgresql-15, or set DLOCK_PG_BIN", err)
-	}
-	return startClusterT(t, kind, log)
-}
-
-// A commit acknowledged before a failover is on the new primary in pg-sync,
-// and the last ones are lost in pg-async (its standby misses the stream for
-// pgLag before the kill): the cluster's own positive control.
-func TestPGClusterCommits(t *testing.T) {
-	testproc.Short(t, "PostgreSQL clusters of its own")
-	t.Parallel()
-	for _, kind := range []string{"pg-sync", "pg-async"} {
-		t.Run(kind, func(t *testing.T) {
-			var log strings.Builder
-			c := startTestPGCluster(t, kind, &log)
-			var cfg Config
-			c.Configure(&cfg)
-			ctx := context.Background()
-			pool, err := pgxpool.New(ctx, cfg.PGDSN)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			if _, err := pool.Exec(ctx, "CREATE TABLE acked (id bigint PRIMARY KEY)"); err != nil {
-				t.Fatal(err)
-			}
-			// One writer commits row after row through the Front and keeps
-			// the ids acknowledged, until the failover is over.
-			stop := make(chan struct{})
-			acked := make(chan []int64)
-			go func() {
-				var ids []int64
-				for id := int64(1); ; id++ {
-					select {
-					case <-stop:
-						acked <- ids
-						return
-					default:
-					}
-					wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-					_, err := pool.Exec(wctx, "INSERT INTO acked VALUES ($1)", id)
-					cancel()
-					if err == nil {
-						ids = append(ids, id)
-					}
-				}
-			}()
-			time.Sleep(200 * time.Millisecond)
-			killed, ready, err := c.Failover(ctx, &log)
-			close(stop)
-			ids := <-acked
-			if err != nil || killed == 0 || ready < killed {
-				t.Fatalf("failover: killed %d ready %d: %v\n%s", killed, ready, err, log.String())
-			}
-			var missing int
-			if err := pool.QueryRow(ctx, "SELECT count(*) FROM unnest($1::bigint[]) AS a(id) WHERE NOT EXISTS (SELECT FROM acked WHERE acked.id = a.id)",
-				ids).Scan(&missing); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("%s: %d commits acknowledged, %d of them lost; serving %s after the kill\n%s",
-				kind, len(ids), missing, time.Duration(ready-killed), log.String())
-			switch {
-			case len(ids) == 0:
-				t.Fatal("no commit was acknowledged")
-			case kind == "pg-sync" && missing > 0:
-				t.Errorf("%d acknowledged commits lost in a synchronous failover", missing)
-			case kind == "pg-async" && missing == 0:
-				t.Errorf("no acknowledged commit lost in an asynchronous failover: the standby did not lag")
-			}
-		})
 	}
 }
 
@@ -99,9 +28,7 @@ func TestPGClusterCommits(t *testing.T) {
 // passes. It needs the MariaDB of the resource (see testDSN).
 func TestFailoverPGSync(t *testing.T) {
 	testproc.Short(t, "a MariaDB server and PostgreSQL clusters of its own")
-	if _, err := exec.LookPath(pgBin("initdb")); err != nil {
-		testproc.Missing(t, "PostgreSQL's initdb", "apt-get install postgresql-15, or set DLOCK_PG_BIN", err)
-	}
+	needPGPrograms(t)
 	t.Parallel()
 	wantPass(t, runFailover(t, "pg-sync", 15*time.Second, 6*time.Second, func(cfg *Config) {
 		cfg.Strategies = []string{pgLease.Name}
@@ -134,7 +61,8 @@ func TestPGSyncAdvisoryEpochCancelledWait(t *testing.T) {
 	testproc.Short(t, "PostgreSQL clusters of its own")
 	t.Parallel()
 	var log strings.Builder
-	c := startTestPGCluster(t, "pg-sync", &log)
+	needPGPrograms(t)
+	c := startClusterT(t, "pg-sync", &log)
 	pc := c.(*pgCluster)
 	var cfg Config
 	c.Configure(&cfg)
