@@ -21,8 +21,14 @@ const (
 	semKey    = "sem"
 	leaderKey = "ld" // taken through an Election: an exclusive key for every check
 	semLimit  = 2
-	pRWShared = 0.75 // share of the reader-writer key's acquisitions that are shared
 )
+
+// rwDraws are the modes a lane asks the reader-writer key in, true for
+// shared, drawn without replacement and refilled when drawn out: three
+// shared asks in four, and every lane asks exclusive at least once in any
+// four asks in a row, so that even a short or slow run takes the key in
+// both modes (the checker needs both).
+var rwDraws = [...]bool{true, true, true, false}
 
 // modeKeys returns the mode keys of a strategy that grants modes.
 func modeKeys(modes []dlock.Mode) map[string]int {
@@ -106,7 +112,8 @@ func (b *timedBackend) SetMetadata(ctx context.Context, key string, token dlock.
 }
 
 // acquireOptions are a lane's options for acquiring key: the worker's TTL,
-// and the mode the key is taken in (for the reader-writer key, drawn).
+// and the mode the key is taken in (for the reader-writer key, drawn from
+// rwDraws).
 func (l *lane) acquireOptions(key string) []dlock.AcquireOption {
 	opts := []dlock.AcquireOption{dlock.WithTTL(l.w.cfg.TTL)}
 	n, ok := l.w.cfg.ModeKeys[key]
@@ -114,10 +121,22 @@ func (l *lane) acquireOptions(key string) []dlock.AcquireOption {
 	case !ok:
 	case n > 0:
 		opts = append(opts, dlock.WithLimit(n))
-	case l.rng.Float64() < pRWShared:
+	case l.drawShared():
 		opts = append(opts, dlock.Shared())
 	}
 	return opts
+}
+
+// drawShared draws the lane's next mode for the reader-writer key from its
+// bag of rwDraws: true for shared.
+func (l *lane) drawShared() bool {
+	if len(l.rwBag) == 0 {
+		l.rwBag = append(l.rwBag, rwDraws[:]...)
+		l.rng.Shuffle(len(l.rwBag), func(i, j int) { l.rwBag[i], l.rwBag[j] = l.rwBag[j], l.rwBag[i] })
+	}
+	shared := l.rwBag[len(l.rwBag)-1]
+	l.rwBag = l.rwBag[:len(l.rwBag)-1]
+	return shared
 }
 
 // describeModeKeys names a run's mode keys for its progress line.

@@ -169,8 +169,9 @@ type worker struct {
 
 // lane is one goroutine running the worker's loop.
 type lane struct {
-	w   *worker
-	rng *rand.Rand
+	w     *worker
+	rng   *rand.Rand
+	rwBag []bool // the rest of the lane's draws of rwDraws
 }
 
 // say tells the harness about a state change: "H key fence plan_ms" when a
