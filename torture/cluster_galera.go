@@ -271,11 +271,14 @@ func (c *galeraCluster) killNode(ctx context.Context, k int, log io.Writer) (kil
 	ready = Mono()
 	// The others' commits wait until they drop the dead node from their
 	// view; the node restarts after that, as a crashed server does.
-	for !galeraPrimaryOf(ctx, c.dbs[(k+1)%len(c.nodes)], len(c.nodes)-1) {
-		if ctx.Err() != nil {
-			return killed, ready, fmt.Errorf("the others never dropped %s: %w", dead.name, ctx.Err())
+	err = pollUntil(ctx, time.Minute, nil, func(ctx context.Context) error {
+		if !galeraPrimaryOf(ctx, c.dbs[(k+1)%len(c.nodes)], len(c.nodes)-1) {
+			return errors.New("not a primary component of the others")
 		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		return killed, ready, fmt.Errorf("the others never dropped %s: %w", dead.name, err)
 	}
 	fmt.Fprintf(log, "   failover: %s killed, its front on %s; the others Primary without it after %s\n",
 		dead.name, live.name, time.Duration(Mono()-killed).Round(time.Millisecond))

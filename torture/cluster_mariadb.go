@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -62,27 +61,20 @@ func startMariaSemiSync(ctx context.Context, dir string, log io.Writer) (Cluster
 
 // mariaNode is one mariadbd of a cluster.
 type mariaNode struct {
+	clusterNode
 	id   int // server_id
 	dir  string
 	sock string
 	port int
-	cmd  *exec.Cmd
-	done chan struct{}
 	db   *sql.DB
 }
 
-func (n *mariaNode) addr() string { return "127.0.0.1:" + strconv.Itoa(n.port) }
-
-// kill kills the server with SIGKILL and waits (bounded) for it to exit.
+// kill closes the node's pool and kills the server (clusterNode.kill).
 func (n *mariaNode) kill() error {
-	n.db.Close()
-	_ = n.cmd.Process.Kill()
-	select {
-	case <-n.done:
-		return nil
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("mariadbd %d did not exit after SIGKILL", n.id)
+	if n.db != nil {
+		n.db.Close()
 	}
+	return n.clusterNode.kill()
 }
 
 // remove kills the server and removes its data.
@@ -133,11 +125,11 @@ func startMariaCluster(ctx context.Context, dir string, log io.Writer, semisync 
 	if err = c.attach(ctx, c.primary, fresh); err != nil {
 		return nil, err
 	}
-	if c.front, err = NewFront(c.primary.addr()); err != nil {
+	if c.front, err = NewFront(c.primary.addr); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(log, "cluster: MariaDB primary %s, replica %s (%s), front %s\n",
-		c.primary.addr(), c.replica.addr(), c.mode(), c.front.Addr())
+		c.primary.addr, c.replica.addr, c.mode(), c.front.Addr())
 	return c, nil
 }
 
@@ -184,7 +176,7 @@ func (c *mariaCluster) startNode(ctx context.Context) (*mariaNode, error) {
 		if err != nil {
 			return nil, err
 		}
-		n.port = port
+		n.port, n.addr = port, "127.0.0.1:"+strconv.Itoa(port)
 		args := append([]string{"--no-defaults"}, common...)
 		args = append(args, "--port="+strconv.Itoa(port), "--bind-address=127.0.0.1",
 			"--socket="+n.sock, "--pid-file="+filepath.Join(n.dir, "pid"),
@@ -214,47 +206,24 @@ func (c *mariaCluster) startNode(ctx context.Context) (*mariaNode, error) {
 
 // start runs mariadbd with args and waits (bounded) until it answers.
 func (n *mariaNode) start(ctx context.Context, args []string) error {
-	out, err := os.OpenFile(filepath.Join(n.dir, "mariadbd.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	db, err := sql.Open("mysql", "root@tcp("+n.addr+")/?timeout=2s&interpolateParams=true")
 	if err != nil {
-		return err
-	}
-	defer out.Close()
-	cmd := exec.Command(mariadbd, args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	// Dies with the harness.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	n.cmd, n.done = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); close(n.done) }()
-	db, err := sql.Open("mysql", "root@tcp("+n.addr()+")/?timeout=2s&interpolateParams=true")
-	if err != nil {
-		_ = n.kill()
 		return err
 	}
 	n.db = db
-	deadline := time.Now().Add(mariaReadyBound)
-	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := db.PingContext(pctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-n.done:
-			db.Close()
-			log, _ := os.ReadFile(filepath.Join(n.dir, "error.log"))
-			return fmt.Errorf("mariadbd exited: %s", lastLines(log, 5))
-		default:
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			_ = n.kill()
-			return fmt.Errorf("mariadbd not ready after %s: %w", mariaReadyBound, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	n.name, n.bin, n.args = "mariadbd "+strconv.Itoa(n.id), mariadbd, args
+	n.logFile = filepath.Join(n.dir, "mariadbd.out")
+	n.ready = db.PingContext
+	if err := n.clusterNode.start(); err != nil {
+		db.Close()
+		return err
 	}
+	if err := n.waitReady(ctx, mariaReadyBound); err != nil {
+		_ = n.kill()
+		log, _ := os.ReadFile(filepath.Join(n.dir, "error.log"))
+		return fmt.Errorf("%w: %s", err, lastLines(log, 5))
+	}
+	return nil
 }
 
 // attach makes fresh, a node with no data of its own, a replica of
@@ -273,7 +242,7 @@ func (c *mariaCluster) attach(ctx context.Context, primary, fresh *mariaNode) er
 	if err != nil {
 		return err
 	}
-	link := toxiproxy.NewProxy(c.links, "link"+strconv.Itoa(fresh.id), "127.0.0.1:0", primary.addr())
+	link := toxiproxy.NewProxy(c.links, "link"+strconv.Itoa(fresh.id), "127.0.0.1:0", primary.addr)
 	if err := link.Start(); err != nil {
 		return fmt.Errorf("start the replication link: %w", err)
 	}
@@ -344,34 +313,35 @@ func dumpInto(ctx context.Context, from, to *mariaNode) (string, error) {
 // waitStreaming waits (bounded) until replica's replication threads run
 // and, with semi-sync, until primary counts a semi-synchronous replica.
 func (c *mariaCluster) waitStreaming(ctx context.Context, primary, replica *mariaNode) error {
-	deadline := time.Now().Add(mariaReadyBound)
-	for {
+	err := pollUntil(ctx, mariaReadyBound, replica.done, func(ctx context.Context) error {
 		st, err := slaveStatus(ctx, replica.db)
 		if err != nil {
 			return err
 		}
-		ok := st["Slave_IO_Running"] == "Yes" && st["Slave_SQL_Running"] == "Yes"
 		if st["Slave_SQL_Running"] == "No" || st["Last_IO_Errno"] != "0" && st["Last_IO_Errno"] != "" {
-			return fmt.Errorf("node %d does not replicate: IO %s %s, SQL %s %s", replica.id,
-				st["Slave_IO_Running"], st["Last_IO_Error"], st["Slave_SQL_Running"], st["Last_SQL_Error"])
+			return finalError{fmt.Errorf("IO %s %s, SQL %s %s",
+				st["Slave_IO_Running"], st["Last_IO_Error"], st["Slave_SQL_Running"], st["Last_SQL_Error"])}
 		}
-		if ok && c.semisync {
-			var name string
-			var clients int
-			if err := primary.db.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_clients'").Scan(&name, &clients); err != nil {
-				return err
-			}
-			ok = clients > 0
+		if st["Slave_IO_Running"] != "Yes" || st["Slave_SQL_Running"] != "Yes" {
+			return fmt.Errorf("IO %s, SQL %s", st["Slave_IO_Running"], st["Slave_SQL_Running"])
 		}
-		if ok {
+		if !c.semisync {
 			return nil
 		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			return fmt.Errorf("node %d does not stream from node %d after %s: IO %s, SQL %s", replica.id, primary.id,
-				mariaReadyBound, st["Slave_IO_Running"], st["Slave_SQL_Running"])
+		var name string
+		var clients int
+		if err := primary.db.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_clients'").Scan(&name, &clients); err != nil {
+			return err
 		}
-		time.Sleep(50 * time.Millisecond)
+		if clients == 0 {
+			return errors.New("no semi-synchronous replica counted")
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %d does not stream from node %d: %w", replica.id, primary.id, err)
 	}
+	return nil
 }
 
 // slaveStatus returns the row of SHOW SLAVE STATUS by column (empty for a
@@ -412,22 +382,20 @@ func promote(ctx context.Context, replica *mariaNode) (string, error) {
 	if _, err := replica.db.ExecContext(ctx, "STOP SLAVE IO_THREAD"); err != nil {
 		return "", fmt.Errorf("promote: %w", err)
 	}
-	deadline := time.Now().Add(mariaReadyBound)
-	for {
+	err := pollUntil(ctx, mariaReadyBound, replica.done, func(ctx context.Context) error {
 		st, err := slaveStatus(ctx, replica.db)
-		if err != nil {
-			return "", fmt.Errorf("promote: %w", err)
+		switch {
+		case err != nil:
+			return err
+		case st["Slave_SQL_Running"] != "Yes":
+			return finalError{fmt.Errorf("the replica's SQL thread stopped: %s", st["Last_SQL_Error"])}
+		case !strings.HasPrefix(st["Slave_SQL_Running_State"], "Slave has read all relay log"):
+			return fmt.Errorf("relay log not applied: %s", st["Slave_SQL_Running_State"])
 		}
-		if st["Slave_SQL_Running"] != "Yes" {
-			return "", fmt.Errorf("promote: the replica's SQL thread stopped: %s", st["Last_SQL_Error"])
-		}
-		if strings.HasPrefix(st["Slave_SQL_Running_State"], "Slave has read all relay log") {
-			break
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			return "", fmt.Errorf("promote: relay log not applied after %s: %s", mariaReadyBound, st["Slave_SQL_Running_State"])
-		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("promote: %w", err)
 	}
 	for _, q := range []string{"STOP SLAVE", "RESET SLAVE ALL", "SET GLOBAL read_only = OFF"} {
 		if _, err := replica.db.ExecContext(ctx, q); err != nil {
@@ -435,7 +403,7 @@ func promote(ctx context.Context, replica *mariaNode) (string, error) {
 		}
 	}
 	var pos string
-	err := replica.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_slave_pos").Scan(&pos)
+	err = replica.db.QueryRowContext(ctx, "SELECT @@GLOBAL.gtid_slave_pos").Scan(&pos)
 	return pos, err
 }
 
@@ -497,7 +465,7 @@ func (c *mariaCluster) Failover(ctx context.Context, log io.Writer) (killed, rea
 		return killed, 0, err
 	}
 	t2 := Mono()
-	if err := c.front.Switch(c.replica.addr()); err != nil {
+	if err := c.front.Switch(c.replica.addr); err != nil {
 		return killed, 0, fmt.Errorf("switch the front: %w", err)
 	}
 	ready = Mono()

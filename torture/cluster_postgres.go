@@ -68,11 +68,8 @@ func pgBin(name string) string {
 
 // pgNode is one postmaster of a pgCluster.
 type pgNode struct {
-	name string // n1, n2, …: its data directory and log under the cluster's
-	data string
-	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
+	clusterNode // named n1, n2, …: its data directory and log under the cluster's
+	data        string
 }
 
 // pgCluster is the Cluster of the pg-async and pg-sync kinds.
@@ -205,14 +202,11 @@ func (c *pgCluster) Failover(ctx context.Context, log io.Writer) (killed, ready 
 		return 0, 0, ctx.Err()
 	}
 	old, next := c.primary, c.replica
-	if err := syscall.Kill(-old.cmd.Process.Pid, syscall.SIGKILL); err != nil {
-		return 0, 0, fmt.Errorf("kill the primary: %w", err)
-	}
 	killed = Mono()
-	c.closeLink() // with what it held of the stream
-	if err := c.wait(old); err != nil {
+	if err := old.kill(); err != nil {
 		return killed, 0, err
 	}
+	c.closeLink() // with what it held of the stream
 	c.primary, c.replica = next, nil
 	if err := c.promote(ctx, next); err != nil {
 		return killed, 0, err
@@ -287,7 +281,7 @@ func (c *pgCluster) addReplica(ctx context.Context) error {
 		want = "streaming sync"
 	}
 	var got string
-	err = pgPoll(ctx, 60*time.Second, func(ctx context.Context) error {
+	err = pollUntil(ctx, 60*time.Second, r.done, func(ctx context.Context) error {
 		conn, err := pgconn.Connect(ctx, c.primary.dsn())
 		if err != nil {
 			return err
@@ -303,7 +297,7 @@ func (c *pgCluster) addReplica(ctx context.Context) error {
 			return fmt.Errorf("pg_stat_replication of %s: %s, want %q", c.primary.name, got, want)
 		}
 		return nil
-	}, r)
+	})
 	if err != nil {
 		return fmt.Errorf("standby %s: %w", r.name, err)
 	}
@@ -313,7 +307,7 @@ func (c *pgCluster) addReplica(ctx context.Context) error {
 // newNode reserves a data directory and a port for the next node.
 func (c *pgCluster) newNode() (*pgNode, error) {
 	c.nodes++
-	n := &pgNode{name: "n" + strconv.Itoa(c.nodes)}
+	n := &pgNode{clusterNode: clusterNode{name: "n" + strconv.Itoa(c.nodes), cred: c.cred, group: true}}
 	n.data = filepath.Join(c.dir, n.name)
 	if err := os.Mkdir(n.data, 0o700); err != nil {
 		return nil, err
@@ -347,82 +341,22 @@ func (c *pgCluster) command(bin string, args ...string) *exec.Cmd {
 // run starts n's postmaster in a process group of its own, logging to
 // <name>.log, and waits (bounded) until it answers queries.
 func (c *pgCluster) run(ctx context.Context, n *pgNode) error {
-	logf, err := os.OpenFile(filepath.Join(c.dir, n.name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	_, port, _ := net.SplitHostPort(n.addr)
-	n.cmd = c.command(pgBin("postgres"), "-D", n.data, "-p", port)
-	n.cmd.SysProcAttr.Setpgid = true
-	n.cmd.Stdout, n.cmd.Stderr = logf, logf
-	if err := n.cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", n.name, err)
-	}
-	n.done = make(chan struct{})
-	go func() { _ = n.cmd.Wait(); close(n.done) }()
-	err = pgPoll(ctx, 60*time.Second, func(ctx context.Context) error {
+	n.bin, n.args = pgBin("postgres"), []string{"-D", n.data, "-p", strconv.Itoa(portOf(n.addr))}
+	n.logFile = filepath.Join(c.dir, n.name+".log")
+	n.ready = func(ctx context.Context) error {
 		conn, err := pgconn.Connect(ctx, n.dsn())
 		if err != nil {
 			return err
 		}
 		defer conn.Close(context.Background())
 		return conn.Exec(ctx, "SELECT 1").Close()
-	}, n)
-	if err != nil {
-		c.stop(n)
-		return fmt.Errorf("%s not ready: %w", n.name, err)
 	}
-	return nil
-}
-
-// pgPoll calls check until it succeeds, n's postmaster exits, ctx ends or d
-// passes.
-func pgPoll(ctx context.Context, d time.Duration, check func(context.Context) error, n *pgNode) error {
-	deadline := time.Now().Add(d)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := check(cctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-n.done:
-			return fmt.Errorf("%s exited (see %s.log): %w", n.name, n.name, err)
-		default:
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			return fmt.Errorf("after %s: %w", d, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := n.start(); err != nil {
+		return err
 	}
-}
-
-// stop kills n's process group with SIGKILL and waits for it.
-func (c *pgCluster) stop(n *pgNode) {
-	if n == nil || n.cmd == nil || n.cmd.Process == nil {
-		return
-	}
-	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
-	_ = c.wait(n)
-}
-
-// wait waits (bounded) until n's postmaster and the rest of its process
-// group have exited.
-func (c *pgCluster) wait(n *pgNode) error {
-	deadline := time.After(30 * time.Second)
-	select {
-	case <-n.done:
-	case <-deadline:
-		return fmt.Errorf("%s did not exit", n.name)
-	}
-	for syscall.Kill(-n.cmd.Process.Pid, 0) == nil {
-		select {
-		case <-deadline:
-			return fmt.Errorf("processes of %s did not exit", n.name)
-		case <-time.After(5 * time.Millisecond):
-		}
+	if err := n.waitReady(ctx, 60*time.Second); err != nil {
+		_ = n.kill()
+		return err
 	}
 	return nil
 }
@@ -466,7 +400,9 @@ func (c *pgCluster) Close() error {
 	defer c.mu.Unlock()
 	var errs []error
 	for _, n := range []*pgNode{c.primary, c.replica} {
-		c.stop(n)
+		if n != nil {
+			errs = append(errs, n.kill())
+		}
 	}
 	for i := 1; i <= c.nodes; i++ {
 		if err := os.RemoveAll(filepath.Join(c.dir, "n"+strconv.Itoa(i))); err != nil {

@@ -107,7 +107,7 @@ func startRedisCluster(ctx context.Context, dir string, log io.Writer, minReplic
 	}
 	// Each Sentinel knows the replica and the other two before the first
 	// failover.
-	err = waitUntil(ctx, 60*time.Second, func(ctx context.Context) error {
+	err = pollUntil(ctx, 60*time.Second, nil, func(ctx context.Context) error {
 		return c.eachSentinel(func(s *clusterNode, sc *redis.SentinelClient) error {
 			m, err := sc.Master(ctx, redisMaster).Result()
 			if err != nil {
@@ -261,7 +261,7 @@ func (c *redisCluster) awaitReplica(ctx context.Context, primary, replica *clust
 	defer rc.Close()
 	pc := redis.NewClient(&redis.Options{Addr: primary.addr, MaxRetries: -1})
 	defer pc.Close()
-	return waitUntil(ctx, 60*time.Second, func(ctx context.Context) error {
+	return pollUntil(ctx, 60*time.Second, nil, func(ctx context.Context) error {
 		info, err := rc.Info(ctx, "replication").Result()
 		if err != nil {
 			return err
@@ -318,7 +318,7 @@ func (c *redisCluster) Failover(ctx context.Context, log io.Writer) (killed, rea
 	want := promoted.addr
 	pc := redis.NewClient(&redis.Options{Addr: want, MaxRetries: -1})
 	defer pc.Close()
-	err = waitUntil(ctx, 60*time.Second, func(ctx context.Context) error {
+	err = pollUntil(ctx, 60*time.Second, nil, func(ctx context.Context) error {
 		var addrs []string
 		err := c.eachSentinel(func(_ *clusterNode, sc *redis.SentinelClient) error {
 			a, err := sc.GetMasterAddrByName(ctx, redisMaster).Result()
@@ -370,7 +370,7 @@ func (c *redisCluster) Failover(ctx context.Context, log io.Writer) (killed, rea
 		return killed, ready, err
 	}
 	// Sentinel must see it streaming before the next failover can pick it.
-	err = waitUntil(ctx, 60*time.Second, func(ctx context.Context) error {
+	err = pollUntil(ctx, 60*time.Second, nil, func(ctx context.Context) error {
 		return c.eachSentinel(func(s *clusterNode, sc *redis.SentinelClient) error {
 			rs, err := sc.Replicas(ctx, redisMaster).Result()
 			if err != nil {
@@ -428,21 +428,4 @@ func freshDir(dir string) error {
 		return err
 	}
 	return os.MkdirAll(dir, 0o755)
-}
-
-// waitUntil calls f every 50 ms until it returns nil, for at most d.
-func waitUntil(ctx context.Context, d time.Duration, f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-		err := f(cctx)
-		ccancel()
-		if err == nil {
-			return nil
-		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
-			return fmt.Errorf("not within %s: %w", d, err)
-		}
-	}
 }

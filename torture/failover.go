@@ -178,8 +178,13 @@ type clusterNode struct {
 	bin                 string
 	args                []string
 	ready               func(ctx context.Context) error
-	cmd                 *exec.Cmd
-	done                chan struct{}
+	// cred runs the process as another user (nil: as the harness's).
+	cred *syscall.Credential
+	// group runs the process in a process group of its own, which kill
+	// kills whole (a server that forks workers, as PostgreSQL does).
+	group bool
+	cmd   *exec.Cmd
+	done  chan struct{}
 }
 
 // start runs the node's process; it does not wait for it to serve.
@@ -191,7 +196,8 @@ func (n *clusterNode) start() error {
 	defer out.Close()
 	cmd := exec.Command(n.bin, n.args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Dir = "/" // reachable by every user
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: n.cred, Setpgid: n.group}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("%s: %w", n.name, err)
 	}
@@ -200,16 +206,32 @@ func (n *clusterNode) start() error {
 	return nil
 }
 
-// kill stops the node with SIGKILL and waits (bounded) for it to exit.
-func (n *clusterNode) kill() {
-	if n.cmd == nil {
-		return
+// kill stops the node with SIGKILL (its process group with group) and
+// waits (bounded) until it has exited.
+func (n *clusterNode) kill() error {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return nil
 	}
-	_ = n.cmd.Process.Kill()
+	pid := n.cmd.Process.Pid
+	if n.group {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	} else {
+		_ = n.cmd.Process.Kill()
+	}
+	deadline := time.After(30 * time.Second)
 	select {
 	case <-n.done:
-	case <-time.After(10 * time.Second):
+	case <-deadline:
+		return fmt.Errorf("%s did not exit after SIGKILL", n.name)
 	}
+	for n.group && syscall.Kill(-pid, 0) == nil {
+		select {
+		case <-deadline:
+			return fmt.Errorf("processes of %s did not exit after SIGKILL", n.name)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // signal sends sig to the node's process.
@@ -222,24 +244,44 @@ func (n *clusterNode) signal(sig syscall.Signal) error {
 
 // waitReady waits until the node is ready, it exits, or d passes.
 func (n *clusterNode) waitReady(ctx context.Context, d time.Duration) error {
+	if err := pollUntil(ctx, d, n.done, n.ready); err != nil {
+		return fmt.Errorf("%s: not ready: %w (see %s)", n.name, err, n.logFile)
+	}
+	return nil
+}
+
+// pollUntil calls check (each call bounded to 2 s) every 50 ms until it
+// returns nil, it returns an error marked final, exited closes (a nil
+// channel never does), ctx ends or d passes; it returns check's last error.
+func pollUntil(ctx context.Context, d time.Duration, exited <-chan struct{}, check func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	for {
-		rctx, rcancel := context.WithTimeout(ctx, time.Second)
-		err := n.ready(rctx)
-		rcancel()
-		if err == nil {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		err := check(cctx)
+		ccancel()
+		var f finalError
+		switch {
+		case err == nil:
 			return nil
+		case errors.As(err, &f):
+			return f.err
 		}
 		select {
-		case <-n.done:
-			return fmt.Errorf("%s exited (see %s)", n.name, n.logFile)
+		case <-exited:
+			return fmt.Errorf("the process exited: %w", err)
 		case <-ctx.Done():
-			return fmt.Errorf("%s: not ready: %w (%v)", n.name, ctx.Err(), err)
+			return fmt.Errorf("not within %s: %w", d, err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
+
+// finalError marks a check's error that waiting longer cannot mend
+// (pollUntil returns it at once).
+type finalError struct{ err error }
+
+func (f finalError) Error() string { return f.err.Error() }
 
 // restart starts the killed node again with its data and waits until it
 // is ready; its old sockets may linger for a moment, so a failed start is
