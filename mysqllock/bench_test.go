@@ -101,3 +101,34 @@ func BenchmarkSemaphore8(b *testing.B) {
 func BenchmarkReadWrite8(b *testing.B) {
 	locktest.BenchmarkReadWrite(b, 8, 0.9, func(tb testing.TB) dlock.Backend { return newBackend(tb, "interpolateParams=true") })
 }
+
+// BenchmarkGaleraContended8 runs 8 workers on one key of a 3-node Galera
+// cluster of its own, the workers' statements spread over the nodes: the
+// lease without doorbells (waiters poll with the Locker's backoff), and
+// with every worker's doorbells on the first node (Options.Connector).
+func BenchmarkGaleraContended8(b *testing.B) {
+	nodes := startGaleraCluster(b, 3)
+	const table = "dlock_galera_bench"
+	m, err := mysqllock.New(openDSN(b, nodes[0].dsn), &mysqllock.Options{Table: table, NoDoorbell: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := m.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range galeraConfigs(b, table, nodes[0].dsn) {
+		b.Run(c.name, func(b *testing.B) {
+			next := 0
+			locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend {
+				node := nodes[next%len(nodes)]
+				next++
+				l, err := mysqllock.New(openDSN(tb, node.dsn+"?wsrep_sync_wait=15&interpolateParams=true"), &c.opts)
+				if err != nil {
+					tb.Fatal(err)
+				}
+				tb.Cleanup(func() { l.Close() })
+				return l
+			})
+		})
+	}
+}

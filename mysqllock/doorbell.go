@@ -79,12 +79,12 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, b.wrap("acquire", err)
 	}
-	if b.bell != nil {
+	if b.bell != nil && !b.bell.s.galeraOK {
 		// Doorbells are named locks, which Galera does not replicate: a
 		// setting that cannot work is an error, not silently dropped.
 		switch err := b.bell.s.checkGalera(ctx, b.db); {
 		case errors.Is(err, ErrGalera):
-			return dlock.Result{}, fmt.Errorf("%w: mysqllock: the lease strategy's doorbells need named locks, which Galera does not replicate: set Options.NoDoorbell: %w",
+			return dlock.Result{}, fmt.Errorf("%w: mysqllock: the lease strategy's doorbells need named locks, which Galera does not replicate: set Options.Connector to one node for the doorbells, or Options.NoDoorbell: %w",
 				dlock.ErrInvalidOption, ErrGalera)
 		case err != nil:
 			return dlock.Result{}, b.wrap("acquire", err)

@@ -144,6 +144,86 @@ func TestGaleraClusterLease(t *testing.T) {
 		}
 	})
 
+	// With Options.Connector on one node for every client, the lease
+	// strategy keeps its doorbells on Galera: a waiter whose statements go
+	// to another node than the holder's blocks on that node's named lock
+	// and is woken by the release, rather than polling the lease.
+	t.Run("DoorbellsOnOneNodeWakeWaitersOnOtherNodes", func(t *testing.T) {
+		bells := galeraConfigs(t, table, nodes[0].dsn)[1].opts
+		belled := func(i int) *dlock.Locker {
+			b, err := mysqllock.New(openDSN(t, nodes[i].dsn+"?wsrep_sync_wait=15"), &bells)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := dlock.New(b, nil)
+			t.Cleanup(func() { l.Close(context.Background()); b.Close() })
+			return l
+		}
+		holder, waiter := belled(2), belled(1)
+		key := locktest.UniqueKey("galera-bell")
+		held, err := holder.TryAcquire(ctx, key, dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatalf("TryAcquire with doorbells on node 0, lease on node 2: %v", err)
+		}
+		node0, node1 := openDSN(t, nodes[0].dsn), openDSN(t, nodes[1].dsn)
+		inserts := func() int64 {
+			var name string
+			var n int64
+			if err := node1.QueryRowContext(ctx, "SHOW GLOBAL STATUS LIKE 'Com_insert'").Scan(&name, &n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		got := make(chan *dlock.Lock, 1)
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			// recheck is a quarter of the TTL: 5 s.
+			lk, err := waiter.Acquire(wctx, key, dlock.WithTTL(20*time.Second))
+			if err != nil {
+				t.Errorf("waiter on node 1: %v", err)
+			}
+			got <- lk
+		}()
+		// The waiter comes to block in GET_LOCK on node 0 (bounded).
+		inBell := func() bool {
+			var n int
+			if err := node0.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
+		}
+		for i := 0; !inBell(); i++ {
+			if i == 200 {
+				t.Fatal("no waiter blocked on the doorbell on node 0 after 10 s")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		// While it blocks there, it sends node 1 no lease statement (a
+		// poll would send one every bellPoll, 50 ms).
+		before := inserts()
+		time.Sleep(time.Second)
+		if n := inserts() - before; n != 0 || !inBell() {
+			t.Errorf("in a second of the hold, the waiter made %d statements on node 1; still blocked on node 0: %v", n, inBell())
+		}
+		select {
+		case <-got:
+			t.Fatal("the waiter on node 1 acquired a key held on node 2")
+		default:
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lk := <-got
+		if lk == nil {
+			return
+		}
+		defer lk.Release(ctx)
+		if lk.Fence() <= held.Fence() {
+			t.Errorf("waiter's fence %d after the holder's %d", lk.Fence(), held.Fence())
+		}
+	})
+
 	t.Run("ExpiredLeaseIsTakenOverOnAnotherNode", func(t *testing.T) {
 		key := locktest.UniqueKey("galera-expiry")
 		old := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: dlock.MinTTL}
@@ -305,20 +385,24 @@ func TestGaleraClusterConformance(t *testing.T) {
 		b.Close()
 		t.Setenv(galeraDSNsEnv, strings.Join(dsns, " "))
 	}
-	var next atomic.Int32
-	locktest.Run(t, func(t *testing.T) dlock.Backend {
-		// Statements on one node may run before it has applied a write
-		// certified on another (a release elsewhere, then ListKeys or
-		// an acquisition here); wsrep_sync_wait=15 makes them wait for
-		// it, as docs/replication.md advises.
-		dsn := dsns[int(next.Add(1)-1)%len(dsns)] + "?wsrep_sync_wait=15"
-		b, err := mysqllock.New(openDSN(t, dsn), &mysqllock.Options{Table: table, NoDoorbell: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
-	})
+	for _, c := range galeraConfigs(t, table, dsns[0]) {
+		t.Run(c.name, func(t *testing.T) {
+			var next atomic.Int32
+			locktest.Run(t, func(t *testing.T) dlock.Backend {
+				// Statements on one node may run before it has applied a
+				// write certified on another (a release elsewhere, then
+				// ListKeys or an acquisition here); wsrep_sync_wait=15
+				// makes them wait for it, as docs/replication.md advises.
+				dsn := dsns[int(next.Add(1)-1)%len(dsns)] + "?wsrep_sync_wait=15"
+				b, err := mysqllock.New(openDSN(t, dsn), &c.opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { b.Close() })
+				return b
+			})
+		})
+	}
 }
 
 // galeraDSNsEnv passes the DSNs of TestGaleraClusterConformance's nodes

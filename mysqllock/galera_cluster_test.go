@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock/internal/testproc"
+	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/go-sql-driver/mysql"
 )
 
 // galeraNode is one member of a cluster started by startGaleraCluster.
@@ -166,4 +168,29 @@ func waitGaleraNode(node *galeraNode, first bool, size int) error {
 		return fmt.Errorf("%v (last: %v)\nerror log tail:\n%s", err, last, log)
 	}
 	return nil
+}
+
+// galeraConfig is a way to run the lease strategy on Galera.
+type galeraConfig struct {
+	name string
+	opts mysqllock.Options
+}
+
+// galeraConfigs are the lease strategy's two ways on Galera: without
+// doorbells, and with every backend's doorbells on the node of bellDSN
+// (Options.Connector).
+func galeraConfigs(tb testing.TB, table, bellDSN string) []galeraConfig {
+	tb.Helper()
+	cfg, err := mysql.ParseDSN(bellDSN)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	bells, err := mysql.NewConnector(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return []galeraConfig{
+		{"NoDoorbell", mysqllock.Options{Table: table, NoDoorbell: true}},
+		{"DoorbellsOnOneNode", mysqllock.Options{Table: table, Connector: bells}},
+	}
 }

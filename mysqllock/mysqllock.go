@@ -120,8 +120,10 @@ type Options struct {
 	// take it straight back ahead of a waiter. Without doorbells waiters
 	// use the Locker's backoff and a releasing client may barge back in,
 	// for more acquisitions per second and no fairness. Galera does not
-	// replicate named locks: there, acquisitions with doorbells fail with
-	// ErrGalera (and dlock.ErrInvalidOption); set NoDoorbell.
+	// replicate named locks: there, doorbells need Options.Connector to one
+	// node, the same for every client of the cluster; without it,
+	// acquisitions with doorbells fail with ErrGalera (and
+	// dlock.ErrInvalidOption), and NoDoorbell turns them off.
 	NoDoorbell bool
 
 	// Connector, if set, opens the connections that GetLock, RowLock and
@@ -135,7 +137,11 @@ type Options struct {
 	// once (each on a session of its own), the others poll with the
 	// Locker's backoff, and a session that holds nothing goes back to db at
 	// once. RowLock, without it, needs a limit of at least 2 and holds at
-	// most n−1 locks at once. The default is nil.
+	// most n−1 locks at once. On a Galera cluster, the lease strategy's
+	// doorbells need it, naming one node directly (not a balancer), the
+	// same node for every client: db's statements may go to any node, and
+	// a release on any node wakes the waiters of every node. GetLock and
+	// RowLock refuse Galera with or without it. The default is nil.
 	Connector driver.Connector
 }
 
@@ -199,6 +205,7 @@ func New(db *sql.DB, opts *Options) (*Backend, error) {
 		}
 		b.bell = &GetLock{s: s, bell: true}
 		b.bell.s.keepTimeout = true // a doorbell's session may idle: its death only rings
+		b.bell.s.galeraOK = s.private
 	}
 	return b, nil
 }

@@ -160,6 +160,10 @@ type sessions struct {
 	own      int        // sessions of their own checked out (under mu)
 	// keepTimeout leaves wait_timeout as the server has it (doorbells).
 	keepTimeout bool
+	// galeraOK: a Galera node is no reason to refuse a session (the lease
+	// strategy's doorbells on Options.Connector, whose named locks on that
+	// one node serve the waiters of every node).
+	galeraOK bool
 	// galeraKnown and galera (under mu) are the Galera check's answer once
 	// the server has given one. An error is no answer: it fails that
 	// check's caller only, and the next session checks again.
@@ -303,7 +307,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		return nil, err
 	}
 	ss := &session{conn: c, keys: make(map[string]keyHold), secs: make(map[int]int), mu: newStmtLock()}
-	if err := s.checkGalera(ctx, c); err != nil {
+	if err := s.checkGalera(ctx, c); err != nil && !(s.galeraOK && errors.Is(err, ErrGalera)) {
 		c.Close()
 		return nil, err
 	}

@@ -136,7 +136,8 @@ type Env struct {
 	// table to InnoDB, versioned, for a record of their grants (see
 	// sessionAdapter).
 	VersionSessions bool
-	Galera          bool // Config.Galera
+	Galera          bool   // Config.Galera
+	GaleraBells     string // Config.GaleraBells
 	// Unrecorded: the run reads no store history (a failover run), so
 	// Prepare adds no instrumentation, which would change what the store
 	// does: a trigger's logged write makes an unlogged grant durable and
@@ -152,9 +153,11 @@ type OpenArgs struct {
 	DSN      string // Env.MySQLDSN
 	StoreDSN string // Env.StoreDSN
 	Galera   bool   // Env.Galera
-	PGDSN    string // Env.PGDSN
-	Store    string // from Prepare
-	Addr     string // the worker's proxy for a networked store (replaces the DSN's address)
+	// GaleraBells is Env.GaleraBells.
+	GaleraBells string
+	PGDSN       string // Env.PGDSN
+	Store       string // from Prepare
+	Addr        string // the worker's proxy for a networked store (replaces the DSN's address)
 	// PoolSize, if not 0, is the size of the store client's connection
 	// pool (the smallpool client fault); clients without a pool ignore it.
 	PoolSize int
@@ -486,12 +489,23 @@ func openMySQL(a OpenArgs, newB func(*sql.DB, *mysqllock.Options) (dlock.Backend
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := &mysqllock.Options{Table: a.Store, NoDoorbell: a.Galera}
+	opts := &mysqllock.Options{Table: a.Store, NoDoorbell: a.Galera && a.GaleraBells == ""}
 	if a.PoolSize > 0 {
 		// A small pool is the application's; dlock's sessions are pinned
 		// outside it, as mysqllock documents for small pools.
 		db.SetMaxOpenConns(a.PoolSize)
 		if opts.Connector, err = mysql.NewConnector(cfg); err != nil {
+			db.Close()
+			return nil, nil, err
+		}
+	}
+	if a.Galera && a.GaleraBells != "" {
+		// The doorbells of every worker on one node (see Config.Galera).
+		bells, err := mysql.ParseDSN(a.GaleraBells)
+		if err == nil {
+			opts.Connector, err = mysql.NewConnector(bells)
+		}
+		if err != nil {
 			db.Close()
 			return nil, nil, err
 		}

@@ -222,10 +222,13 @@ func isExecutable(p string) bool {
 
 // Configure points the mysql strategies' lock tables at the first node's
 // Front, each statement waiting for what the cluster has committed
-// (wsrep_sync_wait=15), and runs mysql-lease, the strategy Galera keeps.
+// (wsrep_sync_wait=15), and runs mysql-lease, the strategy Galera keeps,
+// with the doorbells of every worker on the first node, reached directly.
 func (c *galeraCluster) Configure(cfg *Config) []string {
 	cfg.StoreDSN = "root@tcp(" + c.fronts[0].Addr() + ")/test?wsrep_sync_wait=15"
 	cfg.Galera = true
+	// The doorbells on the first node, which the failovers fault in turn.
+	cfg.GaleraBells = "root@tcp(" + c.nodes[0].addr + ")/test?timeout=2s"
 	return []string{"mysql-lease"}
 }
 

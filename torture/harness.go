@@ -105,9 +105,12 @@ type Config struct {
 	// it. The resource stays on MySQLDSN.
 	StoreDSN string
 	// Galera: the lock tables' server (StoreDSN) is a node of a MariaDB
-	// Galera cluster, where the mysql strategies open with
-	// mysqllock.Options.NoDoorbell (Galera does not replicate named locks).
-	Galera bool
+	// Galera cluster, which does not replicate named locks: the lease
+	// strategy's doorbells go to GaleraBells, one node's DSN that every
+	// worker reaches directly (mysqllock.Options.Connector), or are off
+	// (Options.NoDoorbell) without it.
+	Galera      bool
+	GaleraBells string
 	// VersionSessions: see Env.VersionSessions.
 	VersionSessions bool
 	PGDSN           string    // the PostgreSQL for the pg strategies (needed only for those)
@@ -258,7 +261,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: MariaDB at %s: %v", ErrNoServer, cfg.MySQLDSN, err)
 	}
-	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, RedisMinReplicas: cfg.RedisMinReplicas, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions, Galera: cfg.Galera}
+	env := Env{MySQLDSN: dsn, DB: db, StoreDSN: dsn, StoreDB: db, PGDSN: cfg.PGDSN, RedisAddr: cfg.RedisAddr, RedisMinReplicas: cfg.RedisMinReplicas, EtcdAddr: cfg.EtcdAddr, ZKAddr: cfg.ZKAddr, ZKDataDir: cfg.ZKDataDir, TTL: cfg.TTL, VersionSessions: cfg.VersionSessions, Galera: cfg.Galera, GaleraBells: cfg.GaleraBells}
 	if cfg.StoreDSN != "" {
 		sdsn, err := directDSN(cfg.StoreDSN)
 		if err != nil {
@@ -620,7 +623,7 @@ func (r *runner) start(slot, inc int) (*proc, error) {
 	}
 	wc := workerConfig{
 		ID: id, Strategy: r.m.adapter.Name, Tag: r.env.Tag, Keys: r.keys, ModeKeys: r.modeKeys, Leader: r.leader, TTL: r.cfg.TTL,
-		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, Galera: r.env.Galera, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr, RedisMinReplicas: r.env.RedisMinReplicas},
+		Open:         OpenArgs{DSN: r.env.MySQLDSN, StoreDSN: r.env.StoreDSN, Galera: r.env.Galera, GaleraBells: r.env.GaleraBells, PGDSN: r.env.PGDSN, Store: r.store, Addr: addr, RedisMinReplicas: r.env.RedisMinReplicas},
 		Lanes:        r.lanes(),
 		ClientFaults: r.m.client,
 		Resource:     resAddr,
