@@ -193,6 +193,7 @@ store, so that a cron job installed on N machines runs on one at a time.
 
 Stores (--db or $DLOCK_DB):
   mysql://user:pass@host:3306/db[?table=dlock_locks&strategy=lease|getlock|rowlock]
+         [&doorbell=off|host:port]   (lease: its doorbells off, or on one server: Galera)
   postgres://user:pass@host:5432/db[?table=dlock_locks&strategy=lease|advisory&sslmode=…]
   redis://[user:pass@]host:6379/0[?prefix=dlock:]
   etcd://host:2379[,host2:2379…][?prefix=/dlock/]

@@ -378,6 +378,8 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "--db", "memcached://x", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?strategy=nope", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?color=red", "k", "--", "true"},
+		{"run", "--db", "mysql://u:hunter2@h/db?doorbell=h", "k", "--", "true"},
+		{"run", "--db", "mysql://u:hunter2@h/db?doorbell=h:3306&strategy=getlock", "k", "--", "true"},
 		{"run", "--db", "mysql:u:hunter2@h/db", "k", "--", "true"}, // no "//": an opaque URL
 		{"run", "--db", "u:hunter2@tcp(h:3306)/db", "k", "--", "true"},
 		{"list", "a", "b"},
@@ -529,4 +531,27 @@ func startEtcd(t *testing.T) string {
 		t.Fatalf("etcd on %s did not become healthy: %v", addr, err)
 	}
 	return addr
+}
+
+// The doorbell parameter of a mysql:// store: off, the store's own server,
+// or a server that does not answer (a dead doorbell node costs wake-ups,
+// never the lock): a waiter gets the key when its holder's command ends.
+func TestMySQLDoorbellParam(t *testing.T) {
+	if mysqlStore(t) == nil {
+		t.Skip("no MySQL store")
+	}
+	for _, bell := range []string{"off", "127.0.0.1:3306", "127.0.0.1:1"} {
+		t.Run(bell, func(t *testing.T) {
+			e := env{"DLOCK_DB=mysql://root@127.0.0.1:3306/test?table=dlock_cli_test&doorbell=" + bell}
+			key := uniqueKey(t)
+			h := startHolder(t, e, "run", key, "--", "sleep", "1")
+			waitHeld(t, e, key, h)
+			if r := run(t, e, "run", "--wait", "30s", key, "--", "true"); r.code != 0 {
+				t.Errorf("waiter with doorbell=%s: exit %d %s", bell, r.code, r.stderr)
+			}
+			if !h.exited(20 * time.Second) {
+				t.Fatal("the holder did not exit")
+			}
+		})
+	}
 }

@@ -153,6 +153,20 @@ func openMySQL(spec *storeSpec) (*store, error) {
 	if err != nil {
 		return nil, usageError("%s: %s", spec.name, spec.scrub(err.Error()))
 	}
+	// doorbell=off: none; doorbell=host:port: the lease strategy's
+	// doorbells on that server (one node of a Galera cluster, the same for
+	// every client), with the store's credentials and database.
+	switch bell := spec.params.Get("doorbell"); bell {
+	case "":
+	case "off":
+		opts.NoDoorbell = true
+	default:
+		bc := cfg.Clone()
+		bc.Addr = bell
+		if opts.Connector, err = mysql.NewConnector(bc); err != nil {
+			return nil, usageError("%s: %s", spec.name, spec.scrub(err.Error()))
+		}
+	}
 	db := sql.OpenDB(connector)
 	var backend interface {
 		dlock.Backend

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"path/filepath"
 	"regexp"
@@ -48,7 +49,7 @@ func (s *storeSpec) strategy() string {
 // search_path and options; any other name would reach the server as a
 // setting.
 var (
-	mysqlParams = []string{"strategy", "table"}
+	mysqlParams = []string{"strategy", "table", "doorbell"}
 	pgParams    = []string{"strategy", "table",
 		"application_name", "channel_binding", "connect_timeout", "default_query_exec_mode",
 		"description_cache_capacity", "krbspn", "krbsrvname", "max_protocol_version",
@@ -175,6 +176,14 @@ func parseStore(raw, source string) (*storeSpec, error) {
 	case "mysql":
 		if trimSlash(u.Path) == "" {
 			return nil, usageError("no database in %s (want mysql://user:pass@host:3306/db)", spec.name)
+		}
+		if v := params.Get("doorbell"); v != "" {
+			if s := params.Get("strategy"); s != "" && s != "lease" {
+				return nil, usageError("doorbell applies to the lease strategy, not %s, in %s", s, spec.name)
+			}
+			if _, port, err := net.SplitHostPort(v); v != "off" && (err != nil || port == "") {
+				return nil, usageError("bad doorbell %s in %s (want off, or host:port of one node)", spec.show(v), spec.name)
+			}
 		}
 	case "zk":
 		if v := params.Get("session"); v != "" {
