@@ -2,11 +2,14 @@ package mysqllock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/go-sql-driver/mysql"
 )
 
 // The lease strategy's doorbells: a lease holder also holds a named lock per
@@ -78,6 +81,13 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	}
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, b.wrap("acquire", err)
+	}
+	if b.bell != nil && b.bell.s.galeraOK {
+		// Doorbells on Options.Connector: on a Galera store, a server of
+		// their own (see farBells).
+		if err := b.farBells.probe(ctx, b.db); err != nil {
+			return dlock.Result{}, b.wrap("acquire", err)
+		}
 	}
 	if b.bell != nil && !b.bell.s.galeraOK {
 		// Doorbells are named locks, which Galera does not replicate: a
@@ -264,3 +274,44 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// bellHolder returns the session that holds key's doorbell on the doorbells'
+// server (int64), or nil when none does or it cannot be told within
+// staleBell: a doorbell failure costs fairness, never the acquisition.
+func (b *Backend) bellHolder(ctx context.Context, key string) any {
+	ctx, cancel := context.WithTimeout(ctx, staleBell)
+	defer cancel()
+	var id sql.NullInt64
+	if err := b.bell.s.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", b.bell.name(key)).Scan(&id); err != nil || !id.Valid {
+		return nil
+	}
+	return id.Int64
+}
+
+// galeraProbe learns once whether a server is a Galera node (an error is
+// no answer: the next call asks again).
+type galeraProbe struct {
+	known, galera atomic.Bool
+}
+
+// probe asks db unless the answer is known.
+func (p *galeraProbe) probe(ctx context.Context, db rower) error {
+	if p.known.Load() {
+		return nil
+	}
+	var on sql.NullString
+	err := db.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on)
+	var me *mysql.MySQLError
+	switch {
+	case errors.As(err, &me) && me.Number == 1193: // unknown variable: not MariaDB/Galera
+	case err != nil:
+		return err
+	default:
+		p.galera.Store(on.String == "1" || on.String == "ON")
+	}
+	p.known.Store(true)
+	return nil
+}
+
+// is reports the answer (false until known).
+func (p *galeraProbe) is() bool { return p.galera.Load() }

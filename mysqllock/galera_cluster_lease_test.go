@@ -370,21 +370,7 @@ func TestGaleraClusterConformance(t *testing.T) {
 		t.Skip("the full suite on a 3-node Galera cluster runs with DLOCK_GALERA_LONG=1")
 	}
 	const table = "dlock_galera_conf"
-	dsns := strings.Fields(os.Getenv(galeraDSNsEnv))
-	if len(dsns) == 0 {
-		for _, n := range startGaleraCluster(t, 3) {
-			dsns = append(dsns, n.dsn)
-		}
-		b, err := mysqllock.New(openDSN(t, dsns[0]), &mysqllock.Options{Table: table, NoDoorbell: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Migrate(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		b.Close()
-		t.Setenv(galeraDSNsEnv, strings.Join(dsns, " "))
-	}
+	dsns := galeraDSNs(t, table)
 	for _, c := range galeraConfigs(t, table, dsns[0]) {
 		t.Run(c.name, func(t *testing.T) {
 			var next atomic.Int32
@@ -408,3 +394,48 @@ func TestGaleraClusterConformance(t *testing.T) {
 // galeraDSNsEnv passes the DSNs of TestGaleraClusterConformance's nodes
 // (space-separated) to the suite's helper processes.
 const galeraDSNsEnv = "DLOCK_GALERA_DSNS"
+
+// TestGaleraFairShareDoorbellsOnOneNode runs 8 processes on one key, each
+// with its lease statements on a node of a 3-node Galera cluster and its
+// doorbells on the first node: no process gets less than half its fair
+// share, so a releasing client on one node does not barge ahead of the
+// waiter woken on another.
+func TestGaleraFairShareDoorbellsOnOneNode(t *testing.T) {
+	const table = "dlock_galera_fair"
+	dsns := galeraDSNs(t, table)
+	opts := galeraConfigs(t, table, dsns[0])[1].opts
+	locktest.FairShare(t, func(t *testing.T) dlock.Backend {
+		// Each process is a helper of its own: its pid picks its node.
+		dsn := dsns[os.Getpid()%len(dsns)] + "?wsrep_sync_wait=15"
+		b, err := mysqllock.New(openDSN(t, dsn), &opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}, 8, 3*time.Second)
+}
+
+// galeraDSNs returns the DSNs of the nodes of a 3-node Galera cluster with
+// table migrated: those of galeraDSNsEnv in a suite's helper process, else
+// of a cluster it starts, which it hands its helpers through the variable.
+func galeraDSNs(t *testing.T, table string) []string {
+	t.Helper()
+	dsns := strings.Fields(os.Getenv(galeraDSNsEnv))
+	if len(dsns) > 0 {
+		return dsns
+	}
+	for _, n := range startGaleraCluster(t, 3) {
+		dsns = append(dsns, n.dsn)
+	}
+	b, err := mysqllock.New(openDSN(t, dsns[0]), &mysqllock.Options{Table: table, NoDoorbell: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(galeraDSNsEnv, strings.Join(dsns, " "))
+	return dsns
+}

@@ -164,6 +164,11 @@ type Backend struct {
 	sq     sharedQueries
 	bell   *GetLock    // the doorbells; nil without them
 	noBell atomic.Bool // doorbells turned out to be unavailable (Galera)
+	// farBells: the doorbells are on another server than the lease rows
+	// (a Galera store, its doorbells on Options.Connector's node), so the
+	// lease statements are told who holds a doorbell rather than asking
+	// IS_USED_LOCK (see bellHolder). Learnt at the first acquisition.
+	farBells galeraProbe
 	// belled holds the tokens of the leases granted with their doorbell,
 	// until released (see Release).
 	belled sync.Map
@@ -389,9 +394,10 @@ func migrate(ctx context.Context, pool *sql.DB, table string, w *warner, check f
 }
 
 type queries struct {
-	acquire, acquireBell, release, releaseNoBell, forceRelease, list string
-	setMetadata, setSharedMetadata, held                             string
-	listKeys                                                         string
+	acquire, acquireBell, acquireFarBell, release, releaseNoBell string
+	forceRelease, list                                           string
+	setMetadata, setSharedMetadata, held                         string
+	listKeys                                                     string
 }
 
 // The acquisition statement decides once whether the row is free, in the
@@ -429,11 +435,16 @@ ON DUPLICATE KEY UPDATE
   expires_at = IF(@dlock_free, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)`
 	}
 	const free = "GREATEST(expires_at, shared_until) <= UTC_TIMESTAMP(6)"
-	freeBell := fmt.Sprintf("(%s AND (IFNULL(IS_USED_LOCK(?), ?) = ? OR GREATEST(expires_at, shared_until) <= UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND))",
-		free, staleBell.Microseconds())
+	freeBell := func(holder string) string {
+		return fmt.Sprintf("(%s AND (IFNULL(%s, ?) = ? OR GREATEST(expires_at, shared_until) <= UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND))",
+			free, holder, staleBell.Microseconds())
+	}
 	return queries{
 		acquire:     acquire(free),
-		acquireBell: acquire(freeBell),
+		acquireBell: acquire(freeBell("IS_USED_LOCK(?)")),
+		// The same, told the doorbell's holder (NULL: none), for doorbells
+		// on another server.
+		acquireFarBell: acquire(freeBell("?")),
 		release: `UPDATE ` + t + ` SET expires_at = UTC_TIMESTAMP(6), token = ` + noToken + `
 WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6)`,
 		releaseNoBell: fmt.Sprintf(`UPDATE `+t+` SET expires_at = UTC_TIMESTAMP(6) - INTERVAL %d MICROSECOND, token = `+noToken+`
@@ -635,7 +646,11 @@ func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64)
 		req.Token[:], req.Owner, req.Metadata, ttl}
 	if b.bells() {
 		q = b.q.acquireBell
-		args = append(args[:5:5], b.bell.name(req.Key), inLine, inLine,
+		var bell any = b.bell.name(req.Key)
+		if b.farBells.is() {
+			q, bell = b.q.acquireFarBell, b.bellHolder(ctx, req.Key)
+		}
+		args = append(args[:5:5], bell, inLine, inLine,
 			req.Token[:], req.Owner, req.Metadata, ttl)
 	}
 	var res sql.Result

@@ -164,10 +164,10 @@ type sessions struct {
 	// strategy's doorbells on Options.Connector, whose named locks on that
 	// one node serve the waiters of every node).
 	galeraOK bool
-	// galeraKnown and galera (under mu) are the Galera check's answer once
-	// the server has given one. An error is no answer: it fails that
-	// check's caller only, and the next session checks again.
-	galeraKnown, galera bool
+	// galera is the Galera check's answer once the server has given one.
+	// An error is no answer: it fails that check's caller only, and the
+	// next session checks again.
+	galera galeraProbe
 	// grantQuery and grantAliveQuery record a grant (see grant).
 	grantQuery, grantAliveQuery string
 	// run and epochs are the quoted tables of the server run's epoch
@@ -259,25 +259,10 @@ func (s *sessions) openOwn(ctx context.Context, ttl time.Duration) (*session, er
 // checkGalera refuses to run on Galera. The server is asked until it
 // answers, then never again.
 func (s *sessions) checkGalera(ctx context.Context, c rower) error {
-	s.mu.Lock()
-	known, galera := s.galeraKnown, s.galera
-	s.mu.Unlock()
-	if !known {
-		var on sql.NullString
-		err := c.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on)
-		var me *mysql.MySQLError
-		switch {
-		case errors.As(err, &me) && me.Number == 1193: // unknown variable: not MariaDB/Galera
-		case err != nil:
-			return err
-		default:
-			galera = on.String == "1" || on.String == "ON"
-		}
-		s.mu.Lock()
-		s.galeraKnown, s.galera = true, galera
-		s.mu.Unlock()
+	if err := s.galera.probe(ctx, c); err != nil {
+		return err
 	}
-	if galera {
+	if s.galera.is() {
 		return ErrGalera
 	}
 	return nil

@@ -201,6 +201,12 @@ func (b *Backend) tryShared(ctx context.Context, req dlock.Request, inLine int64
 		if err != nil {
 			return false, err
 		}
+		if b.bells() && b.farBells.is() {
+			st.bell = 0
+			if h, ok := b.bellHolder(ctx, req.Key).(int64); ok {
+				st.bell = h
+			}
+		}
 		res, refused = decideShared(req, st, inLine)
 		if !res.Acquired {
 			return false, nil
