@@ -29,7 +29,7 @@ fi
 
 kinds=("$@")
 if ((${#kinds[@]} == 0)); then
-  kinds=(etcd-3 etcd-3-pause zk-3 zk-3-pause galera-3 galera-3-isolate pg-sync pg-async mariadb-semisync mariadb-async
+  kinds=(etcd-3 etcd-3-pause etcd-3-cut zk-3 zk-3-pause zk-3-cut galera-3 galera-3-isolate pg-sync pg-async mariadb-semisync mariadb-async
     redis-minreplicas redis-async)
 fi
 out="torture-out/failover-$(date +%Y%m%d-%H%M%S)"

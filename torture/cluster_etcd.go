@@ -17,24 +17,35 @@ import (
 // startEtcdCluster starts three etcd members on loopback (50 ms heartbeat,
 // 500 ms election timeout, as the harness's single etcd) for etcd-lease.
 func startEtcdCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
-	return newEtcdCluster(ctx, dir, false)
+	return newEtcdCluster(ctx, dir, false, false)
 }
 
 // startEtcdPause is startEtcdCluster whose failovers pause the leader
 // (quorumCluster.pause).
 func startEtcdPause(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
-	return newEtcdCluster(ctx, dir, true)
+	return newEtcdCluster(ctx, dir, true, false)
 }
 
-func newEtcdCluster(ctx context.Context, dir string, pause bool) (Cluster, error) {
+// startEtcdCut is startEtcdCluster whose failovers cut the leader off from
+// the others (quorumCluster.cut).
+func startEtcdCut(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newEtcdCluster(ctx, dir, false, true)
+}
+
+func newEtcdCluster(ctx context.Context, dir string, pause, cut bool) (Cluster, error) {
 	if _, err := exec.LookPath("etcd"); err != nil {
 		return nil, fmt.Errorf("%w: etcd (Debian: etcd-server): %v", ErrNoServer, err)
+	}
+	if cut {
+		if err := cutAvailable(); err != nil {
+			return nil, err
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	c := &quorumCluster{
-		pause: pause,
+		pause: pause, cut: cut,
 		configure: func(cfg *Config, addr string) []string {
 			cfg.EtcdAddr = addr
 			return []string{"etcd-lease"}
@@ -63,6 +74,18 @@ func newEtcdCluster(ctx context.Context, dir string, pause bool) (Cluster, error
 			logFile: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i)), ready: etcdReady(addr)})
 		peers = append(peers, "http://127.0.0.1:"+strconv.Itoa(peer))
 		initial = append(initial, fmt.Sprintf("etcd%d=%s", i, peers[i]))
+		c.peers = append(c.peers, []int{peer})
+		if cut {
+			n := c.nodes[i]
+			n.cred = cutCred(i)
+			data := filepath.Join(dir, n.name)
+			if err := os.Mkdir(data, 0o700); err != nil {
+				return nil, err
+			}
+			if err := chownTree(data, n.cred); err != nil {
+				return nil, err
+			}
+		}
 	}
 	for i, n := range c.nodes {
 		cu := "http://" + n.addr

@@ -2,8 +2,10 @@ package torture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -21,6 +23,13 @@ type quorumCluster struct {
 	front *Front
 	nodes []*clusterNode
 	pause bool
+	// cut: the clients spread over the nodes (Spread), and a failover cuts
+	// the leader off from the others for pauseFor (cutMember), its clients
+	// still on it; peers are each node's peer ports, and each node runs as
+	// cutCred of its index.
+	cut   bool
+	peers [][]int
+	cuts  []*memberCut // cuts in force (healed by Failover and Close)
 	// leader returns the node that leads, asking the nodes but skip.
 	leader func(ctx context.Context, skip *clusterNode) (*clusterNode, error)
 	// configure points cfg at addr and names the strategies.
@@ -60,7 +69,7 @@ func (c *quorumCluster) Configure(cfg *Config) []string { return c.configure(cfg
 // Upstreams is every node when the clients spread over them (pause), else
 // the Front.
 func (c *quorumCluster) Upstreams() []string {
-	if !c.pause {
+	if !c.pause && !c.cut {
 		return []string{c.front.Addr()}
 	}
 	var ups []string
@@ -85,6 +94,9 @@ func (c *quorumCluster) Failover(ctx context.Context, log io.Writer) (killed, re
 	if c.pause {
 		return c.pauseLeader(ctx, old, log)
 	}
+	if c.cut {
+		return c.cutLeader(ctx, old, log)
+	}
 	old.kill()
 	killed = Mono()
 	lead, err := c.awaitLeader(ctx, old)
@@ -102,17 +114,38 @@ func (c *quorumCluster) Failover(ctx context.Context, log io.Writer) (killed, re
 	return killed, ready, old.restart(ctx)
 }
 
-// pauseLeader stops old, the leader, until the others elect a leader
-// and pauseFor has passed, then resumes it and waits until it serves
-// again. killed and ready are the stop and the new leader's election.
+// pauseLeader stops old, the leader (SIGSTOP), and cutLeader cuts it off
+// from the others (cutMember), its clients still on it; see holdLeader.
 func (c *quorumCluster) pauseLeader(ctx context.Context, old *clusterNode, log io.Writer) (killed, ready int64, err error) {
-	if err := old.signal(syscall.SIGSTOP); err != nil {
+	return c.holdLeader(ctx, old, log, "paused",
+		func() error { return old.signal(syscall.SIGSTOP) },
+		func() error { return old.signal(syscall.SIGCONT) })
+}
+
+func (c *quorumCluster) cutLeader(ctx context.Context, old *clusterNode, log io.Writer) (killed, ready int64, err error) {
+	i := slices.Index(c.nodes, old)
+	return c.holdLeader(ctx, old, log, "cut off from the others, its clients still on it",
+		func() error {
+			cut, err := cutMember(i, portOf(old.addr), c.peers[i])
+			if err == nil {
+				c.cuts = append(c.cuts, cut)
+			}
+			return err
+		}, c.heal)
+}
+
+// holdLeader faults old, the leader, with start until the others elect a
+// leader and pauseFor has passed, then ends the fault (end, which may run
+// twice) and waits until old serves again. killed and ready are the
+// fault's start and the new leader's election.
+func (c *quorumCluster) holdLeader(ctx context.Context, old *clusterNode, log io.Writer, what string, start, end func() error) (killed, ready int64, err error) {
+	if err := start(); err != nil {
 		return 0, 0, err
 	}
 	killed = Mono()
 	defer func() {
-		if cerr := old.signal(syscall.SIGCONT); cerr != nil && err == nil {
-			err = cerr
+		if eerr := end(); eerr != nil && err == nil {
+			err = eerr
 		}
 	}()
 	lead, err := c.awaitLeader(ctx, old)
@@ -120,12 +153,22 @@ func (c *quorumCluster) pauseLeader(ctx context.Context, old *clusterNode, log i
 		return killed, 0, err
 	}
 	ready = Mono()
-	fmt.Fprintf(log, "   failover: %s paused, %s leads\n", old.name, lead.name)
+	fmt.Fprintf(log, "   failover: %s %s; %s leads\n", old.name, what, lead.name)
 	sleepCtx(ctx, time.Duration(killed+int64(pauseFor)-Mono()))
-	if err := old.signal(syscall.SIGCONT); err != nil {
+	if err := end(); err != nil {
 		return killed, ready, err
 	}
 	return killed, ready, old.waitReady(ctx, 30*time.Second)
+}
+
+// heal removes the cuts in force.
+func (c *quorumCluster) heal() error {
+	var errs []error
+	for _, cut := range c.cuts {
+		errs = append(errs, cut.heal())
+	}
+	c.cuts = nil
+	return errors.Join(errs...)
 }
 
 // awaitLeader waits until the nodes other than old elect a leader that
@@ -152,5 +195,5 @@ func (c *quorumCluster) Close() error {
 	for _, n := range c.nodes {
 		n.kill()
 	}
-	return nil
+	return c.heal()
 }

@@ -248,7 +248,8 @@ func wantPass(t *testing.T, r *RunReport) {
 // killed: the others elect a leader and hold every acknowledged write, and
 // ZooKeeper's sessions move to it. So they do when the leader, with the
 // clients spread over the nodes, is paused for several election timeouts
-// and resumed.
+// and resumed, and when it is cut off from the others with its clients
+// still on it, and let back.
 func TestFailoverQuorum(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts etcd and ZooKeeper ensembles")
@@ -262,6 +263,8 @@ func TestFailoverQuorum(t *testing.T) {
 		{"etcd-3-pause", haveEtcd},
 		{"zk-3", haveZK},
 		{"zk-3-pause", haveZK},
+		{"etcd-3-cut", haveEtcd},
+		{"zk-3-cut", haveZK},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			t.Parallel()

@@ -18,22 +18,33 @@ import (
 // server's 200 ms tick) for zk-lease. Sessions must survive the leader's
 // death: the clients reconnect, through the Front, to the new leader.
 func startZKCluster(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
-	return newZKCluster(ctx, dir, false)
+	return newZKCluster(ctx, dir, false, false)
 }
 
 // startZKPause is startZKCluster whose failovers pause the leader
 // (quorumCluster.pause).
 func startZKPause(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
-	return newZKCluster(ctx, dir, true)
+	return newZKCluster(ctx, dir, true, false)
 }
 
-func newZKCluster(ctx context.Context, dir string, pause bool) (Cluster, error) {
+// startZKCut is startZKCluster whose failovers cut the leader off from the
+// others (quorumCluster.cut).
+func startZKCut(ctx context.Context, dir string, _ io.Writer) (Cluster, error) {
+	return newZKCluster(ctx, dir, false, true)
+}
+
+func newZKCluster(ctx context.Context, dir string, pause, cut bool) (Cluster, error) {
 	java, cp, err := testproc.ZooKeeperCommand()
 	if err != nil {
 		return nil, fmt.Errorf("%w: ZooKeeper (Debian: zookeeper): %v", ErrNoServer, err)
 	}
+	if cut {
+		if err := cutAvailable(); err != nil {
+			return nil, err
+		}
+	}
 	c := &quorumCluster{
-		pause: pause,
+		pause: pause, cut: cut,
 		configure: func(cfg *Config, addr string) []string {
 			cfg.ZKAddr, cfg.ZKDataDir = addr, ""
 			return []string{"zk-lease"}
@@ -65,8 +76,18 @@ func newZKCluster(ctx context.Context, dir string, pause bool) (Cluster, error) 
 			return nil, err
 		}
 		addr := "127.0.0.1:" + strconv.Itoa(ports[3*i])
-		c.nodes = append(c.nodes, &clusterNode{name: fmt.Sprintf("zk%d", i), addr: addr, bin: java,
-			args: testproc.ZooKeeperArgs(cp, conf), logFile: filepath.Join(dir, fmt.Sprintf("zk%d.log", i)), ready: zkReady(addr)})
+		n := &clusterNode{name: fmt.Sprintf("zk%d", i), addr: addr, bin: java,
+			args: testproc.ZooKeeperArgs(cp, conf), logFile: filepath.Join(dir, fmt.Sprintf("zk%d.log", i)), ready: zkReady(addr)}
+		c.nodes = append(c.nodes, n)
+		c.peers = append(c.peers, []int{ports[3*i+1], ports[3*i+2]})
+		if cut {
+			n.cred = cutCred(i)
+			// No per-user JVM files in /tmp for a user without a name.
+			n.args = append([]string{"-XX:-UsePerfData"}, n.args...)
+			if err := chownTree(filepath.Join(dir, n.name), n.cred); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return c.start(ctx, 60*time.Second)
 }

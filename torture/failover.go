@@ -121,6 +121,7 @@ func freePort() (int, error) {
 var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Writer) (Cluster, error){
 	"etcd-3":            startEtcdCluster,
 	"etcd-3-pause":      startEtcdPause,
+	"etcd-3-cut":        startEtcdCut,
 	"galera-3":          startGaleraCluster,
 	"galera-3-isolate":  startGaleraIsolate,
 	"pg-async":          startPGAsync,
@@ -129,6 +130,7 @@ var clusterKinds = map[string]func(ctx context.Context, dir string, log io.Write
 	"redis-minreplicas": startRedisMinReplicas,
 	"zk-3":              startZKCluster,
 	"zk-3-pause":        startZKPause,
+	"zk-3-cut":          startZKCut,
 	"mariadb-async":     startMariaAsync,
 	"mariadb-semisync":  startMariaSemiSync,
 }
