@@ -36,13 +36,25 @@ func cutCred(i int) *syscall.Credential {
 	return &syscall.Credential{Uid: id, Gid: id}
 }
 
-// cutAvailable reports why cuts cannot be made here (nil: they can).
+// cutAvailable reports why cuts cannot be made here (nil: they can). It
+// removes the cuts that harnesses which died left behind: their port rules
+// would drop the traffic of whatever uses those ports next.
 func cutAvailable() error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("%w: cutting a member off needs root (nftables, members run as users of their own)", ErrNoServer)
 	}
 	if _, err := exec.LookPath("nft"); err != nil {
 		return fmt.Errorf("%w: nft (Debian: nftables): %v", ErrNoServer, err)
+	}
+	out, err := exec.Command("nft", "list", "tables", "inet").Output()
+	if err != nil {
+		return fmt.Errorf("%w: nft list tables: %v", ErrNoServer, err)
+	}
+	for _, f := range strings.Fields(string(out)) {
+		var pid, i int
+		if n, _ := fmt.Sscanf(f, "dlock-cut-%d-%d", &pid, &i); n == 2 && syscall.Kill(pid, 0) == syscall.ESRCH {
+			_ = runCmd("nft", nil, "delete", "table", "inet", f)
+		}
 	}
 	return nil
 }

@@ -154,6 +154,10 @@ func StartCluster(ctx context.Context, kind, dir string, log io.Writer) (Cluster
 	if !ok {
 		return nil, fmt.Errorf("unknown cluster %q (have %s)", kind, strings.Join(ClusterKinds(), ","))
 	}
+	dir, err := filepath.Abs(dir) // the nodes may run in another directory
+	if err != nil {
+		return nil, err
+	}
 	var errs []error
 	for try := range 3 {
 		d := dir
@@ -198,7 +202,9 @@ func (n *clusterNode) start() error {
 	defer out.Close()
 	cmd := exec.Command(n.bin, n.args...)
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.Dir = "/" // reachable by every user
+	if n.cred != nil {
+		cmd.Dir = "/" // reachable by every user
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: n.cred, Setpgid: n.group}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("%s: %w", n.name, err)
