@@ -3,6 +3,7 @@ package torture
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -263,8 +264,8 @@ func TestFailoverQuorum(t *testing.T) {
 		{"etcd-3-pause", haveEtcd},
 		{"zk-3", haveZK},
 		{"zk-3-pause", haveZK},
-		{"etcd-3-cut", haveEtcd},
-		{"zk-3-cut", haveZK},
+		{"etcd-3-cut", func() error { return errors.Join(haveEtcd(), cutAvailable()) }},
+		{"zk-3-cut", func() error { return errors.Join(haveZK(), cutAvailable()) }},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			t.Parallel()
