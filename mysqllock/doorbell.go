@@ -82,22 +82,17 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := b.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, b.wrap("acquire", err)
 	}
-	if b.bell != nil && b.bell.s.galeraOK {
-		// Doorbells on Options.Connector: on a Galera store, a server of
-		// their own (see farBells).
-		if err := b.farBells.probe(ctx, b.db); err != nil {
+	if b.bell != nil {
+		// Doorbells are named locks, which Galera does not replicate: on
+		// a Galera store they need a server of their own (Options.
+		// Connector: see farBells); a setting that cannot work is an
+		// error, not silently dropped.
+		if err := b.storeGalera.probe(ctx, b.db); err != nil {
 			return dlock.Result{}, b.wrap("acquire", err)
 		}
-	}
-	if b.bell != nil && !b.bell.s.galeraOK {
-		// Doorbells are named locks, which Galera does not replicate: a
-		// setting that cannot work is an error, not silently dropped.
-		switch err := b.bell.s.checkGalera(ctx, b.db); {
-		case errors.Is(err, ErrGalera):
+		if b.storeGalera.is() && !b.bell.s.galeraOK {
 			return dlock.Result{}, fmt.Errorf("%w: mysqllock: the lease strategy's doorbells need named locks, which Galera does not replicate: set Options.Connector to one node for the doorbells, or Options.NoDoorbell: %w",
 				dlock.ErrInvalidOption, ErrGalera)
-		case err != nil:
-			return dlock.Result{}, b.wrap("acquire", err)
 		}
 	}
 	res, err := b.acquireLease(ctx, req, 0)
@@ -273,6 +268,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// farBells reports whether the doorbells are on another server than the
+// lease rows (a Galera store, its doorbells on Options.Connector's node):
+// the lease statements are then told who holds a doorbell rather than
+// asking IS_USED_LOCK (see bellHolder). Known from the first acquisition.
+func (b *Backend) farBells() bool {
+	return b.bells() && b.bell.s.galeraOK && b.storeGalera.is()
 }
 
 // bellHolder returns the session that holds key's doorbell on the doorbells'

@@ -164,11 +164,9 @@ type Backend struct {
 	sq     sharedQueries
 	bell   *GetLock    // the doorbells; nil without them
 	noBell atomic.Bool // doorbells turned out to be unavailable (Galera)
-	// farBells: the doorbells are on another server than the lease rows
-	// (a Galera store, its doorbells on Options.Connector's node), so the
-	// lease statements are told who holds a doorbell rather than asking
-	// IS_USED_LOCK (see bellHolder). Learnt at the first acquisition.
-	farBells galeraProbe
+	// storeGalera: whether db is a Galera node, asked at the first
+	// acquisition with doorbells (see farBells).
+	storeGalera galeraProbe
 	// belled holds the tokens of the leases granted with their doorbell,
 	// until released (see Release).
 	belled sync.Map
@@ -647,7 +645,7 @@ func (b *Backend) tryLease(ctx context.Context, req dlock.Request, inLine int64)
 	if b.bells() {
 		q = b.q.acquireBell
 		var bell any = b.bell.name(req.Key)
-		if b.farBells.is() {
+		if b.farBells() {
 			q, bell = b.q.acquireFarBell, b.bellHolder(ctx, req.Key)
 		}
 		args = append(args[:5:5], bell, inLine, inLine,

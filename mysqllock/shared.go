@@ -193,19 +193,23 @@ func txOnce(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) (bool, error)) e
 func (b *Backend) tryShared(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	var res dlock.Result
 	var refused error // a mode mismatch: nothing was taken
+	// With doorbells on another server, their holder is read there, once,
+	// before the row is locked; the state's read then asks for none.
+	bell, farHolder := b.bellName(req.Key), int64(0)
+	if b.farBells() {
+		bell = nil
+		farHolder, _ = b.bellHolder(ctx, req.Key).(int64)
+	}
 	err := b.inTx(ctx, func(tx *sql.Tx) (bool, error) {
 		if _, err := tx.ExecContext(ctx, b.sq.lockRow, req.Key); err != nil {
 			return false, err
 		}
-		st, _, err := readState(ctx, tx, b.sq.stateLocked, req.Key, b.bellName(req.Key))
+		st, _, err := readState(ctx, tx, b.sq.stateLocked, req.Key, bell)
 		if err != nil {
 			return false, err
 		}
-		if b.bells() && b.farBells.is() {
-			st.bell = 0
-			if h, ok := b.bellHolder(ctx, req.Key).(int64); ok {
-				st.bell = h
-			}
+		if farHolder != 0 {
+			st.bell = farHolder
 		}
 		res, refused = decideShared(req, st, inLine)
 		if !res.Acquired {
