@@ -92,7 +92,7 @@ func (w *holderWatch) holders() ([]dlock.LockInfo, error) {
 }
 
 func (w *holderWatch) start() ([]dlock.LockInfo, error) {
-	hs, ok, err := w.settled(func(names []string, pos position) error {
+	hs, ok, err := w.settled(func(names []string, pos position, _ []dlock.LockInfo) error {
 		w.pos, w.last = pos, -1
 		if seqs := entries(names, -1); len(seqs) > 0 {
 			w.last = seqs[len(seqs)-1]
@@ -109,19 +109,16 @@ func (w *holderWatch) start() ([]dlock.LockInfo, error) {
 	return slices.Clone(hs), nil
 }
 
-// settled reads the journal and calls apply with its entries and
-// position, then reads the key's holders and the journal's position
-// again, until the two positions agree (at most snapshotTries times; false
-// if they never do). It returns the holders of the last read: they are
-// those after the entries apply was given, and after the changes made
-// without an entry meanwhile.
-func (w *holderWatch) settled(apply func(names []string, pos position) error) ([]dlock.LockInfo, bool, error) {
+// settled reads the journal's entries and position, the key's holders and
+// the journal's position again, and calls apply with the entries, their
+// position and the holders, until the two positions agree (at most
+// snapshotTries times; false if they never do). It returns the holders of
+// the last read: they are those after the entries apply was given, and
+// after the changes made without an entry meanwhile.
+func (w *holderWatch) settled(apply func(names []string, pos position, hs []dlock.LockInfo) error) ([]dlock.LockInfo, bool, error) {
 	for range snapshotTries {
 		names, pos, err := w.readJournal()
 		if err != nil {
-			return nil, false, err
-		}
-		if err := apply(names, pos); err != nil {
 			return nil, false, err
 		}
 		hs, err := w.holders()
@@ -130,6 +127,9 @@ func (w *holderWatch) settled(apply func(names []string, pos position) error) ([
 		}
 		_, after, err := w.readJournal()
 		if err != nil {
+			return nil, false, err
+		}
+		if err := apply(names, pos, hs); err != nil {
 			return nil, false, err
 		}
 		if after == pos {
@@ -162,7 +162,9 @@ func (w *holderWatch) follow(ctx context.Context, out chan<- []dlock.LockInfo) {
 // each change.
 func (w *holderWatch) step() ([][]dlock.LockInfo, error) {
 	var reports [][]dlock.LockInfo
-	hs, ok, err := w.settled(func(names []string, pos position) error { return w.apply(names, pos, &reports) })
+	hs, ok, err := w.settled(func(names []string, pos position, now []dlock.LockInfo) error {
+		return w.apply(names, pos, now, &reports)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -176,10 +178,11 @@ func (w *holderWatch) step() ([][]dlock.LockInfo, error) {
 }
 
 // apply reads the entries after the last one read, in order, and reports
-// the holders after each change they tell. It fails with errGap when the
+// the holders after each change they tell; now are the key's holders, read
+// after the entries were written. It fails with errGap when the
 // entries cannot all be read: their count is not what the journal's
 // version says, or one is gone before it is read.
-func (w *holderWatch) apply(names []string, pos position, reports *[][]dlock.LockInfo) error {
+func (w *holderWatch) apply(names []string, pos position, now []dlock.LockInfo, reports *[][]dlock.LockInfo) error {
 	if pos.czxid != w.pos.czxid && w.pos.czxid != 0 {
 		return errGap // the journal was removed (and made again)
 	}
@@ -205,7 +208,7 @@ func (w *holderWatch) apply(names []string, pos position, reports *[][]dlock.Loc
 		es = append(es, e)
 	}
 	for i, e := range es {
-		w.grantEarlier(e, es[i+1:], reports)
+		w.grantEarlier(e, es[i+1:], now, reports)
 		w.last = seqs[i]
 		w.pos.version++
 		w.change(e, reports)
@@ -214,13 +217,16 @@ func (w *holderWatch) apply(names []string, pos position, reports *[][]dlock.Loc
 	return nil
 }
 
-// grantEarlier reports, before e, the grants of the terms that later
-// entries tell of, that the watcher has not seen granted, and that held
-// the key together with e's term: those with a smaller fence that e's term
-// does not exclude (shared holders granted before it and still holding).
-// A grant writes no entry, so a term that ends after e is first told of by
-// its end.
-func (w *holderWatch) grantEarlier(e entry, later []entry, reports *[][]dlock.LockInfo) {
+// grantEarlier reports, before e, the grants of the terms that the watcher
+// has not seen granted, that held the key together with e's term and were
+// granted before it: those with a smaller fence that e's term does not
+// exclude (shared holders, or holders of one limit, queued ahead of it),
+// that later entries tell of (they ended after e) or that hold the key now
+// (they were granted before e's term, whose grant needed them to be, and
+// have not ended). A grant writes no entry. A term told of by a later entry
+// is reported with its first metadata, one that holds now with its
+// present metadata.
+func (w *holderWatch) grantEarlier(e entry, later []entry, now []dlock.LockInfo, reports *[][]dlock.LockInfo) {
 	if w.knows(uint64(e.Fence)) || e.Kind == kindExpired {
 		return
 	}
@@ -228,13 +234,26 @@ func (w *holderWatch) grantEarlier(e entry, later []entry, reports *[][]dlock.Lo
 	if !ok {
 		return
 	}
+	var earlier []dlock.LockInfo
+	add := func(u dlock.LockInfo) {
+		if u.Fence < h.Fence && !w.knows(u.Fence) && !excludes(h, u) && byFence(earlier, u.Fence) < 0 {
+			earlier = append(earlier, u)
+		}
+	}
 	for _, l := range later {
-		if l.Fence >= e.Fence || l.Kind == kindExpired || w.knows(uint64(l.Fence)) {
+		if l.Kind == kindExpired {
 			continue
 		}
-		if u, ok := l.holder(w.key, true); ok && !excludes(h, u) {
-			w.grant(u, reports)
+		if u, ok := l.holder(w.key, true); ok {
+			add(u)
 		}
+	}
+	for _, u := range now {
+		add(u)
+	}
+	slices.SortFunc(earlier, func(a, b dlock.LockInfo) int { return cmp.Compare(a.Fence, b.Fence) })
+	for _, u := range earlier {
+		w.grant(u, reports)
 	}
 }
 

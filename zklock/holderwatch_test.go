@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -242,4 +243,89 @@ func TestWatchHoldersEndsWithItsContext(t *testing.T) {
 	if _, _, err := w.WatchHolders(ctx, "k"); err == nil {
 		t.Error("WatchHolders with an ended ctx: nil error")
 	}
+}
+
+// heldConn is a Conn whose reads wait while the test holds it.
+type heldConn struct {
+	*zk.Conn
+	mu   sync.Mutex
+	gate chan struct{} // closed when the hold ends; nil when not held
+}
+
+func (c *heldConn) hold() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gate = make(chan struct{})
+}
+
+func (c *heldConn) let() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	close(c.gate)
+	c.gate = nil
+}
+
+func (c *heldConn) wait() {
+	c.mu.Lock()
+	g := c.gate
+	c.mu.Unlock()
+	if g != nil {
+		<-g
+	}
+}
+
+func (c *heldConn) Children(p string) ([]string, *zk.Stat, error) {
+	c.wait()
+	return c.Conn.Children(p)
+}
+
+func (c *heldConn) ChildrenW(p string) ([]string, *zk.Stat, <-chan zk.Event, error) {
+	c.wait()
+	return c.Conn.ChildrenW(p)
+}
+
+func (c *heldConn) Get(p string) ([]byte, *zk.Stat, error) {
+	c.wait()
+	return c.Conn.Get(p)
+}
+
+func (c *heldConn) GetW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
+	c.wait()
+	return c.Conn.GetW(p)
+}
+
+func (c *heldConn) ExistsW(p string) (bool, *zk.Stat, <-chan zk.Event, error) {
+	c.wait()
+	return c.Conn.ExistsW(p)
+}
+
+// TestWatchHoldersReportsEarlierReadersFirst: a watcher that first reads
+// the journal when it tells of a change to a reader it has not seen
+// granted reports the grant of each reader that held the key before that
+// one and holds it still, before that reader's grant: the holders after
+// each report are holders the key had.
+func TestWatchHoldersReportsEarlierReadersFirst(t *testing.T) {
+	addrs := sharedAddrs(t)
+	k := locktest.UniqueKey("earlier")
+	wc := &heldConn{Conn: newConn(t, addrs...)}
+	now, ch := holderWatch(t, ctxT(t, time.Minute), newBackend(t, wc), k)
+	if len(now) != 0 {
+		t.Fatalf("holders of a fresh key: %s", summary(now))
+	}
+	b := newBackend(t, newConn(t, addrs...))
+	ctx := ctxT(t, time.Minute)
+	f := func(r dlock.Result) string { return fmt.Sprint(r.Fence) }
+
+	wc.hold() // the watcher wakes at the first grant and waits
+	r1 := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeShared, Metadata: "r1"}
+	r2 := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeShared, Metadata: "r2"}
+	g1 := take(t, b, r1)
+	g2 := take(t, b, r2)
+	err := b.SetMetadata(ctx, k, r2.Token, "r2'")
+	wc.let()
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, ch, "two readers, the second's metadata changed",
+		"["+f(g1)+":r1]", "["+f(g1)+":r1 "+f(g2)+":r2]", "["+f(g1)+":r1 "+f(g2)+":r2']")
 }
