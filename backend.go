@@ -445,11 +445,12 @@ type Result struct {
 	// Remaining is the holder's remaining lease by the store's clock when not
 	// Acquired; 0 if unknown. Waiters never sleep longer than this.
 	Remaining time.Duration
-	// SentAfter is set by Waiter.AcquireWait when Acquired: how long after
-	// the call began the backend sent the request whose success started the
-	// lease (the acquisition statement after a wake-up, or the statement
-	// that recorded a grant made by a server-side wait). The Locker times
-	// the lease from then, so that a long wait does not use up the lease
+	// SentAfter may be set by Acquire or Waiter.AcquireWait when Acquired:
+	// how long after the call began the backend sent the request whose
+	// success started the lease (the acquisition statement after a wake-up
+	// or after a wait for the store's write lock, or the statement that
+	// recorded a grant made by a server-side wait). The Locker times the
+	// lease from then, so that a long wait does not use up the lease
 	// before it starts. Never report a later instant than that request's
 	// sending: the Locker would trust the lease too long. In particular a
 	// session backend must not time a lease from the arrival of a

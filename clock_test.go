@@ -58,6 +58,37 @@ func TestSentAfterOnAnotherClock(t *testing.T) {
 	}
 }
 
+// lockWaitBackend grants every Acquire after a wait for the store's write
+// lock that lasts wait, reporting that the granting statement was sent
+// just after the wait: it is not a Waiter.
+type lockWaitBackend struct{ waitingBackend }
+
+func (b lockWaitBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	return b.waitingBackend.AcquireWait(ctx, req)
+}
+
+// TestSentAfterOfAcquire: Acquire's SentAfter times the lease as
+// AcquireWait's does, so a grant that waited longer than the lease for
+// the store's write lock is held, on TryAcquire and on a blocking Acquire.
+func TestSentAfterOfAcquire(t *testing.T) {
+	l := New(lockWaitBackend{waitingBackend{wait: 1500 * time.Millisecond}}, &Options{TTL: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	defer l.Close(context.Background())
+	for _, take := range []func(context.Context, string, ...AcquireOption) (*Lock, error){l.TryAcquire, l.Acquire} {
+		lk, err := take(ctx, "k")
+		if err != nil {
+			t.Fatalf("a grant after a wait longer than the lease, sent after it: %v", err)
+		}
+		if err := lk.Err(); err != nil {
+			t.Errorf("lost on arrival: %v", err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // failingExtendBackend grants every acquisition and fails every renewal
 // with a transient error, counting the renewals.
 type failingExtendBackend struct {

@@ -101,36 +101,23 @@ func modeOf(s string) dlock.Mode {
 	return dlock.ModeExclusive
 }
 
-// acquireTx acquires in one write transaction: a shared or limited
-// request, or an exclusive one that its single statement did not grant
-// (the key is held, or its holders left since). A mismatch changes nothing.
-func (b *Backend) acquireTx(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	tx, err := b.db.BeginTx(ctx, nil)
-	if err != nil {
-		return dlock.Result{}, wrap("acquire", err)
-	}
-	defer tx.Rollback()
+// acquireTx decides req in tx, which holds the write lock: it deletes the
+// key's expired shared and limited holders, reads the key's state and
+// grants req or says who holds the key (see decide).
+func (b *Backend) acquireTx(ctx context.Context, tx *sql.Tx, req dlock.Request) (dlock.Result, error) {
 	if _, err := tx.ExecContext(ctx, purgeSQL, req.Key); err != nil {
-		return dlock.Result{}, wrap("acquire", err)
+		return dlock.Result{}, err
 	}
 	var st keyState
-	err = tx.QueryRowContext(ctx, stateSQL, req.Key, req.Limit).Scan(
+	err := tx.QueryRowContext(ctx, stateSQL, req.Key, req.Limit).Scan(
 		&st.nowUs, &st.exclusiveUs, &st.writerUs, &st.holders, &st.limited, &st.sameLimit, &st.limit)
 	if err != nil {
-		return dlock.Result{}, wrap("acquire", err)
+		return dlock.Result{}, err
 	}
 	if err := st.mismatch(req); err != nil {
 		return dlock.Result{}, err
 	}
-	res, err := decide(ctx, tx, req, st)
-	if err == nil {
-		err = tx.Commit()
-	}
-	if err != nil {
-		return dlock.Result{}, wrap("acquire", err)
-	}
-	b.bell.Ring() // a grant, or the end of expired holders
-	return res, nil
+	return decide(ctx, tx, req, st)
 }
 
 // decide grants req or says who holds the key, inside acquireTx. The order

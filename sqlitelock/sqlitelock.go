@@ -300,24 +300,60 @@ func wrap(op string, err error) error {
 }
 
 // Acquire implements dlock.Backend. An exclusive request is one statement
-// when the key is free; the others, and an exclusive request that finds the
-// key held, are one write transaction (see acquireTx).
+// in a write transaction when the key is free; the others, and an
+// exclusive request that finds the key held, are one write transaction
+// with more statements (see acquireTx). The transaction's BEGIN IMMEDIATE
+// (Open's _txlock) waits for the file's write lock, and a grant's SentAfter
+// is when it returned: the lease is timed by SQLite from a statement sent
+// after it, so a wait for the lock does not use the lease up. An exclusive
+// or shared request first reads the key's exclusive holder, without the
+// write lock: while one holds the key, waiters that ask again and again do
+// not queue for the write lock ahead of its release.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
-	if req.Mode == dlock.ModeExclusive {
-		var fence uint64
-		err := b.db.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence)
-		switch {
-		case err == nil:
-			b.bell.Ring()
-			return dlock.Result{Acquired: true, Fence: fence}, nil
-		case !errors.Is(err, sql.ErrNoRows):
+	if req.Mode != dlock.ModeLimited {
+		hs, err := query(ctx, b.db, holderSQL, req.Key)
+		if err != nil {
 			return dlock.Result{}, wrap("acquire", err)
 		}
+		if len(hs) > 0 && hs[0].remaining > 0 {
+			return dlock.Result{Holder: hs[0].LockInfo, Remaining: hs[0].remaining}, nil
+		}
 	}
-	return b.acquireTx(ctx, req)
+	began := time.Now()
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return dlock.Result{}, wrap("acquire", err)
+	}
+	defer tx.Rollback()
+	locked := time.Since(began)
+	var res dlock.Result
+	if req.Mode == dlock.ModeExclusive {
+		err = tx.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&res.Fence)
+		res.Acquired = err == nil
+		if errors.Is(err, sql.ErrNoRows) {
+			err = nil
+		}
+	}
+	if err == nil && !res.Acquired {
+		res, err = b.acquireTx(ctx, tx, req)
+	}
+	if errors.Is(err, dlock.ErrModeMismatch) {
+		return dlock.Result{}, err // the store's answer: nothing changed
+	}
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		return dlock.Result{}, wrap("acquire", err)
+	}
+	b.bell.Ring() // a grant, or the end of expired holders
+	if res.Acquired {
+		res.SentAfter = locked
+	}
+	return res, nil
 }
 
 // Extend implements dlock.Backend in one transaction.
