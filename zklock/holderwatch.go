@@ -109,15 +109,17 @@ func (w *holderWatch) start() ([]dlock.LockInfo, error) {
 	return slices.Clone(hs), nil
 }
 
-// settled reads the journal's entries and position, the key's holders and
-// the journal's position again, and calls apply with the entries, their
-// position and the holders, until the two positions agree (at most
-// snapshotTries times; false if they never do). It returns the holders of
-// the last read: they are those after the entries apply was given, and
-// after the changes made without an entry meanwhile.
+// settled reads the journal's position, the key's holders and the
+// journal's entries and position again, and calls apply with those
+// entries, their position and the holders, until the two positions agree
+// (at most snapshotTries times; false if they never do). It returns the
+// holders of the last read: they are those after the entries apply was
+// given, and after the changes made without an entry meanwhile. The
+// entries are read after the holders, so that a holder that ended since
+// an entry was written, and is missing from them, has its end among them.
 func (w *holderWatch) settled(apply func(names []string, pos position, hs []dlock.LockInfo) error) ([]dlock.LockInfo, bool, error) {
 	for range snapshotTries {
-		names, pos, err := w.readJournal()
+		_, before, err := w.readJournal()
 		if err != nil {
 			return nil, false, err
 		}
@@ -125,14 +127,14 @@ func (w *holderWatch) settled(apply func(names []string, pos position, hs []dloc
 		if err != nil {
 			return nil, false, err
 		}
-		_, after, err := w.readJournal()
+		names, pos, err := w.readJournal()
 		if err != nil {
 			return nil, false, err
 		}
 		if err := apply(names, pos, hs); err != nil {
 			return nil, false, err
 		}
-		if after == pos {
+		if before == pos {
 			return hs, true, nil
 		}
 	}
@@ -179,7 +181,7 @@ func (w *holderWatch) step() ([][]dlock.LockInfo, error) {
 
 // apply reads the entries after the last one read, in order, and reports
 // the holders after each change they tell; now are the key's holders, read
-// after the entries were written. It fails with errGap when the
+// before the entries' names. It fails with errGap when the
 // entries cannot all be read: their count is not what the journal's
 // version says, or one is gone before it is read.
 func (w *holderWatch) apply(names []string, pos position, now []dlock.LockInfo, reports *[][]dlock.LockInfo) error {
@@ -207,11 +209,15 @@ func (w *holderWatch) apply(names []string, pos position, now []dlock.LockInfo, 
 		}
 		es = append(es, e)
 	}
+	var ended []int64 // the terms whose end the entries told of so far
 	for i, e := range es {
-		w.grantEarlier(e, es[i+1:], now, reports)
+		w.grantEarlier(e, es[i+1:], now, ended, reports)
 		w.last = seqs[i]
 		w.pos.version++
 		w.change(e, reports)
+		if e.Kind != kindMetadata {
+			ended = append(ended, e.Fence)
+		}
 	}
 	w.pos = pos
 	return nil
@@ -221,12 +227,13 @@ func (w *holderWatch) apply(names []string, pos position, now []dlock.LockInfo, 
 // has not seen granted, that held the key together with e's term and were
 // granted before it: those with a smaller fence that e's term does not
 // exclude (shared holders, or holders of one limit, queued ahead of it),
-// that later entries tell of (they ended after e) or that hold the key now
-// (they were granted before e's term, whose grant needed them to be, and
-// have not ended). A grant writes no entry. A term told of by a later entry
-// is reported with its first metadata, one that holds now with its
-// present metadata.
-func (w *holderWatch) grantEarlier(e entry, later []entry, now []dlock.LockInfo, reports *[][]dlock.LockInfo) {
+// that later entries tell of (they ended after e) or that are among now
+// and not among ended (they held the key when now was read, and a term
+// granted before e's term, whose grant needed them to be, that has not
+// ended before e is held at e). A grant writes no entry. A term told of by
+// a later entry is reported with its first metadata, one from now with its
+// metadata then.
+func (w *holderWatch) grantEarlier(e entry, later []entry, now []dlock.LockInfo, ended []int64, reports *[][]dlock.LockInfo) {
 	if w.knows(uint64(e.Fence)) || e.Kind == kindExpired {
 		return
 	}
@@ -249,7 +256,9 @@ func (w *holderWatch) grantEarlier(e entry, later []entry, now []dlock.LockInfo,
 		}
 	}
 	for _, u := range now {
-		add(u)
+		if !slices.Contains(ended, int64(u.Fence)) {
+			add(u)
+		}
 	}
 	slices.SortFunc(earlier, func(a, b dlock.LockInfo) int { return cmp.Compare(a.Fence, b.Fence) })
 	for _, u := range earlier {

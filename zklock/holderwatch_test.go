@@ -245,17 +245,23 @@ func TestWatchHoldersEndsWithItsContext(t *testing.T) {
 	}
 }
 
-// heldConn is a Conn whose reads wait while the test holds it.
+// heldConn is a Conn whose reads wait while the test holds them: every
+// read, or those of one path.
 type heldConn struct {
 	*zk.Conn
-	mu   sync.Mutex
-	gate chan struct{} // closed when the hold ends; nil when not held
+	mu      sync.Mutex
+	gate    chan struct{} // closed when the hold ends; nil when not held
+	only    string        // the path held, or "" for every path
+	arrived chan struct{} // receives when a read starts to wait
 }
 
-func (c *heldConn) hold() {
+func newHeldConn(c *zk.Conn) *heldConn { return &heldConn{Conn: c, arrived: make(chan struct{}, 1)} }
+
+// hold makes the reads of path ("" for every path) wait until let.
+func (c *heldConn) hold(path string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gate = make(chan struct{})
+	c.gate, c.only = make(chan struct{}), path
 }
 
 func (c *heldConn) let() {
@@ -265,67 +271,123 @@ func (c *heldConn) let() {
 	c.gate = nil
 }
 
-func (c *heldConn) wait() {
+func (c *heldConn) wait(path string) {
 	c.mu.Lock()
 	g := c.gate
+	if c.only != "" && c.only != path {
+		g = nil
+	}
 	c.mu.Unlock()
 	if g != nil {
+		select {
+		case c.arrived <- struct{}{}:
+		default:
+		}
 		<-g
 	}
 }
 
 func (c *heldConn) Children(p string) ([]string, *zk.Stat, error) {
-	c.wait()
+	c.wait(p)
 	return c.Conn.Children(p)
 }
 
 func (c *heldConn) ChildrenW(p string) ([]string, *zk.Stat, <-chan zk.Event, error) {
-	c.wait()
+	c.wait(p)
 	return c.Conn.ChildrenW(p)
 }
 
 func (c *heldConn) Get(p string) ([]byte, *zk.Stat, error) {
-	c.wait()
+	c.wait(p)
 	return c.Conn.Get(p)
 }
 
 func (c *heldConn) GetW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
-	c.wait()
+	c.wait(p)
 	return c.Conn.GetW(p)
 }
 
 func (c *heldConn) ExistsW(p string) (bool, *zk.Stat, <-chan zk.Event, error) {
-	c.wait()
+	c.wait(p)
 	return c.Conn.ExistsW(p)
 }
 
-// TestWatchHoldersReportsEarlierReadersFirst: a watcher that first reads
-// the journal when it tells of a change to a reader it has not seen
-// granted reports the grant of each reader that held the key before that
-// one and holds it still, before that reader's grant: the holders after
-// each report are holders the key had.
-func TestWatchHoldersReportsEarlierReadersFirst(t *testing.T) {
+// twoHolders is a key watched through a heldConn whose reads are held
+// while two holders of one mode take the key and the second changes its
+// metadata, and the watcher has woken and waits to read.
+type twoHolders struct {
+	k      string
+	ch     <-chan []dlock.LockInfo
+	wc     *heldConn
+	wb, b  *zklock.Backend // the watcher's and the holders'
+	r1, r2 dlock.Request
+	g1, g2 string // their fences
+}
+
+func newTwoHolders(t *testing.T, name string, mode dlock.Mode, limit int) *twoHolders {
+	t.Helper()
 	addrs := sharedAddrs(t)
-	k := locktest.UniqueKey("earlier")
-	wc := &heldConn{Conn: newConn(t, addrs...)}
-	now, ch := holderWatch(t, ctxT(t, time.Minute), newBackend(t, wc), k)
+	h := &twoHolders{k: locktest.UniqueKey(name), wc: newHeldConn(newConn(t, addrs...))}
+	h.wb, h.b = newBackend(t, h.wc), newBackend(t, newConn(t, addrs...))
+	var now []dlock.LockInfo
+	now, h.ch = holderWatch(t, ctxT(t, time.Minute), h.wb, h.k)
 	if len(now) != 0 {
 		t.Fatalf("holders of a fresh key: %s", summary(now))
 	}
-	b := newBackend(t, newConn(t, addrs...))
-	ctx := ctxT(t, time.Minute)
-	f := func(r dlock.Result) string { return fmt.Sprint(r.Fence) }
-
-	wc.hold() // the watcher wakes at the first grant and waits
-	r1 := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeShared, Metadata: "r1"}
-	r2 := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeShared, Metadata: "r2"}
-	g1 := take(t, b, r1)
-	g2 := take(t, b, r2)
-	err := b.SetMetadata(ctx, k, r2.Token, "r2'")
-	wc.let()
-	if err != nil {
+	h.wc.hold("")
+	h.r1 = dlock.Request{Key: h.k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: mode, Limit: limit, Metadata: "r1"}
+	h.r2 = dlock.Request{Key: h.k, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: mode, Limit: limit, Metadata: "r2"}
+	h.g1, h.g2 = fmt.Sprint(take(t, h.b, h.r1).Fence), fmt.Sprint(take(t, h.b, h.r2).Fence)
+	if err := h.b.SetMetadata(ctxT(t, 10*time.Second), h.k, h.r2.Token, "r2'"); err != nil {
 		t.Fatal(err)
 	}
-	expect(t, ch, "two readers, the second's metadata changed",
-		"["+f(g1)+":r1]", "["+f(g1)+":r1 "+f(g2)+":r2]", "["+f(g1)+":r1 "+f(g2)+":r2']")
+	h.waitReader(t)
+	return h
+}
+
+// waitReader waits for the watcher to wait for a held read.
+func (h *twoHolders) waitReader(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.wc.arrived:
+	case <-time.After(seenBound):
+		t.Fatal("the watcher did not read")
+	}
+}
+
+// TestWatchHoldersReportsEarlierReadersFirst: a watcher that first reads
+// the journal when it tells of a change to a holder it has not seen
+// granted (a reader, or a holder of a semaphore) reports the grant of each
+// compatible holder that held the key before that one and holds it still,
+// before that holder's grant: the holders after each report are holders
+// the key had.
+func TestWatchHoldersReportsEarlierReadersFirst(t *testing.T) {
+	for _, c := range []struct {
+		mode  dlock.Mode
+		limit int
+	}{{dlock.ModeShared, 0}, {dlock.ModeLimited, 2}} {
+		t.Run(dlock.DescribeMode(c.mode, c.limit), func(t *testing.T) {
+			h := newTwoHolders(t, "earlier", c.mode, c.limit)
+			h.wc.let()
+			expect(t, h.ch, "two holders, the second's metadata changed",
+				"["+h.g1+":r1]", "["+h.g1+":r1 "+h.g2+":r2]", "["+h.g1+":r1 "+h.g2+":r2']")
+		})
+	}
+}
+
+// TestWatchHoldersSeesAReaderThatEndsDuringItsRead: a reader granted
+// before another, unseen by the watcher, and released while the watcher
+// reads the key's holders after reading the journal, is reported granted
+// before the other reader, then released.
+func TestWatchHoldersSeesAReaderThatEndsDuringItsRead(t *testing.T) {
+	h := newTwoHolders(t, "ends-during-read", dlock.ModeShared, 0)
+	h.wc.let()
+	h.wc.hold(h.wb.Dir(h.k)) // it reads the journal, then waits to read the holders
+	h.waitReader(t)
+	if err := h.b.Release(ctxT(t, 10*time.Second), h.k, h.r1.Token); err != nil {
+		t.Fatal(err)
+	}
+	h.wc.let()
+	expect(t, h.ch, "a reader released while the watcher read",
+		"["+h.g1+":r1]", "["+h.g1+":r1 "+h.g2+":r2]", "["+h.g1+":r1 "+h.g2+":r2']", "["+h.g2+":r2']")
 }
