@@ -299,27 +299,37 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("sqlitelock: %s: %w", op, err)
 }
 
-// Acquire implements dlock.Backend. An exclusive request is one statement
-// in a write transaction when the key is free; the others, and an
-// exclusive request that finds the key held, are one write transaction
-// with more statements (see acquireTx). The transaction's BEGIN IMMEDIATE
-// (Open's _txlock) waits for the file's write lock, and a grant's SentAfter
-// is when it returned: the lease is timed by SQLite from a statement sent
-// after it, so a wait for the lock does not use the lease up. An exclusive
-// or shared request first reads the key's exclusive holder, without the
-// write lock: while one holds the key, waiters that ask again and again do
-// not queue for the write lock ahead of its release.
+// Acquire implements dlock.Backend. An exclusive or shared request first
+// reads the key's exclusive holder, without the write lock: while one
+// holds the key, waiters that ask again and again do not queue for the
+// write lock ahead of its release. An exclusive request is then one
+// statement when the key is free; the others, and an exclusive request
+// that finds the key held, are one write transaction (see acquireTx),
+// whose BEGIN IMMEDIATE (Open's _txlock) waits for the file's write lock:
+// a grant's SentAfter is when it returned, since SQLite times the lease
+// from a statement sent after it.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
 	if req.Mode != dlock.ModeLimited {
-		hs, err := query(ctx, b.db, holderSQL, req.Key)
+		res, err := blocked(ctx, b.db, req.Key, holderSQL)
 		if err != nil {
 			return dlock.Result{}, wrap("acquire", err)
 		}
-		if len(hs) > 0 && hs[0].remaining > 0 {
-			return dlock.Result{Holder: hs[0].LockInfo, Remaining: hs[0].remaining}, nil
+		if res.Remaining > 0 { // a live exclusive holder
+			return res, nil
+		}
+	}
+	if req.Mode == dlock.ModeExclusive {
+		var fence uint64
+		err := b.db.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence)
+		switch {
+		case err == nil:
+			b.bell.Ring()
+			return dlock.Result{Acquired: true, Fence: fence}, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return dlock.Result{}, wrap("acquire", err)
 		}
 	}
 	began := time.Now()
@@ -329,17 +339,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	}
 	defer tx.Rollback()
 	locked := time.Since(began)
-	var res dlock.Result
-	if req.Mode == dlock.ModeExclusive {
-		err = tx.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&res.Fence)
-		res.Acquired = err == nil
-		if errors.Is(err, sql.ErrNoRows) {
-			err = nil
-		}
-	}
-	if err == nil && !res.Acquired {
-		res, err = b.acquireTx(ctx, tx, req)
-	}
+	res, err := b.acquireTx(ctx, tx, req)
 	if errors.Is(err, dlock.ErrModeMismatch) {
 		return dlock.Result{}, err // the store's answer: nothing changed
 	}
