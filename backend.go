@@ -350,6 +350,11 @@ type Request struct {
 	// Limit is the key's holder limit for ModeLimited (1..MaxLimit), and 0
 	// otherwise.
 	Limit int
+	// NoHolder tells Acquire that a refusal's Holder and Remaining go
+	// unread: the Locker waits in the store next (Waiter.AcquireWait). A
+	// backend may then leave them zero rather than spend a round trip on
+	// them. It changes nothing else.
+	NoHolder bool
 }
 
 // Mode is how an acquisition shares its key with other holders.

@@ -320,7 +320,10 @@ func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireC
 		if err := ctx.Err(); err != nil {
 			return nil, false, fmt.Errorf("%w: %w", ErrNotAcquired, err)
 		}
-		k, out, err := l.attempt(ctx, key, cfg, wait, wait && inStore)
+		// A first attempt that only leads to a wait in the store need not
+		// describe the holder (unless WithOnWait reads it).
+		noHolder := wait && canWait && !inStore && cfg.onWait == nil
+		k, out, err := l.attempt(ctx, key, cfg, wait, wait && inStore, noHolder)
 		k, err, done := l.afterAttempt(ctx, k, out, err, cfg, wait, &canWait, &inStore, &bo)
 		l.unwait(key, out.woken)
 		if done {
@@ -374,10 +377,11 @@ type outcome struct {
 
 // attempt makes one attempt to take key: from this Locker's own leases (a
 // reentrant acquisition, or a key another owner of this Locker holds), or
-// with one store call (a wait in the store when inStore). It returns the
-// Lock, or what it learnt, or an error: the backend's, wrapped, once the
+// with one store call (a wait in the store when inStore; a store call
+// told not to describe a holder when noHolder). It returns the Lock, or
+// what it learnt, or an error: the backend's, wrapped, once the
 // outcome of the call has been resolved.
-func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wait, inStore bool) (*Lock, outcome, error) {
+func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wait, inStore, noHolder bool) (*Lock, outcome, error) {
 	defer l.emitLosses()
 	l.mu.Lock()
 	if l.closed {
@@ -396,7 +400,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		case <-ctx.Done():
 			return nil, outcome{}, fmt.Errorf("%w: %w", ErrNotAcquired, ctx.Err())
 		}
-		return l.attempt(ctx, key, cfg, wait, inStore)
+		return l.attempt(ctx, key, cfg, wait, inStore, noHolder)
 	}
 	var out outcome
 	if wait {
@@ -442,7 +446,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	defer l.wg.Done()
 	l.mu.Unlock()
 
-	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl + cfg.lockDelay, LockDelay: cfg.lockDelay, Metadata: *cfg.metadata, Mode: mode, Limit: cfg.limit}
+	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl + cfg.lockDelay, LockDelay: cfg.lockDelay, Metadata: *cfg.metadata, Mode: mode, Limit: cfg.limit, NoHolder: noHolder && !inStore}
 	sent, realSent := l.clock.Now(), time.Now()
 	cctx, stop := l.withClosing(ctx)
 	l.wg.Add(1)

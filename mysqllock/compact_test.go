@@ -25,6 +25,9 @@ func freshSchema(t *testing.T, db *sql.DB, table string) {
 				t.Error(err)
 			}
 		}
+		if _, err := db.ExecContext(context.Background(), "DROP PROCEDURE IF EXISTS `"+table+"_grant1`"); err != nil {
+			t.Error(err)
+		}
 	}
 	drop()
 	t.Cleanup(drop)

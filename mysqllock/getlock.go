@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -72,6 +73,8 @@ type GetLock struct {
 
 	mu       sync.Mutex
 	main     *session                 // takes the uncontended locks
+	proc     string                   // the grant procedure (see grantproc.go), quoted
+	noProc   atomic.Bool              // the server has no grant procedure: use two statements
 	byToken  map[dlock.Token]*session // where each held or pending token is
 	watching bool                     // the liveness watch runs
 }
@@ -119,7 +122,7 @@ func NewGetLock(db *sql.DB, opts *Options) (*GetLock, error) {
 	if err := s.checkPool(); err != nil {
 		return nil, err
 	}
-	return &GetLock{s: s, warn: warner{log: logger(opts)}, table: table, claims: newClaims(db, table, "getlock")}, nil
+	return &GetLock{s: s, warn: warner{log: logger(opts)}, table: table, proc: grantProc(table), claims: newClaims(db, table, "getlock")}, nil
 }
 
 // OnLoss implements dlock.LossReporter: when a session ends (a statement on
@@ -131,8 +134,10 @@ func (g *GetLock) OnLoss(f func(key string, token dlock.Token, cause error)) (st
 
 // Migrate creates the tables of Options.Table if they are missing (the same
 // schema as the lease strategy's, so that any strategy's Migrate serves all
-// three), and logs the server settings that break a guarantee (see Check)
-// when Options.Logger is set.
+// three) and the stored procedure that makes a grant one round trip (with
+// the CREATE ROUTINE privilege; without it, Migrate logs a warning and
+// grants take two statements), and logs the server settings that break a
+// guarantee (see Check) when Options.Logger is set.
 func (g *GetLock) Migrate(ctx context.Context) error {
 	return migrate(ctx, g.s.db, g.table, &g.warn, g.Check)
 }
@@ -425,7 +430,7 @@ func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 			if try == 0 && ss.broken.Load() {
 				continue
 			}
-			return g.notAcquired(ctx, req.Key), nil
+			return g.notAcquired(ctx, req), nil
 		}
 		res, err := g.takeShared(ctx, ss, req, began)
 		if try == 0 && ss.broken.Load() && !res.Acquired && ctxErr(ctx) == nil {
@@ -467,14 +472,22 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 		if err := g.cover(sctx, ss); err != nil {
 			return err
 		}
-		if err := ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got); err != nil {
-			return err
-		}
-		if got.Int64 != 1 || g.bell {
-			return nil
-		}
 		granting = time.Now()
 		var err error
+		if g.bell || g.noProc.Load() {
+			err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got)
+		} else if got, fence, err = g.callGrant(sctx, ss, req, name, 0); noGrantProc(err) {
+			g.noProc.Store(true)
+			err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got)
+		} else if err != nil && !sessionLost(err) {
+			// The procedure may have taken the lock before it failed.
+			_, err2 := ss.conn.ExecContext(sctx, "DO IF(IS_USED_LOCK(?) = CONNECTION_ID(), RELEASE_LOCK(?), 0)", name, name)
+			return dlock.Join(err, err2)
+		}
+		if err != nil || got.Int64 != 1 || g.bell || fence > 0 {
+			return err
+		}
+		granting = time.Now()
 		if fence, delayed, err = g.s.grant(sctx, ss.conn, ss, req, name, false); err != nil || fence == 0 {
 			got.Int64 = 0
 			if !sessionLost(err) {
@@ -506,7 +519,7 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	case got.Int64 != 1:
 		g.forget(ss, req.Key, req.Token)
-		res := g.notAcquired(ctx, req.Key)
+		res := g.notAcquired(ctx, req)
 		res.Remaining = delayed
 		return res, nil
 	}
@@ -518,6 +531,9 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 
 // maxWait bounds one server-side wait; the Locker calls AcquireWait again.
 const maxWait = 30 * time.Second
+
+// procWaitShare: the grant procedure waits at most the TTL over this.
+const procWaitShare = 5
 
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
 // its own, killed with KILL QUERY when ctx ends. In a caller's pool with a
@@ -550,12 +566,34 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 	wait = max(wait, 0)
 	name := g.name(req.Key)
 	var got sql.NullInt64
+	var fence uint64
+	var called time.Time // when the grant procedure was called
 	// The wait runs on a session of its own, and ends by GET_LOCK's own
 	// timeout or by KILL QUERY, never by a context.
 	stop := context.AfterFunc(ctx, func() { g.kill(ss.id) })
 	err = ss.run(context.WithoutCancel(ctx), wait+statementTimeout, false, func(sctx context.Context) error {
 		if err := g.cover(sctx, ss); err != nil {
 			return err
+		}
+		if !g.bell && !g.noProc.Load() {
+			// The procedure's grant is timed from the CALL's sending
+			// (its reply can come late), so it waits a fifth of the TTL
+			// at most, which leaves the grant most of its lease. A longer
+			// wait goes on in a plain GET_LOCK, whose grant is recorded
+			// (and timed) by a statement after it.
+			short := min(wait, g.ttl(req)/procWaitShare)
+			called = time.Now()
+			var err error
+			got, fence, err = g.callGrant(sctx, ss, req, name, short)
+			switch {
+			case noGrantProc(err):
+				g.noProc.Store(true)
+			case err != nil || got.Int64 == 1 || short == wait || ctx.Err() != nil:
+				return err
+			default:
+				wait -= short
+			}
+			called = time.Time{}
 		}
 		return ss.conn.QueryRowContext(sctx, waitStatement(name, wait)).Scan(&got)
 	}, nil)
@@ -566,22 +604,30 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 		return dlock.Result{}, nil
 	}
 	if err != nil {
-		g.failed(ss, req.Key, req.Token, err)
+		if !called.IsZero() {
+			// The procedure may have taken the lock before it failed:
+			// the session goes with it.
+			g.lost(ss, err)
+		} else {
+			g.failed(ss, req.Key, req.Token, err)
+		}
 		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
 	}
 	if got.Int64 != 1 {
 		g.forget(ss, req.Key, req.Token)
-		return g.notAcquired(ctx, req.Key), nil
+		return g.notAcquired(ctx, req), nil
 	}
 	if g.bell {
 		return dlock.Result{Acquired: true}, nil
+	}
+	if fence > 0 {
+		return dlock.Result{Acquired: true, Fence: fence, SentAfter: called.Sub(began)}, nil
 	}
 	// The grant's SentAfter (relative to began) is when the statement
 	// recording it was sent on the session: the session's wait_timeout
 	// counts from its last statement, so a long wait does not shorten the
 	// lease.
 	granting := time.Now()
-	var fence uint64
 	var delayed time.Duration
 	err = ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
 		var err error
@@ -607,11 +653,11 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 }
 
 // notAcquired describes the key's last holder (doorbells have no record).
-func (g *GetLock) notAcquired(ctx context.Context, key string) dlock.Result {
+func (g *GetLock) notAcquired(ctx context.Context, req dlock.Request) dlock.Result {
 	if g.bell {
-		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
+		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}
 	}
-	return g.s.notAcquired(ctx, key)
+	return g.s.notAcquired(ctx, req)
 }
 
 // name is key's GET_LOCK name.

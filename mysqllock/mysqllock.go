@@ -346,8 +346,10 @@ func splitScript(script string) (tables, triggers []string) {
 // needs the TRIGGER privilege and, on a server that writes the binary log,
 // SUPER or log_bin_trust_function_creators=1; without them it creates the
 // rest, logs a warning with Options.Logger, and WatchHolders answers
-// dlock.ErrUnsupported. With Options.Logger it then logs a warning for
-// each finding of Check (and one if Check fails).
+// dlock.ErrUnsupported. It also creates GetLock's grant procedure, which
+// needs CREATE ROUTINE (without it, a warning, and GetLock's grants take
+// two statements). With Options.Logger it then logs a warning for each
+// finding of Check (and one if Check fails).
 func (b *Backend) Migrate(ctx context.Context) error {
 	return migrate(ctx, b.db, b.table, &b.warn, b.Check)
 }
@@ -384,6 +386,14 @@ func migrate(ctx context.Context, pool *sql.DB, table string, w *warner, check f
 			return fmt.Errorf("mysqllock: migrate %s: create the journal's triggers: %w", table, err)
 		}
 		w.journalOff(ctx, table, err)
+	}
+	if err := createGrantProc(ctx, db, table); err != nil {
+		if !isDenied(err) && !dbDenied(err) {
+			return fmt.Errorf("mysqllock: migrate %s: create the getlock grant procedure: %w", table, err)
+		}
+		if w.log != nil {
+			w.log.WarnContext(ctx, "mysqllock: the getlock grant procedure cannot be created: a getlock grant takes two round trips", "table", table, "err", err)
+		}
 	}
 	if err := w.warn(ctx, check); err != nil {
 		w.log.WarnContext(ctx, "mysqllock: could not check the server's settings", "err", err)

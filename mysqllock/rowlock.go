@@ -191,7 +191,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	_, mine := r.held[req.Key]
 	r.mu.Unlock()
 	if mine && wait == 0 {
-		return r.s.notAcquired(ctx, req.Key), nil
+		return r.s.notAcquired(ctx, req), nil
 	}
 	ss, err := r.pin(ctx, holderTTL(req), wait > 0)
 	if err != nil {
@@ -242,7 +242,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		ss.broken.Store(sessionLost(err))
 		r.unpin(ss)
 		if lockBusy(err) || wait > 0 && waitCut(err) {
-			return r.s.notAcquired(ctx, req.Key), nil
+			return r.s.notAcquired(ctx, req), nil
 		}
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
@@ -269,7 +269,7 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		sleepDelay(ctx, min(delayed, wait))
 		return dlock.Result{}, nil
 	case fence == 0:
-		res := r.s.notAcquired(ctx, req.Key)
+		res := r.s.notAcquired(ctx, req)
 		res.Remaining = delayed
 		return res, nil
 	}

@@ -655,11 +655,15 @@ func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock
 	}
 }
 
-// notAcquired describes the key's last holder, best effort.
-func (s *sessions) notAcquired(ctx context.Context, key string) dlock.Result {
-	hs, err := s.holders(ctx, "name = ?", key)
+// notAcquired describes the key's last holder, best effort (not at all
+// for a request whose refusal goes unread: NoHolder).
+func (s *sessions) notAcquired(ctx context.Context, req dlock.Request) dlock.Result {
+	if req.NoHolder {
+		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}
+	}
+	hs, err := s.holders(ctx, "name = ?", req.Key)
 	if err != nil || len(hs) == 0 {
-		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
+		return dlock.Result{Holder: dlock.LockInfo{Key: req.Key}}
 	}
 	return dlock.Result{Holder: hs[0]}
 }

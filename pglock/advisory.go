@@ -1131,9 +1131,10 @@ func (a *Advisory) unlock(ctx context.Context, ss *session, id uint64, key strin
 }
 
 // notAcquired describes the holder of a refused request: the local one, or
-// the key's last grant; or the writer mark that refused a shared request
-// (mark > 0). An exclusive request refused by a local shared hold leaves
-// the writer mark, as the grant statement does when the server refuses it.
+// the key's last grant (not read for a request whose refusal goes unread:
+// NoHolder); or the writer mark that refused a shared request (mark > 0).
+// An exclusive request refused by a local shared hold leaves the writer
+// mark, as the grant statement does when the server refuses it.
 func (a *Advisory) notAcquired(ctx context.Context, req dlock.Request, h *hold, mark time.Duration) dlock.Result {
 	key := req.Key
 	if mark > 0 {
@@ -1151,7 +1152,7 @@ func (a *Advisory) notAcquired(ctx context.Context, req dlock.Request, h *hold, 
 		}
 		return dlock.Result{Holder: info}
 	}
-	if ended(ctx) != nil {
+	if req.NoHolder || ended(ctx) != nil {
 		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
 	}
 	var r holderRow
