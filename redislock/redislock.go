@@ -171,6 +171,8 @@ type Backend struct {
 	// minReplicas is Options.MinReplicas; server is the client then.
 	minReplicas int
 	server      *redis.Client
+	// waits are the subscriptions of AcquireWait (see waitsubs.go).
+	waits waitSubs
 }
 
 var (
@@ -686,24 +688,19 @@ const writerMarkRenewal = dlock.WriterMark / 3
 // subscribe (an ACL without channel rights, an unreachable server): the
 // Locker then backs off instead.
 //
-// Each waiting call holds one pub/sub connection. Woken waiters race for the
-// key: there is no FIFO queue, and a releaser that acquires again at once may
-// win.
+// Waiting calls of the Backend on one key share one pub/sub connection,
+// which is kept for a moment after the last one ends, for the next wait on
+// the key. Woken waiters race for the key: there is no FIFO queue, and a
+// releaser that acquires again at once may win.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	ps, err := b.subscribe(ctx, b.channel(req.Key))
+	sub, wake, err := b.join(ctx, b.channel(req.Key))
 	if err != nil {
 		if ctx.Err() != nil {
 			return dlock.Result{}, nil // nothing was attempted
 		}
 		return dlock.Result{}, fmt.Errorf("%w: redislock: subscribe to %q: %w", dlock.ErrUnsupported, b.channel(req.Key), err)
 	}
-	wake := make(chan struct{}, 1)
-	var wg sync.WaitGroup
-	forward(&wg, ps, wake)
-	defer func() {
-		ps.Close() // ends forward's goroutine
-		wg.Wait()
-	}()
+	defer b.leave(sub, wake)
 	return waitLoop(ctx, req, b.Acquire, wake)
 }
 
