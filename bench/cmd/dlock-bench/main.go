@@ -825,7 +825,7 @@ func (b *bench) contended(ctx context.Context) {
 		})
 		b.addContended(s, bsmRetry, "", stats, err)
 	}
-	if redsyncRow := "go-redsync/redsync, defaults"; b.want(redsyncRow) {
+	if redsyncRow := redsyncDefaults; b.want(redsyncRow) {
 		rs := redsync.New(goredis.NewPool(b.rdb))
 		stats, err := b.peerContend(ctx, func(i int) (func() error, error) {
 			m := rs.NewMutex("bench-redsync-contended")
@@ -938,6 +938,8 @@ func (b *bench) contendedPG(ctx context.Context) {
 const (
 	naive   = "naive recipe: lease row, 100 ms poll"
 	naivePG = "naive recipe on PostgreSQL: lease row, 100 ms poll"
+
+	redsyncDefaults = "go-redsync/redsync, defaults"
 	// rawPGAdvisory is PostgreSQL's session lock blocking in the server.
 	rawPGAdvisory = "raw pg_advisory_lock blocking (no fencing)"
 	rawGetLock    = "raw GET_LOCK blocking (no fencing)"

@@ -19,9 +19,12 @@ const (
 	tSession    = "contended true handoffs/s ≥ 90% of raw GET_LOCK blocking"
 	tSessionPG  = "contended true handoffs/s ≥ 90% of raw pg_advisory_lock blocking"
 	tRowSession = "contended true handoffs/s ≥ 90% of raw SELECT … FOR UPDATE blocking"
-	tWakeUps    = "contended true handoffs/s ≥ 50× the 100 ms-polling recipe"
-	tRedis      = "contended true handoffs/s ≥ 10× bsm/redislock, 10 ms linear retry"
+	tWakeUps    = "contended true handoffs/s ≥ 100× the 100 ms-polling recipe"
+	tWakeUpsPG  = "contended true handoffs/s ≥ 50× the PostgreSQL 100 ms-polling recipe"
+	tRedis      = "contended true handoffs/s ≥ 15× bsm/redislock, 10 ms linear retry"
+	tRedsync    = "contended true handoffs/s ≥ 100× go-redsync/redsync with its defaults"
 	tContended  = "contended true handoffs/s"
+	tFair       = "8 contenders: smallest share ≥ 0.5 of a fair share (fair strategies)"
 	tConns      = "10,000 held locks: ≤ 4 connections"
 	tStatements = "10,000 held locks: renewal ≤ 100 statements per period"
 	tGoroutines = "10,000 held locks: no goroutine per held lock (< 0.1 added per lock)"
@@ -67,9 +70,10 @@ func evaluateTargets(rows []Row) []Target {
 		{mysqlGetLock, tSession, rawGetLock, 0.9, ""},
 		{mysqlRowLock, tRowSession, rawForUpdate, 0.9, ""},
 		{pgAdvisory, tSessionPG, rawPGAdvisory, 0.9, ""},
-		{mysqlLease, tWakeUps, naive, 50, ""},
-		{pgLease, tWakeUps, naivePG, 50, ""},
-		{redisStrategy, tRedis, bsmRetry, 10, ""},
+		{mysqlLease, tWakeUps, naive, 100, ""},
+		{pgLease, tWakeUpsPG, naivePG, 50, ""},
+		{redisStrategy, tRedis, bsmRetry, 15, ""},
+		{redisStrategy, tRedsync, redsyncDefaults, 100, ""},
 		{sqliteLease, tContended, "", 0, "no contended target is set for this store and the bench has no floor for it"},
 		{etcdStrategy, tContended, "", 0, "no contended target is set for this store and the bench has no floor for it"},
 		{zkStrategy, tContended, "", 0, "no contended target is set for this store and the bench has no floor for it"},
@@ -77,10 +81,33 @@ func evaluateTargets(rows []Row) []Target {
 	for _, c := range contended {
 		out = append(out, x.handoffs(c.name, c.target, c.floor, c.limit, c.why))
 	}
+	for _, name := range fairStrategies {
+		out = append(out, x.fair(name))
+	}
 	for _, name := range allStrategies {
 		out = append(out, x.many(name)...)
 	}
 	return out
+}
+
+// fairStrategies are the strategies that queue their waiters: each of 8
+// contenders must get at least half of a fair share.
+var fairStrategies = []string{mysqlGetLock, mysqlRowLock, mysqlLease, pgLease, pgAdvisory, etcdStrategy, zkStrategy}
+
+// fair judges the smallest share of name's contended run.
+func (x index) fair(name string) Target {
+	t := Target{Target: tFair, Subject: name, Verdict: notMeasured}
+	r, why := x.usable(secContended, name)
+	switch {
+	case why != "":
+		t.Reason = why
+		return t
+	case r.MinShare == nil:
+		t.Reason = "the run recorded no shares"
+		return t
+	}
+	t.Measured = fmt.Sprintf("smallest share %.2f", *r.MinShare)
+	return judge(t, *r.MinShare, *r.MinShare >= 0.5)
 }
 
 type index map[[2]string]Row

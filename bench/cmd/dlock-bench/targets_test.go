@@ -24,8 +24,8 @@ func testRows() []Row {
 		{Section: secUncontended, Name: sqliteLease, P50us: 60, OpsPerS: 1},
 		{Section: secUncontended, Name: pgLease, P50us: 60, OpsPerS: 1},
 		{Section: secUncontended, Name: etcdStrategy, Floor: etcdFloor, P50us: 2000, OpsPerS: 1},
-		{Section: secContended, Name: mysqlGetLock, Floor: rawGetLock, Handoffs: 950, OpsPerS: 1},
-		{Section: secContended, Name: mysqlRowLock, Floor: rawForUpdate, Handoffs: 800, OpsPerS: 1},
+		{Section: secContended, Name: mysqlGetLock, Floor: rawGetLock, Handoffs: 950, OpsPerS: 1, MinShare: ptr(0.9)},
+		{Section: secContended, Name: mysqlRowLock, Floor: rawForUpdate, Handoffs: 800, OpsPerS: 1, MinShare: ptr(0.3)},
 		{Section: secContended, Name: pgAdvisory, Floor: rawPGAdvisory, Handoffs: 500, OpsPerS: 1},
 		{Section: secContended, Name: rawPGAdvisory, Handoffs: 1000, OpsPerS: 1},
 		{Section: secContended, Name: pgLease, Floor: naivePG, Handoffs: 600, OpsPerS: 1},
@@ -34,6 +34,7 @@ func testRows() []Row {
 		{Section: secContended, Name: redisStrategy, Floor: bsmRetry, Handoffs: 1000, OpsPerS: 1},
 		{Section: secContended, Name: naive, OpsPerS: 1},
 		{Section: secContended, Name: bsmRetry, Handoffs: 100, OpsPerS: 1},
+		{Section: secContended, Name: redsyncDefaults, Floor: bsmRetry, Handoffs: 5, OpsPerS: 1},
 		{Section: secContended, Name: rawGetLock, Handoffs: 1000, OpsPerS: 1},
 		{Section: secContended, Name: rawGetLockFenced, Handoffs: 500, OpsPerS: 1},
 		{Section: secContended, Name: rawForUpdate, Handoffs: 1000, OpsPerS: 1},
@@ -55,7 +56,7 @@ func TestEvaluateTargets(t *testing.T) {
 		}
 		got[k] = tg
 	}
-	if want := len(allStrategies)*4 + 9; len(got) != want {
+	if want := len(allStrategies)*4 + 10 + len(fairStrategies); len(got) != want {
 		t.Errorf("%d targets, want %d (every strategy for every target)", len(got), want)
 	}
 	for _, c := range []struct {
@@ -75,8 +76,13 @@ func TestEvaluateTargets(t *testing.T) {
 		{tRowSession, mysqlRowLock, missed, 0.8, ""},
 		{tSessionPG, pgAdvisory, missed, 0.5, ""},
 		{tWakeUps, mysqlLease, notMeasured, 0, "measured no true handoffs"},
-		{tWakeUps, pgLease, met, 60, ""},
-		{tRedis, redisStrategy, met, 10, ""},
+		{tWakeUpsPG, pgLease, met, 60, ""},
+		{tRedis, redisStrategy, missed, 10, ""},
+		{tRedsync, redisStrategy, met, 200, ""},
+		{tFair, mysqlGetLock, met, 0.9, ""},
+		{tFair, mysqlRowLock, missed, 0.3, ""},
+		{tFair, pgLease, notMeasured, 0, "no shares"},
+		{tFair, etcdStrategy, notMeasured, 0, "no row"},
 		{tContended, zkStrategy, notMeasured, 0, "ZooKeeper left out"},
 		{tConns, mysqlGetLock, met, 3, ""},
 		{tConns, mysqlLease, missed, 5, "200 locks held, not 10,000; 2 locks lost"},
