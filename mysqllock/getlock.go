@@ -532,8 +532,12 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 // maxWait bounds one server-side wait; the Locker calls AcquireWait again.
 const maxWait = 30 * time.Second
 
-// procWaitShare: the grant procedure waits at most the TTL over this.
-const procWaitShare = 5
+// quickShare: a grant of the grant procedure whose reply came within the
+// TTL over quickShare of the CALL's sending is timed from that sending
+// (always safe: the server counts the session's idleness from after it),
+// and keeps most of its lease; a later one is confirmed by a statement
+// after the reply, and timed from that statement.
+const quickShare = 5
 
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
 // its own, killed with KILL QUERY when ctx ends. In a caller's pool with a
@@ -568,6 +572,7 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 	var got sql.NullInt64
 	var fence uint64
 	var called time.Time // when the grant procedure was called
+	quick := false       // and it answered within the TTL over quickShare
 	// The wait runs on a session of its own, and ends by GET_LOCK's own
 	// timeout or by KILL QUERY, never by a context.
 	stop := context.AfterFunc(ctx, func() { g.kill(ss.id) })
@@ -576,23 +581,14 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 			return err
 		}
 		if !g.bell && !g.noProc.Load() {
-			// The procedure's grant is timed from the CALL's sending
-			// (its reply can come late), so it waits a fifth of the TTL
-			// at most, which leaves the grant most of its lease. A longer
-			// wait goes on in a plain GET_LOCK, whose grant is recorded
-			// (and timed) by a statement after it.
-			short := min(wait, g.ttl(req)/procWaitShare)
 			called = time.Now()
 			var err error
-			got, fence, err = g.callGrant(sctx, ss, req, name, short)
-			switch {
-			case noGrantProc(err):
-				g.noProc.Store(true)
-			case err != nil || got.Int64 == 1 || short == wait || ctx.Err() != nil:
+			got, fence, err = g.callGrant(sctx, ss, req, name, wait)
+			quick = time.Since(called) <= g.ttl(req)/quickShare
+			if !noGrantProc(err) {
 				return err
-			default:
-				wait -= short
 			}
+			g.noProc.Store(true)
 			called = time.Time{}
 		}
 		return ss.conn.QueryRowContext(sctx, waitStatement(name, wait)).Scan(&got)
@@ -620,8 +616,11 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 	if g.bell {
 		return dlock.Result{Acquired: true}, nil
 	}
-	if fence > 0 {
+	if fence > 0 && quick {
 		return dlock.Result{Acquired: true, Fence: fence, SentAfter: called.Sub(began)}, nil
+	}
+	if fence > 0 {
+		return g.confirm(ctx, ss, req, name, fence, began)
 	}
 	// The grant's SentAfter (relative to began) is when the statement
 	// recording it was sent on the session: the session's wait_timeout
@@ -650,6 +649,27 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 		return dlock.Result{}, nil
 	}
 	return dlock.Result{Acquired: true, Fence: fence, SentAfter: granting.Sub(began)}, nil
+}
+
+// confirm times a grant that the grant procedure recorded after a long
+// wait: from a statement, sent on the session after the reply, that finds
+// the lock still held by it.
+func (g *GetLock) confirm(ctx context.Context, ss *session, req dlock.Request, name string, fence uint64, began time.Time) (dlock.Result, error) {
+	confirming := time.Now()
+	var held sql.NullBool
+	err := ss.run(ctx, statementTimeout, false, func(sctx context.Context) error {
+		return ss.conn.QueryRowContext(sctx, "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", name).Scan(&held)
+	}, func(error) { g.lost(ss, errAbandoned) }) // the session holds this lock alone
+	if err == nil && !held.Bool {
+		err = errors.New("mysqllock: the session no longer held the lock when its grant was confirmed")
+	}
+	if err != nil {
+		if !callerLeft(err) {
+			g.lost(ss, err)
+		}
+		return dlock.Result{}, wrapErr(g.s.table, "getlock acquire", err)
+	}
+	return dlock.Result{Acquired: true, Fence: fence, SentAfter: confirming.Sub(began)}, nil
 }
 
 // notAcquired describes the key's last holder (doorbells have no record).

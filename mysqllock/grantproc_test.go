@@ -2,8 +2,11 @@ package mysqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/mysqllock"
@@ -119,5 +122,78 @@ func checkFences(t *testing.T, f [3]uint64) {
 	t.Helper()
 	if !(0 < f[0] && f[0] < f[1] && f[1] < f[2]) {
 		t.Errorf("fences %v in order of grant; want them strictly increasing", f)
+	}
+}
+
+// TestGetLockLateGrantReplyIsNotTrusted: the reply of a waiter's grant
+// reaches the client only after the server ended the waiter's session for
+// idleness (its wait_timeout is its TTL) and another client took the key.
+// The Locker must not hand out that grant as held.
+func TestGetLockLateGrantReplyIsNotTrusted(t *testing.T) {
+	newBackend(t, "") // migrated
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cfg, _ := mysql.ParseDSN(dsn())
+	p := newDelayProxy(t, cfg.Addr)
+	pdb, err := sql.Open("mysql", proxiedDSN(t, p.ln.Addr().String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pdb.Close() })
+	wg, err := mysqllock.NewGetLock(pdb, &mysqllock.Options{Table: testTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wg.Close()
+	waiter := dlock.New(wg, &dlock.Options{TTL: time.Second})
+	defer waiter.Close(context.Background())
+	holder := newGetLock(t, "")
+	key := "lategrant/" + dlock.NewToken().String()
+	held := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: time.Minute}
+	if res, err := holder.Acquire(ctx, held); err != nil || !res.Acquired {
+		t.Fatalf("acquire: %+v, %v", res, err)
+	}
+	type outcome struct {
+		lock *dlock.Lock
+		err  error
+	}
+	got := make(chan outcome, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, key)
+		got <- outcome{l, err}
+	}()
+	waitForWaiter(t, ctx, waiter, key)
+	// The grant's reply (its columns name @dlock_got) is held back for
+	// longer than the waiter's session may stay idle.
+	p.only.Store("@dlock_got")
+	p.delay.Store(int64(4 * time.Second))
+	if err := holder.Release(ctx, key, held.Token); err != nil {
+		t.Fatal(err)
+	}
+	// The server ends the waiter's idle session after 1 s, and the key is
+	// free again.
+	other := newGetLock(t, "")
+	took := dlock.Request{Key: key, Token: dlock.NewToken(), TTL: time.Minute}
+	for {
+		res, err := other.Acquire(ctx, took)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Acquired {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the waiter's idle session was never ended by the server")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer other.Release(context.Background(), key, took.Token)
+	select {
+	case o := <-got:
+		if o.err == nil && o.lock.Err() == nil {
+			t.Fatalf("Acquire returned the late grant (fence %d) as held while another client holds the key", o.lock.Fence())
+		}
+	case <-time.After(8 * time.Second):
+		// Still waiting, behind the new holder: right.
 	}
 }
