@@ -317,6 +317,13 @@ const (
 	waitAlone = maxWait
 )
 
+// quickWait is how soon the reply of a wait's grant must come for the
+// grant to be timed from the wait's sending (always safe: the server
+// counts a session's idleness from after it) instead of from a statement
+// that confirms it: a fifth of the TTL, so that the grant keeps most of
+// its lease.
+func quickWait(req dlock.Request) time.Duration { return holderTTL(req) / 5 }
+
 // Fences of the advisory strategy are epoch<<epochShift | n: n counts the
 // key's grants within the epoch, in its unlogged "_session" row, and ranges
 // over 1..2^40-1; a grant that would reach 2^40 fails with an error whose
@@ -1208,6 +1215,7 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	wctx, cancel := context.WithTimeout(ctx, maxWait+waitBound)
 	defer cancel()
 	var res grantResult
+	var waitSent time.Time // when a quick wait that granted was sent
 	err = ss.do(wctx, maxWait+statementBound, false, func(jctx context.Context, j *job) error {
 		defer func() {
 			if !res.ok {
@@ -1221,7 +1229,12 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 		if req.Mode == dlock.ModeShared {
 			q = a.q.waitShared
 		}
-		return a.grant(jctx, j, ss, q, id, req, &res)
+		sent := time.Now()
+		err := a.grant(jctx, j, ss, q, id, req, &res)
+		if res.ok && time.Since(sent) <= quickWait(req) {
+			waitSent = sent
+		}
+		return err
 	})
 	switch {
 	case errors.Is(err, errLeft):
@@ -1245,6 +1258,19 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 		}
 		return dlock.Result{}, nil
 	case !res.ok:
+		return dlock.Result{}, nil
+	}
+	if !waitSent.IsZero() {
+		// The grant's reply came within quickWait of the wait's sending:
+		// timed from that sending, it keeps most of its lease without the
+		// round trip that confirms it.
+		if ctx.Err() == nil {
+			return dlock.Result{Acquired: true, Fence: res.fence, SentAfter: waitSent.Sub(began)}, nil
+		}
+		// The caller left: nobody will use this grant.
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), statementBound)
+		defer ccancel()
+		_ = a.Release(cctx, req.Key, req.Token)
 		return dlock.Result{}, nil
 	}
 	// The lease is timed from a statement sent on the session after the
