@@ -280,14 +280,15 @@ func quoteTable(name string) (string, error) {
 	return strings.Join(parts, "."), nil
 }
 
-// Schema returns the DDL that Migrate runs for table ("" for DefaultTable):
-// schema.sql with the table name substituted.
+// Schema returns the DDL that Migrate runs for table ("" for DefaultTable),
+// as the mysql client reads it: schema.sql with the table name substituted,
+// and GetLock's grant procedure.
 func Schema(table string) (string, error) {
 	q, err := quoteTable(table)
 	if err != nil {
 		return "", err
 	}
-	return schemaFor(q), nil
+	return schemaFor(q) + "\n-- GetLock's grant procedure (see GetLock.Migrate).\nDELIMITER //\n" + grantProcSQL(q) + "//\nDELIMITER ;\n", nil
 }
 
 // schemaFor substitutes the quoted table name (which names the lease table
