@@ -77,8 +77,8 @@ func (c *countingConn) CheckNamedValue(v *driver.NamedValue) error {
 }
 
 // pgCounter is a pgx tracer that counts the statements (Query, QueryRow and
-// Exec calls) a pool's connections send. Pings the pool sends on its own are
-// below the tracer and not counted.
+// Exec calls, and each statement of a pipeline) a pool's connections send.
+// Pings the pool sends on its own are below the tracer and not counted.
 type pgCounter struct{ n *atomic.Int64 }
 
 func (t pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -87,6 +87,16 @@ func (t pgCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 }
 
 func (pgCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A pipeline (pgx.Batch: the lease strategy's renewals) counts each of its
+// statements: pgx does not trace them as queries.
+func (pgCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (t pgCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) { t.n.Add(1) }
+
+func (pgCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // redisCounter is a go-redis hook that counts the commands a client sends
 // and its round trips: a pipeline is one round trip however many commands
