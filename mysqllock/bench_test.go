@@ -132,3 +132,33 @@ func BenchmarkGaleraContended8(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRawGetLockFenceRelease is getlock's floor: GET_LOCK, a fence
+// upsert into the session table and RELEASE_LOCK on one connection,
+// without dlock (the dlock-bench floor of the same name).
+func BenchmarkRawGetLockFenceRelease(b *testing.B) {
+	newBackend(b, "") // migrated
+	db := open(b, "interpolateParams=true")
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	name := fmt.Sprintf("benchraw/%p", b)
+	tok := dlock.NewToken()
+	upsert := `INSERT INTO ` + testTable + `_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+VALUES (?, ?, '', 1, CONNECTION_ID(), ?, UTC_TIMESTAMP(6), '')
+ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALUES(conn_id), acquired_at = VALUES(acquired_at)`
+	for b.Loop() {
+		if _, err := conn.ExecContext(ctx, "DO GET_LOCK(?, 0)", name); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, upsert, name, tok[:], name); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
