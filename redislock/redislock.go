@@ -754,20 +754,26 @@ func confirm(ctx context.Context, ps *redis.PubSub, n int) (*redis.PubSub, error
 	return ps, nil
 }
 
-// forward turns every message and resubscription on ps into a non-blocking
-// send on wake, until ps is closed.
-func forward(wg *sync.WaitGroup, ps *redis.PubSub, wake chan<- struct{}) {
+// forward calls wake at every message and resubscription on ps, until ps
+// is closed.
+func forward(wg *sync.WaitGroup, ps *redis.PubSub, wake func()) {
 	// A resubscription (after go-redis reconnected) counts as a wake-up:
 	// a release may have been published while the connection was down.
 	ch := ps.ChannelWithSubscriptions(redis.WithChannelSendTimeout(time.Second))
 	wg.Go(func() {
 		for range ch {
-			select {
-			case wake <- struct{}{}:
-			default:
-			}
+			wake()
 		}
 	})
+}
+
+// poke sends on wake without blocking: a wake-up already pending covers
+// this one.
+func poke(wake chan<- struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
 }
 
 // waitLoop attempts acquire until it succeeds, fails, or ctx ends, waiting

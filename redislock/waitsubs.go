@@ -55,7 +55,7 @@ func (b *Backend) join(ctx context.Context, ch string) (*waitSub, chan struct{},
 		b.waits.mu.Lock()
 		if s = b.waits.subs[ch]; s == nil { // no other wait subscribed meanwhile
 			s = &waitSub{ch: ch, ps: ps, wakes: make(map[chan struct{}]struct{})}
-			s.forward()
+			forward(&s.wg, ps, s.wakeAll)
 			if b.waits.subs == nil {
 				b.waits.subs = make(map[string]*waitSub)
 			}
@@ -107,21 +107,11 @@ func (b *Backend) dropIdle(s *waitSub) {
 	s.wg.Wait()
 }
 
-// forward wakes every wait of s at each message and each resubscription
-// (after go-redis reconnected: a release may have been published while the
-// connection was down).
-func (s *waitSub) forward() {
-	in := s.ps.ChannelWithSubscriptions(redis.WithChannelSendTimeout(time.Second))
-	s.wg.Go(func() {
-		for range in {
-			s.mu.Lock()
-			for w := range s.wakes {
-				select {
-				case w <- struct{}{}:
-				default:
-				}
-			}
-			s.mu.Unlock()
-		}
-	})
+// wakeAll wakes every wait of s.
+func (s *waitSub) wakeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for w := range s.wakes {
+		poke(w)
+	}
 }
