@@ -446,7 +446,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	defer l.wg.Done()
 	l.mu.Unlock()
 
-	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl + cfg.lockDelay, LockDelay: cfg.lockDelay, Metadata: *cfg.metadata, Mode: mode, Limit: cfg.limit, NoHolder: noHolder && !inStore}
+	req := Request{Key: key, Token: NewToken(), Owner: cfg.owner, TTL: cfg.ttl + cfg.lockDelay, LockDelay: cfg.lockDelay, Metadata: *cfg.metadata, Mode: mode, Limit: cfg.limit, NoHolder: noHolder}
 	sent, realSent := l.clock.Now(), time.Now()
 	cctx, stop := l.withClosing(ctx)
 	l.wg.Add(1)

@@ -474,15 +474,21 @@ func (g *GetLock) takeShared(ctx context.Context, ss *session, req dlock.Request
 		}
 		granting = time.Now()
 		var err error
-		if g.bell || g.noProc.Load() {
+		proc := !g.bell && !g.noProc.Load()
+		if proc {
+			got, fence, err = g.callGrant(sctx, ss, req, name, 0)
+			switch {
+			case noGrantProc(err):
+				g.noProc.Store(true)
+				proc = false
+			case err != nil && !sessionLost(err):
+				// The procedure may have taken the lock before it failed.
+				_, err2 := ss.conn.ExecContext(sctx, "DO IF(IS_USED_LOCK(?) = CONNECTION_ID(), RELEASE_LOCK(?), 0)", name, name)
+				return dlock.Join(err, err2)
+			}
+		}
+		if !proc {
 			err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got)
-		} else if got, fence, err = g.callGrant(sctx, ss, req, name, 0); noGrantProc(err) {
-			g.noProc.Store(true)
-			err = ss.conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, 0)", name).Scan(&got)
-		} else if err != nil && !sessionLost(err) {
-			// The procedure may have taken the lock before it failed.
-			_, err2 := ss.conn.ExecContext(sctx, "DO IF(IS_USED_LOCK(?) = CONNECTION_ID(), RELEASE_LOCK(?), 0)", name, name)
-			return dlock.Join(err, err2)
 		}
 		if err != nil || got.Int64 != 1 || g.bell || fence > 0 {
 			return err
