@@ -454,16 +454,18 @@ type Result struct {
 	// how long after the call began the backend sent the request whose
 	// success started the lease (the acquisition statement after a wake-up
 	// or after a wait for the store's write lock, or the statement that
-	// recorded a grant made by a server-side wait). The Locker times the
-	// lease from then, so that a long wait does not use up the lease
-	// before it starts. Never report a later instant than that request's
-	// sending: the Locker would trust the lease too long. In particular a
-	// session backend must not time a lease from the arrival of a
-	// server-side wait's reply: a pause or a partition can delay that
-	// reply without bound while the server ends the session and grants
-	// the key again; it times the lease from a statement sent after the
-	// reply that confirms the lock is still held. 0 means the call's start,
-	// which is always safe.
+	// recorded a grant made by a server-side wait; for a grant the store
+	// made to a queued wait with no request of the waiter, such as a
+	// release's handoff, a request of the wait that the store answered
+	// before it made the grant). The Locker times the lease from then, so
+	// that a long wait does not use up the lease before it starts. Never
+	// report a later instant than that request's sending: the Locker would
+	// trust the lease too long. In particular a session backend must not
+	// time a lease from the arrival of a server-side wait's reply: a pause
+	// or a partition can delay that reply without bound while the server
+	// ends the session and grants the key again; it times the lease from a
+	// statement sent after the reply that confirms the lock is still held.
+	// 0 means the call's start, which is always safe.
 	SentAfter time.Duration
 }
 

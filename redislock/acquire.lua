@@ -8,6 +8,8 @@
 -- KEYS[4]  their descriptions
 -- KEYS[5]  the writer mark: while it exists, shared requests are refused
 -- KEYS[6]  the key's change counter (see announcement in holders.lua)
+-- KEYS[7]  the key's queue of exclusive waits (see queue in holders.lua)
+-- KEYS[8]  their descriptions
 -- ARGV[1]  owner token (hex)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  owner identity
@@ -16,17 +18,32 @@
 --          microseconds, so that it keeps increasing if the counter is lost
 -- ARGV[6]  the key's change channel, told of a grant
 -- ARGV[7]  how long the writer mark lasts, in milliseconds
+-- ARGV[8]  for a wait, how long its place in the queue lasts unless it
+--          attempts again, in milliseconds; absent or "0" for a try, which
+--          takes no place
+-- ARGV[9]  for a wait, the number of this attempt, which a handoff tells
 --
--- Returns {1, fence} when the token holds the lock;
--- {0, pttl, token, owner, fence, metadata, acquired_us[, mode, limit]}
--- describing the holder whose lease ends first; or {2, mode, limit} when the
--- key is held limited (a mode mismatch, changing nothing).
+-- Returns {1, fence} when the token holds the lock (its lease starting
+-- now); {0, pttl, token, owner, fence, metadata, acquired_us[, mode,
+-- limit]} describing the holder whose lease ends first, the wait's place
+-- kept; or {2, mode, limit} when the key is held limited (a mode mismatch,
+-- changing nothing).
+local wait = ARGV[8] and ARGV[8] ~= '0'
+-- queue keeps a wait's place, or takes one at the end of the queue.
+local function queue(ms, us)
+  if wait then
+    enqueue(KEYS[7], KEYS[8], ms, us, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[8], ARGV[9])
+  end
+end
 local h = redis.call('hmget', KEYS[1], 'token', 'owner', 'fence', 'metadata', 'acquired_us')
 if h[1] then
   if h[1] == ARGV[1] then
-    -- A retried call whose first run took the lock.
+    -- A retried call whose first run took the lock, or a wait that a
+    -- release handed the lock to: either way the lease starts now.
+    redis.call('pexpire', KEYS[1], ARGV[2])
     return {1, tonumber(h[3])}
   end
+  queue(clock())
   return {0, redis.call('pttl', KEYS[1]), h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or ''}
 end
 
@@ -40,14 +57,16 @@ if redis.call('exists', KEYS[3]) == 1 then
     end
     -- Shared holders: new shared requests wait behind this writer.
     redis.call('set', KEYS[5], '1', 'px', ARGV[7])
+    queue(ms, us)
     return {0, unpack(d)}
   end
 end
 
 redis.call('del', KEYS[5])
-local fence = nextFence(KEYS[2], us, ARGV[5])
-redis.call('hset', KEYS[1], 'token', ARGV[1], 'owner', ARGV[3],
-  'fence', int(fence), 'metadata', ARGV[4], 'acquired_us', us)
-redis.call('pexpire', KEYS[1], ARGV[2])
+if wait then
+  redis.call('zrem', KEYS[7], ARGV[1])
+  redis.call('hdel', KEYS[8], ARGV[1])
+end
+local fence = grant(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], us, ARGV[5])
 changed(ARGV[6], announcement(KEYS[6], 'granted', KEYS[1], KEYS[3], KEYS[4]))
 return {1, fence}

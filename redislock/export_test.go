@@ -29,3 +29,9 @@ func AcquireArgs(b *Backend, req dlock.Request) ([]string, []any) {
 
 // ChangesKey returns the name of key's change counter.
 func (b *Backend) ChangesKey(key string) string { return b.changesKey(key) }
+
+// QueueNames returns the Redis names of key's queue of exclusive waits and
+// of their descriptions.
+func (b *Backend) QueueNames(key string) (queue, queued string) {
+	return b.queueKey(key), b.queuedKey(key)
+}

@@ -76,6 +76,36 @@ local function nextFence(counter, us, floor)
   return fence
 end
 
+-- grant makes tok the exclusive holder of lock with a lease of lease
+-- milliseconds and the key's next fence, which it returns.
+local function grant(lock, counter, tok, lease, owner, metadata, us, floor)
+  local fence = nextFence(counter, us, floor)
+  redis.call('hset', lock, 'token', tok, 'owner', owner, 'fence', int(fence),
+    'metadata', metadata, 'acquired_us', us)
+  redis.call('pexpire', lock, lease)
+  return fence
+end
+
+-- Exclusive waits queue in two keys next to the lock, in the same hash slot:
+--   queue   a sorted set of owner tokens scored by arrival, in microseconds
+--           of the server's clock
+--   queued  a hash from owner token to
+--           cmsgpack(until_ms, lease_ms, owner, metadata, attempt)
+-- A wait keeps its place while it attempts again before until_ms (the
+-- server's clock, in milliseconds); attempt numbers its attempts, so that
+-- the waiter tells a handoff to its latest one from an older one. A release
+-- hands the lock to the first wait whose place is kept (see release.lua).
+-- Both keys expire with their latest place.
+
+-- enqueue keeps tok's place in the queue, or gives it the last one, for
+-- life milliseconds from ms.
+local function enqueue(queue, queued, ms, us, tok, lease, owner, metadata, life, attempt)
+  redis.call('zadd', queue, 'nx', us, tok)
+  redis.call('hset', queued, tok, cmsgpack.pack(ms + tonumber(life), lease, owner, metadata, attempt))
+  cover(queue, life)
+  cover(queued, life)
+end
+
 -- live describes every live holder of a key, as first does.
 local function live(lock, holders, info)
   local out = {}

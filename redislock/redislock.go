@@ -6,9 +6,12 @@
 // metadata and acquisition time, whose expiry (PEXPIRE) is the lease, so
 // leases are timed by Redis's clock. Acquisition, extension, release and
 // forced release are Lua scripts that check the owner token atomically.
-// Releases publish on a per-key channel that waiting acquisitions subscribe
-// to (dlock.Waiter), so a waiter is handed the key at once instead of
-// polling.
+// Waiting acquisitions (dlock.Waiter) subscribe to a per-key channel
+// instead of polling. Exclusive ones also queue in the store: an exclusive
+// release hands the lock to the first of them in its own script and
+// announces it on that channel, so a handoff costs the release alone and
+// waits are served first come, first served; other releases publish there
+// and wake every waiter.
 //
 // A Backend also watches keys (dlock.Watcher) and changes a held lease's
 // metadata (dlock.MetadataSetter), for elections: grants, metadata changes
@@ -54,10 +57,12 @@
 // with HGETALL), "dlock:{k}:fence" (its counter), "dlock:{k}:changes" (the
 // number of changes of its holders), "dlock:{k}:holders" and
 // "dlock:{k}:info" (the shared or limited holders and their descriptions),
-// "dlock:{k}:writer" (the writer mark) and the channels "dlock:{k}:released"
-// and "dlock:{k}:changed", where "dlock:" is Options.Prefix. The braces are a cluster hash tag: all of
-// them live in one slot, which the scripts need on Redis Cluster. Braces and
-// '%' inside k are escaped as %7B, %7D and %25.
+// "dlock:{k}:writer" (the writer mark), "dlock:{k}:queue" and
+// "dlock:{k}:queued" (the exclusive waits and their descriptions) and the
+// channels "dlock:{k}:released" and "dlock:{k}:changed", where "dlock:" is
+// Options.Prefix. The braces are a cluster hash tag: all of them live in
+// one slot, which the scripts need on Redis Cluster. Braces and '%' inside
+// k are escaped as %7B, %7D and %25.
 //
 // # Operations
 //
@@ -275,6 +280,8 @@ func (b *Backend) holdersKey(key string) string { return b.tagged(key) + holders
 func (b *Backend) infoKey(key string) string    { return b.tagged(key) + ":info" }
 func (b *Backend) writerKey(key string) string  { return b.tagged(key) + ":writer" }
 func (b *Backend) changesKey(key string) string { return b.tagged(key) + ":changes" }
+func (b *Backend) queueKey(key string) string   { return b.tagged(key) + ":queue" }
+func (b *Backend) queuedKey(key string) string  { return b.tagged(key) + ":queued" }
 func (b *Backend) channel(key string) string    { return b.tagged(key) + ":released" }
 
 // watchChannel carries the changes of key's holders that wake no waiter
@@ -369,7 +376,12 @@ func acquireResult(req dlock.Request, v []any, err error) (dlock.Result, error) 
 
 // acquireKeys are the names the acquisition scripts need.
 func (b *Backend) acquireKeys(key string) []string {
-	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key), b.changesKey(key)}
+	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key), b.changesKey(key), b.queueKey(key), b.queuedKey(key)}
+}
+
+// releaseKeys are the names the release script needs.
+func (b *Backend) releaseKeys(key string) []string {
+	return append(b.changeKeys(key), b.fenceKey(key), b.writerKey(key), b.queueKey(key), b.queuedKey(key))
 }
 
 // acquireCall returns the script that takes req and its arguments, or an
@@ -530,11 +542,14 @@ func (b *Backend) runEach(ctx context.Context, on pipeliner, s *redis.Script, n 
 	return cmds
 }
 
-// Release implements dlock.Backend. It wakes the key's waiters when they
-// may now be granted it: at an exclusive or limited release, and at the
-// release of the last shared holder.
+// Release implements dlock.Backend. An exclusive release hands the lock to
+// the first exclusive wait queued for the key (see AcquireWait) in the same
+// script; otherwise it wakes the key's waiters when they may now be granted
+// it: at an exclusive or limited release, and at the release of the last
+// shared holder. A token that holds nothing but is queued leaves the queue
+// (and ErrNotHeld is returned).
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	n, err := releaseScript.Run(ctx, b.c, b.changeKeys(key), token.String(), b.channel(key), b.watchChannel(key)).Int64()
+	n, err := releaseScript.Run(ctx, b.c, b.releaseKeys(key), token.String(), b.channel(key), b.watchChannel(key), b.floorArg()).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: release %q: %w", key, err)
 	}
@@ -678,30 +693,40 @@ const writerMarkRenewal = dlock.WriterMark / 3
 
 // AcquireWait implements dlock.Waiter. It subscribes to the key's release
 // channel before its first attempt, so that a release between an attempt and
-// the wait is not missed, then attempts again on each release message (or
-// resubscription after a reconnect, when messages may have been lost) and
-// when the holder's lease, as Redis reported it, runs out. It serves every
-// mode; an exclusive request behind shared holders also attempts again
-// every dlock.WriterMark/3, which renews its writer mark. It returns
-// Acquired=false and a nil error when ctx ends while the key is held, and an
-// error matching dlock.ErrUnsupported, having taken nothing, when it cannot
-// subscribe (an ACL without channel rights, an unreachable server): the
-// Locker then backs off instead.
+// the wait is not missed. An exclusive request then waits in the key's
+// queue: the release of the holder hands it the lock, first come first
+// served, and tells it so on the channel (see queue.go); a shared or
+// limited one attempts again on each release message. Both also attempt
+// again at a resubscription after a reconnect (messages may have been
+// lost) and when the holder's lease, as Redis reported it, runs out; an
+// exclusive request behind shared holders also every dlock.WriterMark/3,
+// which renews its writer mark. It returns Acquired=false and a nil error
+// when ctx ends while the key is held (an exclusive wait then leaves the
+// queue in the background), and an error matching dlock.ErrUnsupported,
+// having taken nothing, when it cannot subscribe (an ACL without channel
+// rights, an unreachable server): the Locker then backs off instead.
+//
+// With MinReplicas, exclusive requests do not queue (a handoff would not
+// wait for replicas): woken waiters race for the key, and a releaser that
+// acquires again at once may win. A key released by the expiry of its
+// lease, a forced release or a shared holder is also raced for.
 //
 // Waiting calls of the Backend on one key share one pub/sub connection,
 // which is kept for a moment after the last one ends, for the next wait on
-// the key. Woken waiters race for the key: there is no FIFO queue, and a
-// releaser that acquires again at once may win.
+// the key.
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	sub, wake, err := b.join(ctx, b.channel(req.Key))
+	sub, w, err := b.join(ctx, b.channel(req.Key), req.Token)
 	if err != nil {
 		if ctx.Err() != nil {
 			return dlock.Result{}, nil // nothing was attempted
 		}
 		return dlock.Result{}, fmt.Errorf("%w: redislock: subscribe to %q: %w", dlock.ErrUnsupported, b.channel(req.Key), err)
 	}
-	defer b.leave(sub, wake)
-	return waitLoop(ctx, req, b.Acquire, wake)
+	defer b.leave(sub, req.Token)
+	if req.Mode == dlock.ModeExclusive && b.minReplicas == 0 {
+		return b.queuedWait(ctx, req, w)
+	}
+	return waitLoop(ctx, req, b.Acquire, w.wake)
 }
 
 // subscribe subscribes to chs (sharded pub/sub, or classic on servers that
@@ -754,15 +779,15 @@ func confirm(ctx context.Context, ps *redis.PubSub, n int) (*redis.PubSub, error
 	return ps, nil
 }
 
-// forward calls wake at every message and resubscription on ps, until ps
-// is closed.
-func forward(wg *sync.WaitGroup, ps *redis.PubSub, wake func()) {
+// forward calls deliver with every message and resubscription on ps,
+// until ps is closed.
+func forward(wg *sync.WaitGroup, ps *redis.PubSub, deliver func(msg any)) {
 	// A resubscription (after go-redis reconnected) counts as a wake-up:
 	// a release may have been published while the connection was down.
 	ch := ps.ChannelWithSubscriptions(redis.WithChannelSendTimeout(time.Second))
 	wg.Go(func() {
-		for range ch {
-			wake()
+		for msg := range ch {
+			deliver(msg)
 		}
 	})
 }
@@ -774,6 +799,24 @@ func poke(wake chan<- struct{}) {
 	case wake <- struct{}{}:
 	default:
 	}
+}
+
+// retryAfter is when a wait attempts again without a wake-up after res
+// refused req: when the holder's lease runs out, or to renew its writer
+// mark.
+func retryAfter(req dlock.Request, res dlock.Result) time.Duration {
+	wait := res.Remaining
+	if wait <= 0 {
+		wait = unknownLeaseWait
+	}
+	if req.Mode == dlock.ModeExclusive && res.Holder.Mode == dlock.ModeShared {
+		// Each attempt renews the writer mark that holds new shared
+		// requests back; it lasts dlock.WriterMark.
+		wait = min(wait, writerMarkRenewal)
+	}
+	// Redis expires the key on the first access after its lease; the
+	// millisecond covers PTTL's rounding.
+	return wait + time.Millisecond
 }
 
 // waitLoop attempts acquire until it succeeds, fails, or ctx ends, waiting
@@ -790,18 +833,7 @@ func waitLoop(ctx context.Context, req dlock.Request, acquire func(context.Conte
 			res.SentAfter = sending.Sub(began)
 			return res, err
 		}
-		wait := res.Remaining
-		if wait <= 0 {
-			wait = unknownLeaseWait
-		}
-		if req.Mode == dlock.ModeExclusive && res.Holder.Mode == dlock.ModeShared {
-			// Each attempt renews the writer mark that holds new
-			// shared requests back; it lasts dlock.WriterMark.
-			wait = min(wait, writerMarkRenewal)
-		}
-		// Redis expires the key on the first access after its lease; the
-		// millisecond covers PTTL's rounding.
-		t.Reset(wait + time.Millisecond)
+		t.Reset(retryAfter(req, res))
 		select {
 		case <-wake:
 		case <-t.C:

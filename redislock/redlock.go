@@ -479,7 +479,7 @@ func (r *Redlock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			continue
 		}
 		defer ps.Close()
-		forward(&wg, ps, func() { poke(wake) })
+		forward(&wg, ps, func(any) { poke(wake) })
 	}
 	switch {
 	case ctx.Err() != nil:

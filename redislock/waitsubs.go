@@ -2,9 +2,12 @@ package redislock
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/dlock-dev/dlock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -27,9 +30,24 @@ type waitSub struct {
 	ps    *redis.PubSub
 	wg    sync.WaitGroup // the forwarding goroutine
 	mu    sync.Mutex
-	wakes map[chan struct{}]struct{} // the waits' wake-ups
-	users int                        // waits using it (under Backend.subsMu)
-	idle  *time.Timer                // closes it once unused (under Backend.subsMu)
+	waits map[dlock.Token]*subWait // by the waits' owner tokens
+	users int                      // waits using it (under Backend.subsMu)
+	idle  *time.Timer              // closes it once unused (under Backend.subsMu)
+}
+
+// subWait is one wait's share of a subscription.
+type subWait struct {
+	// wake receives (without blocking the sender) at every release
+	// message and every resubscription, except handoffs to other waits.
+	wake chan struct{}
+	// handed receives the latest handoff of the key to the wait's token.
+	handed chan handoff
+}
+
+// handoff is a release's grant of a key to a queued wait (see queue.go).
+type handoff struct {
+	attempt uint64 // the wait's attempt that the release found queued
+	fence   uint64
 }
 
 // waitSubs are a Backend's subscriptions of waits, by channel.
@@ -38,12 +56,10 @@ type waitSubs struct {
 	subs map[string]*waitSub
 }
 
-// join returns a subscription to ch for a wait, confirmed by the server,
-// and the wait's wake-up channel, which receives (without blocking the
-// sender) at every message and every resubscription. The wait calls leave
-// when it ends.
-func (b *Backend) join(ctx context.Context, ch string) (*waitSub, chan struct{}, error) {
-	wake := make(chan struct{}, 1)
+// join returns a subscription to ch for the wait of token, confirmed by the
+// server, and the wait's share of it. The wait calls leave when it ends.
+func (b *Backend) join(ctx context.Context, ch string, token dlock.Token) (*waitSub, *subWait, error) {
+	w := &subWait{wake: make(chan struct{}, 1), handed: make(chan handoff, 1)}
 	b.waits.mu.Lock()
 	s := b.waits.subs[ch]
 	if s == nil {
@@ -54,8 +70,8 @@ func (b *Backend) join(ctx context.Context, ch string) (*waitSub, chan struct{},
 		}
 		b.waits.mu.Lock()
 		if s = b.waits.subs[ch]; s == nil { // no other wait subscribed meanwhile
-			s = &waitSub{ch: ch, ps: ps, wakes: make(map[chan struct{}]struct{})}
-			forward(&s.wg, ps, s.wakeAll)
+			s = &waitSub{ch: ch, ps: ps, waits: make(map[dlock.Token]*subWait)}
+			forward(&s.wg, ps, s.deliver)
 			if b.waits.subs == nil {
 				b.waits.subs = make(map[string]*waitSub)
 			}
@@ -71,16 +87,17 @@ func (b *Backend) join(ctx context.Context, ch string) (*waitSub, chan struct{},
 		s.idle.Stop()
 	}
 	s.mu.Lock()
-	s.wakes[wake] = struct{}{}
+	s.waits[token] = w
 	s.mu.Unlock()
 	b.waits.mu.Unlock()
-	return s, wake, nil
+	return s, w, nil
 }
 
-// leave ends a wait's use of s; the last one keeps s for keepSubscription.
-func (b *Backend) leave(s *waitSub, wake chan struct{}) {
+// leave ends the use of s by the wait of token; the last one keeps s for
+// keepSubscription.
+func (b *Backend) leave(s *waitSub, token dlock.Token) {
 	s.mu.Lock()
-	delete(s.wakes, wake)
+	delete(s.waits, token)
 	s.mu.Unlock()
 	b.waits.mu.Lock()
 	defer b.waits.mu.Unlock()
@@ -107,11 +124,47 @@ func (b *Backend) dropIdle(s *waitSub) {
 	s.wg.Wait()
 }
 
-// wakeAll wakes every wait of s.
-func (s *waitSub) wakeAll() {
+// deliver passes a message or resubscription on s to its waits: a handoff
+// to the wait it names (other processes' waits are not woken by it), any
+// other message to all of them.
+func (s *waitSub) deliver(msg any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for w := range s.wakes {
-		poke(w)
+	if m, ok := msg.(*redis.Message); ok {
+		if token, h, ok := parseHandoff(m.Payload); ok {
+			if w := s.waits[token]; w != nil {
+				// Only the newest handoff counts: replace an unread one.
+				select {
+				case <-w.handed:
+				default:
+				}
+				w.handed <- h
+			}
+			return
+		}
 	}
+	for _, w := range s.waits {
+		poke(w.wake)
+	}
+}
+
+// parseHandoff reads the announcement of a handoff (see handoff in
+// release.lua): the token it granted and the grant. It reports false for
+// other messages, and for a handoff it cannot read, which then wakes every
+// wait (each attempts again, which finds out).
+func parseHandoff(payload string) (dlock.Token, handoff, bool) {
+	what, _, _ := strings.Cut(payload, " ")
+	n, ok := strings.CutPrefix(what, "handed:")
+	if !ok {
+		return dlock.Token{}, handoff{}, false
+	}
+	attempt, err := strconv.ParseUint(n, 10, 64)
+	if err != nil {
+		return dlock.Token{}, handoff{}, false
+	}
+	c, err := parseChange("", payload, time.Now())
+	if err != nil || len(c.holders) != 1 || c.holders[0].Fence == 0 {
+		return dlock.Token{}, handoff{}, false
+	}
+	return c.holders[0].Token, handoff{attempt: attempt, fence: c.holders[0].Fence}, true
 }

@@ -1,0 +1,93 @@
+package redislock
+
+import (
+	"context"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// Exclusive waits queue in the store.
+//
+// An exclusive wait that finds the key held takes a place in the key's
+// queue (acquire.lua), and an exclusive release grants the lock to the
+// first wait whose place is kept, in the release's own script, and
+// announces the handoff on the key's release channel (release.lua). The
+// wait learns of its grant from that message: a handoff takes no round
+// trip of the waiter and wakes no other wait, and the releaser cannot take
+// the key back before the waits queued before it.
+//
+// A wait keeps its place by attempting again at least every queueLife/3;
+// a place not renewed for queueLife lapses, so that a waiter that died
+// while queued is skipped (one that dies within queueLife of its last
+// attempt may still be handed the lock, which then stays held until its
+// lease ends, as a dead holder's does). A wait that ends leaves the queue
+// with a release of its token, which also frees a grant it was handed
+// meanwhile.
+//
+// Timing: a handoff happens after the server ran the wait's latest attempt,
+// so after that attempt was sent; a lease handed to it is timed from that
+// sending. Each attempt is numbered and the release announces the number it
+// found queued: a handoff to an earlier attempt (whose message came late,
+// after a later attempt was refused) is not trusted, nor one that arrives
+// more than quickShare of the lease after the attempt was sent. The wait
+// attempts again instead, which finds the token holding the lock and
+// starts its lease anew, or takes its place again.
+
+// queueLife is how long a wait keeps its place in the queue without
+// attempting again.
+const queueLife = 6 * time.Second
+
+// quickShare: a handoff is trusted when it arrives within TTL/quickShare of
+// the attempt it answers.
+const quickShare = 5
+
+// leaveTimeout bounds the release by which a wait that ended leaves the
+// queue.
+const leaveTimeout = 5 * time.Second
+
+// queuedWait is AcquireWait for an exclusive request: it waits in the
+// key's queue for a handoff, and also attempts again when woken by another
+// release message, when the holder's lease runs out, and to keep its place.
+func (b *Backend) queuedWait(ctx context.Context, req dlock.Request, w *subWait) (dlock.Result, error) {
+	script, args, err := b.acquireCall(req)
+	if err != nil {
+		return dlock.Result{}, err
+	}
+	keys := b.acquireKeys(req.Key)
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	began := time.Now()
+	for attempt := uint64(1); ; attempt++ {
+		sending := time.Now()
+		v, err := script.Run(ctx, b.c, keys, append(args[:len(args):len(args)], queueLife.Milliseconds(), attempt)...).Slice()
+		res, err := acquireResult(req, v, err)
+		if err != nil || res.Acquired {
+			res.SentAfter = sending.Sub(began)
+			return res, err
+		}
+		t.Reset(min(retryAfter(req, res), queueLife/3))
+		select {
+		case h := <-w.handed:
+			if h.attempt == attempt && time.Since(sending) <= req.TTL/quickShare {
+				return dlock.Result{Acquired: true, Fence: h.fence, SentAfter: sending.Sub(began)}, nil
+			}
+		case <-w.wake:
+		case <-t.C:
+		case <-ctx.Done():
+			b.leaveQueue(req)
+			return dlock.Result{Holder: res.Holder}, nil
+		}
+	}
+}
+
+// leaveQueue takes the wait of req out of its key's queue, in the
+// background (the wait's context has ended), releasing a grant it was
+// handed meanwhile. If that fails, its place lapses after queueLife.
+func (b *Backend) leaveQueue(req dlock.Request) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+		defer cancel()
+		_ = b.Release(ctx, req.Key, req.Token)
+	}()
+}
