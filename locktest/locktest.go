@@ -731,18 +731,51 @@ func (s *suite) renewalBatched(t *testing.T) {
 	}
 }
 
+// defaultMargin is dlock.Options.Margin's default for ttl: the store's
+// lease ends at least this long after the Locker's deadline for it.
+const defaultMargin = ttl/10 + 100*time.Millisecond
+
 func (s *suite) lossOnRenewalFailure(t *testing.T) {
 	l, f := s.locker(t)
 	other, _ := s.locker(t)
-	k := key(t, "k")
-	lk := mustAcquire(t, l, k)
-	ctx, cancel := lk.Context(context.Background())
-	defer cancel()
-	f.failExtend.Store(true)
-	f.failRelease.Store(true) // the store stays unreachable for this client
-	waitDone(t, lk, 2*ttl, "a lease that cannot be renewed is reported lost")
-	// The store must still hold the lease: the holder was told first.
-	mustBeHeld(t, other, k)
+	var lk *dlock.Lock
+	var k string
+	var ctx context.Context
+	// The store must still hold the lease when the holder is told: another
+	// client's try is refused. A try that returns more than defaultMargin
+	// after the holder's deadline cannot tell (the store's lease may have
+	// ended by then: a loaded machine), and the scenario runs again.
+	for try := 1; ; try++ {
+		k = key(t, fmt.Sprintf("k%d", try))
+		lk = mustAcquire(t, l, k)
+		var cancel context.CancelFunc
+		ctx, cancel = lk.Context(context.Background())
+		defer cancel()
+		f.failExtend.Store(true)
+		f.failRelease.Store(true) // the store stays unreachable for this client
+		waitDone(t, lk, 2*ttl, "a lease that cannot be renewed is reported lost")
+		w, err := other.TryAcquire(ctxT(t, 10*time.Second), k, dlock.WithTTL(ttl))
+		late := time.Since(lk.Deadline()) - defaultMargin
+		if err == nil {
+			w.Release(context.Background())
+			if late <= 0 {
+				t.Fatalf("rule: a lease that cannot be renewed is reported lost before it ends; another client took %q %s after the holder's deadline",
+					k, late+defaultMargin)
+			}
+			if try == 3 {
+				t.Fatalf("three checks came too late to tell whether the holder was told before its lease ended (the last %s after the store's earliest expiry)", late)
+			}
+			t.Logf("the check came %s after the store's earliest expiry: running again", late)
+			f.failExtend.Store(false)
+			f.failRelease.Store(false)
+			continue
+		}
+		var he *dlock.HeldError
+		if !errors.As(err, &he) || !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("TryAcquire of a held key: got %v, want a *HeldError matching ErrNotAcquired", err)
+		}
+		break
+	}
 	if !errors.Is(lk.Err(), dlock.ErrLockLost) {
 		t.Errorf("Err: %v, want ErrLockLost", lk.Err())
 	}

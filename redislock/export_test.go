@@ -1,6 +1,10 @@
 package redislock
 
-import "github.com/dlock-dev/dlock"
+import (
+	"context"
+
+	"github.com/dlock-dev/dlock"
+)
 
 // Names returns the Redis names the Backend uses for key: the lock hash, the
 // fencing counter and the release channel.
@@ -34,4 +38,17 @@ func (b *Backend) ChangesKey(key string) string { return b.changesKey(key) }
 // of their descriptions.
 func (b *Backend) QueueNames(key string) (queue, queued string) {
 	return b.queueKey(key), b.queuedKey(key)
+}
+
+// RawAcquireRelease runs the acquisition and release scripts of req once
+// each, as Acquire and Release send them, without the Locker.
+func RawAcquireRelease(ctx context.Context, b *Backend, req dlock.Request) error {
+	script, args, err := b.acquireCall(req)
+	if err != nil {
+		return err
+	}
+	if err := script.Run(ctx, b.c, b.acquireKeys(req.Key), args...).Err(); err != nil {
+		return err
+	}
+	return releaseScript.Run(ctx, b.c, b.releaseKeys(req.Key), req.Token.String(), b.channel(req.Key), b.watchChannel(req.Key), b.floorArg()).Err()
 }
