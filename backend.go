@@ -53,7 +53,7 @@ import (
 // LossReporter. Use Join for errors that combine several.
 //
 // Optional capabilities are separate interfaces found by type assertion:
-// Lister, ForceReleaser, Waiter, LossReporter, Sharer, Watcher,
+// Lister, ForceReleaser, Waiter, DirectWaiter, LossReporter, Sharer, Watcher,
 // HolderWatcher, MetadataSetter, SessionBound, LockDelayer, TTLExtender,
 // HoldKeeper.
 type Backend interface {
@@ -155,6 +155,18 @@ type Waiter interface {
 	// ErrUnsupported: the backend cannot wait here (it took nothing) and the
 	// Locker falls back to its backoff for this acquisition.
 	AcquireWait(ctx context.Context, req Request) (Result, error)
+}
+
+// DirectWaiter is implemented by Waiters whose AcquireWait costs an
+// acquisition of a free key no more than Acquire does (it attempts before
+// it prepares a wait, or its preparation is already in place). When
+// WaitsDirectly reports true, the Locker makes AcquireWait the first store
+// call of a blocking acquisition instead of an Acquire followed by
+// AcquireWait, unless WithOnWait needs the holder of a first refusal. A
+// wrapper of another Backend reports what the wrapped one does.
+type DirectWaiter interface {
+	Waiter
+	WaitsDirectly() bool
 }
 
 // Watcher is implemented by backends whose store can notify a change of a

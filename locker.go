@@ -314,7 +314,10 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 // reports whether the Lock joined a lease this Locker held (WithOwner).
 func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireConfig, wait bool) (*Lock, bool, error) {
 	_, canWait := l.b.(Waiter)
-	inStore := false // wait in the store (after a first attempt found the key held)
+	// Wait in the store: after a first attempt found the key held, or at
+	// once on a DirectWaiter (whose wait makes that attempt itself).
+	dw, direct := l.b.(DirectWaiter)
+	inStore := wait && direct && cfg.onWait == nil && dw.WaitsDirectly()
 	var bo Backoff
 	for {
 		if err := ctx.Err(); err != nil {

@@ -103,6 +103,12 @@ func (f faultyWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock
 	return f.attempt(req, func() (dlock.Result, error) { return f.Backend.(dlock.Waiter).AcquireWait(ctx, req) })
 }
 
+// WaitsDirectly passes dlock.DirectWaiter through.
+func (f faultyWaiter) WaitsDirectly() bool {
+	dw, ok := f.Backend.(dlock.DirectWaiter)
+	return ok && dw.WaitsDirectly()
+}
+
 // backend returns f as the Locker should see it: with AcquireWait if the
 // wrapped backend has it.
 func (f *faulty) backend() dlock.Backend {

@@ -264,3 +264,39 @@ return tonumber(attempt)`, []string{desc}, tok).Int()
 		t.Fatal("the wait was not handed the key after the holder's release")
 	}
 }
+
+// TestWaitOnASubscribedKeyCostsOneScript: a blocking acquisition of a held
+// key that a wait of the same Backend already subscribes to costs one
+// script before its wait (no separate try), and is served in turn.
+func TestWaitOnASubscribedKeyCostsOneScript(t *testing.T) {
+	f := newQueueFixture(t, "direct")
+	w := f.waiter(t)
+	got := make(chan *dlock.Lock, 2)
+	wait := func() {
+		l, err := w.Acquire(ctxT(t, 20*time.Second), f.k)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}
+	go wait()
+	queued(t, f.admin, f.queue, 1)
+	before := evalCalls(t, f.admin)
+	go wait()
+	queued(t, f.admin, f.queue, 2)
+	if d := evalCalls(t, f.admin) - before; d != 1 {
+		t.Errorf("rule: a wait on a subscribed key costs one script before it waits; %d ran", d)
+	}
+	if err := f.lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		l := <-got
+		if l == nil {
+			t.FailNow()
+		}
+		if err := l.Release(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+}

@@ -185,6 +185,7 @@ var (
 	_ dlock.Lister         = (*Backend)(nil)
 	_ dlock.ForceReleaser  = (*Backend)(nil)
 	_ dlock.Waiter         = (*Backend)(nil)
+	_ dlock.DirectWaiter   = (*Backend)(nil)
 	_ dlock.Sharer         = (*Backend)(nil)
 	_ dlock.Watcher        = (*Backend)(nil)
 	_ dlock.HolderWatcher  = (*Backend)(nil)
@@ -713,8 +714,17 @@ const writerMarkRenewal = dlock.WriterMark / 3
 //
 // Waiting calls of the Backend on one key share one pub/sub connection,
 // which is kept for a moment after the last one ends, for the next wait on
-// the key.
+// the key. A call on a key without one attempts first, and subscribes only
+// if the key is held; a call on a key with one attempts once it has joined
+// it, so that a blocking acquisition of a contended key costs one script
+// before its wait (see WaitsDirectly).
 func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if !b.subscribed(b.channel(req.Key)) {
+		// Attempt first, as a try: a free key costs no subscription.
+		if res, err := b.Acquire(ctx, req); err != nil || res.Acquired {
+			return res, err
+		}
+	}
 	sub, w, err := b.join(ctx, b.channel(req.Key), req.Token)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -728,6 +738,10 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	}
 	return waitLoop(ctx, req, b.Acquire, w.wake)
 }
+
+// WaitsDirectly implements dlock.DirectWaiter: AcquireWait attempts
+// before it subscribes, or joins a subscription already confirmed.
+func (b *Backend) WaitsDirectly() bool { return true }
 
 // subscribe subscribes to chs (sharded pub/sub, or classic on servers that
 // lack it) and waits for the server's confirmation.

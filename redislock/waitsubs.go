@@ -2,6 +2,7 @@ package redislock
 
 import (
 	"context"
+	"encoding/hex"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,6 +94,14 @@ func (b *Backend) join(ctx context.Context, ch string, token dlock.Token) (*wait
 	return s, w, nil
 }
 
+// subscribed reports whether the Backend's waits hold a subscription to ch
+// (in use, or kept for the next wait).
+func (b *Backend) subscribed(ch string) bool {
+	b.waits.mu.Lock()
+	defer b.waits.mu.Unlock()
+	return b.waits.subs[ch] != nil
+}
+
 // leave ends the use of s by the wait of token; the last one keeps s for
 // keepSubscription.
 func (b *Backend) leave(s *waitSub, token dlock.Token) {
@@ -131,16 +140,20 @@ func (s *waitSub) deliver(msg any) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m, ok := msg.(*redis.Message); ok {
-		if token, h, ok := parseHandoff(m.Payload); ok {
-			if w := s.waits[token]; w != nil {
+		if token, ok := handedTo(m.Payload); ok {
+			w := s.waits[token]
+			if w == nil {
+				return // another process's wait
+			}
+			if h, ok := parseHandoff(m.Payload); ok {
 				// Only the newest handoff counts: replace an unread one.
 				select {
 				case <-w.handed:
 				default:
 				}
 				w.handed <- h
+				return
 			}
-			return
 		}
 	}
 	for _, w := range s.waits {
@@ -148,23 +161,53 @@ func (s *waitSub) deliver(msg any) {
 	}
 }
 
-// parseHandoff reads the announcement of a handoff (see handoff in
-// release.lua): the token it granted and the grant. It reports false for
-// other messages, and for a handoff it cannot read, which then wakes every
-// wait (each attempts again, which finds out).
-func parseHandoff(payload string) (dlock.Token, handoff, bool) {
-	what, _, _ := strings.Cut(payload, " ")
-	n, ok := strings.CutPrefix(what, "handed:")
-	if !ok {
-		return dlock.Token{}, handoff{}, false
+// handedTo returns the token that the announcement of a handoff (see
+// handoff in release.lua) names, without reading the rest, so that the
+// waits of other processes cost little; false for other messages and for
+// a handoff it cannot read (which then wakes every wait: each attempts
+// again, which finds out).
+func handedTo(payload string) (dlock.Token, bool) {
+	if !strings.HasPrefix(payload, "handed:") {
+		return dlock.Token{}, false
 	}
-	attempt, err := strconv.ParseUint(n, 10, 64)
+	// "handed:N seq 1 " then the holder's fields, each "len:field":
+	// pttl, then the token.
+	head := strings.SplitN(payload, " ", 4)
+	if len(head) != 4 || head[2] != "1" {
+		return dlock.Token{}, false
+	}
+	rest := head[3]
+	for i := range 2 {
+		l, after, ok := strings.Cut(rest, ":")
+		n, err := strconv.Atoi(l)
+		if !ok || err != nil || n < 0 || n > len(after) {
+			return dlock.Token{}, false
+		}
+		if i == 1 {
+			var t dlock.Token
+			if n != 2*len(t) {
+				return dlock.Token{}, false
+			}
+			if _, err := hex.Decode(t[:], []byte(after[:n])); err != nil {
+				return dlock.Token{}, false
+			}
+			return t, true
+		}
+		rest = after[n:]
+	}
+	return dlock.Token{}, false
+}
+
+// parseHandoff reads the grant that the announcement of a handoff tells.
+func parseHandoff(payload string) (handoff, bool) {
+	what, _, _ := strings.Cut(payload, " ")
+	attempt, err := strconv.ParseUint(strings.TrimPrefix(what, "handed:"), 10, 64)
 	if err != nil {
-		return dlock.Token{}, handoff{}, false
+		return handoff{}, false
 	}
 	c, err := parseChange("", payload, time.Now())
 	if err != nil || len(c.holders) != 1 || c.holders[0].Fence == 0 {
-		return dlock.Token{}, handoff{}, false
+		return handoff{}, false
 	}
-	return c.holders[0].Token, handoff{attempt: attempt, fence: c.holders[0].Fence}, true
+	return handoff{attempt: attempt, fence: c.holders[0].Fence}, true
 }

@@ -81,6 +81,12 @@ func (b timedWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.
 	return res, err
 }
 
+// WaitsDirectly passes dlock.DirectWaiter through.
+func (b timedWaiter) WaitsDirectly() bool {
+	dw, ok := b.w.(dlock.DirectWaiter)
+	return ok && dw.WaitsDirectly()
+}
+
 // newTimedBackend wraps b, keeping its dlock.Waiter if it has one. grants
 // may be nil.
 func newTimedBackend(b dlock.Backend, rec *recorder, slow time.Duration, grants *lastGrants) dlock.Backend {
