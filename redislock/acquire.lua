@@ -10,6 +10,7 @@
 -- KEYS[6]  the key's change counter (see announcement in holders.lua)
 -- KEYS[7]  the key's queue of exclusive waits (see queue in holders.lua)
 -- KEYS[8]  their descriptions
+-- KEYS[9]  the racing mark: while it exists, releases hand nothing over
 -- ARGV[1]  owner token (hex)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  owner identity
@@ -22,6 +23,9 @@
 --          attempts again, in milliseconds; absent or "0" for a try, which
 --          takes no place
 -- ARGV[9]  for a wait, the number of this attempt, which a handoff tells
+-- ARGV[10] for a wait that does not queue (ARGV[8] is then "0"), how long
+--          the racing mark its refusal sets outlasts the refusing lease, in
+--          milliseconds (see mark in holders.lua)
 --
 -- Returns {1, fence} when the token holds the lock (its lease starting
 -- now); {0, pttl, token, owner, fence, metadata, acquired_us[, mode,
@@ -29,10 +33,13 @@
 -- kept; or {2, mode, limit} when the key is held limited (a mode mismatch,
 -- changing nothing).
 local wait = ARGV[8] and ARGV[8] ~= '0'
--- queue keeps a wait's place, or takes one at the end of the queue.
-local function queue(ms, us)
+-- queue keeps a wait's place, or takes one at the end of the queue; a
+-- wait that does not queue sets the racing mark instead.
+local function queue(ms, us, remaining)
   if wait then
     enqueue(KEYS[7], KEYS[8], ms, us, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[8], ARGV[9])
+  elseif ARGV[10] then
+    mark(KEYS[9], remaining, ARGV[10])
   end
 end
 local h = redis.call('hmget', KEYS[1], 'token', 'owner', 'fence', 'metadata', 'acquired_us')
@@ -43,8 +50,10 @@ if h[1] then
     redis.call('pexpire', KEYS[1], ARGV[2])
     return {1, tonumber(h[3])}
   end
-  queue(clock())
-  return {0, redis.call('pttl', KEYS[1]), h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or ''}
+  local ms, us = clock()
+  local pttl = redis.call('pttl', KEYS[1])
+  queue(ms, us, pttl)
+  return {0, pttl, h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or ''}
 end
 
 local ms, us = clock()
@@ -57,7 +66,7 @@ if redis.call('exists', KEYS[3]) == 1 then
     end
     -- Shared holders: new shared requests wait behind this writer.
     redis.call('set', KEYS[5], '1', 'px', ARGV[7])
-    queue(ms, us)
+    queue(ms, us, d[1])
     return {0, unpack(d)}
   end
 end

@@ -5,6 +5,10 @@
 -- ARGV     ARGV[1] to ARGV[6] as acquire.lua, then
 -- ARGV[7]  the mode: 1 shared, 2 limited
 -- ARGV[8]  the limit (0 for shared)
+-- ARGV[9]  for a wait, how long the racing mark (KEYS[9]) that its refusal
+--          sets outlasts the refusing lease, in milliseconds (see mark in
+--          holders.lua): exclusive releases then wake every wait instead of
+--          handing the key to a queued one
 --
 -- A shared request is granted when the key has no exclusive holder, no
 -- limited holders and no writer mark; a limited one when the key has no
@@ -15,12 +19,20 @@
 -- or {2, mode, limit} of the key's holders for a mode mismatch, changing
 -- nothing.
 local mode, limit = tonumber(ARGV[7]), tonumber(ARGV[8])
+-- race marks a wait's refusal.
+local function race(remaining)
+  if ARGV[9] then
+    mark(KEYS[9], remaining, ARGV[9])
+  end
+end
 local h = redis.call('hmget', KEYS[1], 'token', 'owner', 'fence', 'metadata', 'acquired_us')
 if h[1] then
   if mode == 2 then
     return {2, 0, 0}
   end
-  return {0, redis.call('pttl', KEYS[1]), h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or ''}
+  local pttl = redis.call('pttl', KEYS[1])
+  race(pttl)
+  return {0, pttl, h[1], h[2] or '', h[3] or '', h[4] or '', h[5] or ''}
 end
 
 local ms, us = clock()
@@ -38,12 +50,14 @@ if n > 0 then
     return {2, d[7], d[8]}
   end
   if mode == 2 and n >= limit then
+    race(d[1])
     return {0, unpack(d)}
   end
 end
 if mode == 1 then
   local w = redis.call('pttl', KEYS[5])
   if w ~= -2 then
+    race(w)
     return {0, w}
   end
 end

@@ -106,6 +106,17 @@ local function enqueue(queue, queued, ms, us, tok, lease, owner, metadata, life,
   cover(queued, life)
 end
 
+-- mark sets the racing mark of a refused wait outside the queue until
+-- slack milliseconds after the refusing holder's remaining lease (or
+-- mark), unless it lasts longer already: the wait attempts again at a
+-- release or at that lease's end, and each refusal sets it again.
+local function mark(racing, remaining, slack)
+  local px = math.max(tonumber(remaining) or 0, 0) + tonumber(slack)
+  if redis.call('pttl', racing) < px then
+    redis.call('set', racing, '1', 'px', px)
+  end
+end
+
 -- live describes every live holder of a key, as first does.
 local function live(lock, holders, info)
   local out = {}

@@ -2,6 +2,8 @@ package redislock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -23,7 +25,8 @@ import (
 // attempt may still be handed the lock, which then stays held until its
 // lease ends, as a dead holder's does). A wait that ends leaves the queue
 // with a release of its token, which also frees a grant it was handed
-// meanwhile.
+// meanwhile; if that release fails, the Locker keeps releasing the token
+// (it resolves the acquisition).
 //
 // Timing: a handoff happens after the server ran the wait's latest attempt,
 // so after that attempt was sent; a lease handed to it is timed from that
@@ -75,19 +78,25 @@ func (b *Backend) queuedWait(ctx context.Context, req dlock.Request, w *subWait)
 		case <-w.wake:
 		case <-t.C:
 		case <-ctx.Done():
-			b.leaveQueue(req)
+			if err := b.leaveQueue(ctx, req); err != nil {
+				return dlock.Result{}, err
+			}
 			return dlock.Result{Holder: res.Holder}, nil
 		}
 	}
 }
 
-// leaveQueue takes the wait of req out of its key's queue, in the
-// background (the wait's context has ended), releasing a grant it was
-// handed meanwhile. If that fails, its place lapses after queueLife.
-func (b *Backend) leaveQueue(req dlock.Request) {
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
-		defer cancel()
-		_ = b.Release(ctx, req.Key, req.Token)
-	}()
+// leaveQueue takes the wait of req out of its key's queue once the wait's
+// ctx has ended, releasing a grant it was handed meanwhile, bounded by
+// leaveTimeout. It runs before AcquireWait returns: the Locker has already
+// answered its caller, and its Close waits for this call. An error means
+// the place may be left: AcquireWait returns it, and the Locker resolves
+// the acquisition by releasing its token until that succeeds.
+func (b *Backend) leaveQueue(ctx context.Context, req dlock.Request) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+	defer cancel()
+	if err := b.Release(ctx, req.Key, req.Token); err != nil && !errors.Is(err, dlock.ErrNotHeld) {
+		return fmt.Errorf("redislock: leave the queue of %q: %w", req.Key, err)
+	}
+	return nil
 }

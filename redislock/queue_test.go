@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,13 +126,16 @@ func TestQueuedWaitsAreServedInOrder(t *testing.T) {
 	}
 }
 
-// TestEndedWaitLeavesTheQueue: a wait whose context ends leaves the queue,
-// so the next release frees the key instead of handing it to nobody.
+// TestEndedWaitLeavesTheQueue: a wait whose context ends leaves the queue
+// before its Locker's Close returns, even when the client is closed right
+// after (the usual shutdown), so the next release frees the key instead of
+// handing it to nobody.
 func TestEndedWaitLeavesTheQueue(t *testing.T) {
 	f := newQueueFixture(t, "leave")
 	admin, k, holder, lk := f.admin, f.k, f.holder, f.lk
 	queue := f.queue
-	w := f.waiter(t)
+	c := f.s.client(t)
+	w := dlock.New(newBackend(t, c, nil), nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
@@ -143,7 +147,13 @@ func TestEndedWaitLeavesTheQueue(t *testing.T) {
 	if err := <-done; !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("an ended wait: %v", err)
 	}
-	queued(t, admin, queue, 0)
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if n := admin.ZCard(context.Background(), queue).Val(); n != 0 {
+		t.Errorf("rule: an ended wait leaves the queue before Close returns; %d places left", n)
+	}
 	if err := lk.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -299,4 +309,39 @@ func TestWaitOnASubscribedKeyCostsOneScript(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// TestSharedWaitIsNotStarvedByTheQueue: while exclusive waits keep the
+// queue full and every release hands the key to the next of them, a shared
+// wait (which does not queue) still gets the key.
+func TestSharedWaitIsNotStarvedByTheQueue(t *testing.T) {
+	f := newQueueFixture(t, "starve")
+	if err := f.lk.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for range 3 {
+		w := f.waiter(t)
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				l, err := w.Acquire(ctx, f.k)
+				if err != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+				l.Release(context.Background())
+			}
+		})
+	}
+	queued(t, f.admin, f.queue, 2) // the writers keep the queue busy
+	r := f.waiter(t)
+	l, err := r.Acquire(ctxT(t, 6*time.Second), f.k, dlock.Shared())
+	if err != nil {
+		t.Fatalf("rule: queued exclusive waits do not starve a shared one: %v", err)
+	}
+	l.Release(context.Background())
 }

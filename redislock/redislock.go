@@ -58,7 +58,8 @@
 // number of changes of its holders), "dlock:{k}:holders" and
 // "dlock:{k}:info" (the shared or limited holders and their descriptions),
 // "dlock:{k}:writer" (the writer mark), "dlock:{k}:queue" and
-// "dlock:{k}:queued" (the exclusive waits and their descriptions) and the
+// "dlock:{k}:queued" (the exclusive waits and their descriptions),
+// "dlock:{k}:racing" (the mark of waits outside the queue) and the
 // channels "dlock:{k}:released" and "dlock:{k}:changed", where "dlock:" is
 // Options.Prefix. The braces are a cluster hash tag: all of them live in
 // one slot, which the scripts need on Redis Cluster. Braces and '%' inside
@@ -283,6 +284,7 @@ func (b *Backend) writerKey(key string) string  { return b.tagged(key) + ":write
 func (b *Backend) changesKey(key string) string { return b.tagged(key) + ":changes" }
 func (b *Backend) queueKey(key string) string   { return b.tagged(key) + ":queue" }
 func (b *Backend) queuedKey(key string) string  { return b.tagged(key) + ":queued" }
+func (b *Backend) racingKey(key string) string  { return b.tagged(key) + ":racing" }
 func (b *Backend) channel(key string) string    { return b.tagged(key) + ":released" }
 
 // watchChannel carries the changes of key's holders that wake no waiter
@@ -377,12 +379,12 @@ func acquireResult(req dlock.Request, v []any, err error) (dlock.Result, error) 
 
 // acquireKeys are the names the acquisition scripts need.
 func (b *Backend) acquireKeys(key string) []string {
-	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key), b.changesKey(key), b.queueKey(key), b.queuedKey(key)}
+	return []string{b.lockKey(key), b.fenceKey(key), b.holdersKey(key), b.infoKey(key), b.writerKey(key), b.changesKey(key), b.queueKey(key), b.queuedKey(key), b.racingKey(key)}
 }
 
 // releaseKeys are the names the release script needs.
 func (b *Backend) releaseKeys(key string) []string {
-	return append(b.changeKeys(key), b.fenceKey(key), b.writerKey(key), b.queueKey(key), b.queuedKey(key))
+	return append(b.changeKeys(key), b.fenceKey(key), b.writerKey(key), b.queueKey(key), b.queuedKey(key), b.racingKey(key))
 }
 
 // acquireCall returns the script that takes req and its arguments, or an
@@ -702,15 +704,21 @@ const writerMarkRenewal = dlock.WriterMark / 3
 // lost) and when the holder's lease, as Redis reported it, runs out; an
 // exclusive request behind shared holders also every dlock.WriterMark/3,
 // which renews its writer mark. It returns Acquired=false and a nil error
-// when ctx ends while the key is held (an exclusive wait then leaves the
-// queue in the background), and an error matching dlock.ErrUnsupported,
+// when ctx ends while the key is held (an exclusive wait first leaves the
+// queue, in a call bounded by 5 s, and returns its error if that fails), and an error matching dlock.ErrUnsupported,
 // having taken nothing, when it cannot subscribe (an ACL without channel
 // rights, an unreachable server): the Locker then backs off instead.
 //
 // With MinReplicas, exclusive requests do not queue (a handoff would not
 // wait for replicas): woken waiters race for the key, and a releaser that
-// acquires again at once may win. A key released by the expiry of its
-// lease, a forced release or a shared holder is also raced for.
+// acquires again at once may win. A refused wait outside the queue (shared,
+// limited, or with MinReplicas) marks the key as raced for until 2 s after
+// the lease that refused it (a wait attempts again before, at the next
+// release or that lease's end): exclusive releases then wake every wait
+// instead of handing the key over, so that a stream of queued exclusive
+// waits cannot starve it. A key released by
+// the expiry of its lease, a forced release or a shared holder is also
+// raced for.
 //
 // Waiting calls of the Backend on one key share one pub/sub connection,
 // which is kept for a moment after the last one ends, for the next wait on
@@ -736,7 +744,32 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	if req.Mode == dlock.ModeExclusive && b.minReplicas == 0 {
 		return b.queuedWait(ctx, req, w)
 	}
-	return waitLoop(ctx, req, b.Acquire, w.wake)
+	return waitLoop(ctx, req, b.acquireRacing, w.wake)
+}
+
+// racingMark is how long the racing mark that a refused wait outside the
+// queue sets outlasts the lease that refused it (see mark in holders.lua):
+// the wait attempts again at the next release or at that lease's end, well
+// within it.
+const racingMark = 2 * time.Second
+
+// acquireRacing is Acquire for a wait that does not queue: a refusal sets
+// the key's racing mark, so that exclusive releases wake every wait instead
+// of handing the key over, and the queued waits cannot starve this one.
+func (b *Backend) acquireRacing(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	script, args, err := b.acquireCall(req)
+	if err != nil {
+		return dlock.Result{}, err
+	}
+	if req.Mode == dlock.ModeExclusive {
+		args = append(args, 0, 0)
+	}
+	args = append(args, racingMark.Milliseconds())
+	if b.minReplicas > 0 {
+		return b.acquireReplicated(ctx, req, script, args)
+	}
+	v, err := script.Run(ctx, b.c, b.acquireKeys(req.Key), args...).Slice()
+	return acquireResult(req, v, err)
 }
 
 // WaitsDirectly implements dlock.DirectWaiter: AcquireWait attempts

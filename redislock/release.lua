@@ -1,6 +1,8 @@
 -- release.lua frees a key's exclusive lock or one of its shared or limited
 -- leases if the token holds it. An exclusive release hands the lock to the
--- first wait in the key's queue whose place is kept; otherwise a release
+-- first wait in the key's queue whose place is kept, unless a wait that
+-- does not queue (shared, limited, or of a client with MinReplicas) marked
+-- the key as raced for; otherwise a release
 -- wakes the key's waiters or, when it helps none, tells its watches. A
 -- token that holds nothing leaves the queue. Run after holders.lua.
 --
@@ -12,6 +14,7 @@
 -- KEYS[6]  the writer mark
 -- KEYS[7]  the key's queue of exclusive waits (see enqueue in holders.lua)
 -- KEYS[8]  their descriptions
+-- KEYS[9]  the racing mark (see acquireshared.lua)
 -- ARGV[1]  owner token
 -- ARGV[2]  the key's release channel
 -- ARGV[3]  the key's change channel
@@ -23,7 +26,7 @@
 -- the lapsed ones before it, and returns the announcement of the grant
 -- ('handed:' and the wait's attempt), or nil when no wait is queued.
 local function handoff()
-  if redis.call('exists', KEYS[7]) == 0 then
+  if redis.call('exists', KEYS[7]) == 0 or redis.call('exists', KEYS[9]) == 1 then
     return nil
   end
   local ms, us = clock()
