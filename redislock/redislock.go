@@ -70,12 +70,16 @@
 // Counters are never deleted (deleting a fence counter could hand out a
 // token again; deleting a change counter would hide changes from holder
 // watches), so a store with unbounded distinct keys keeps two small strings
-// per key ever locked. Run Redis with maxmemory-policy noeviction (the default): an
-// evicted lock frees it early, an evicted counter can reset it. Without
-// persistence a restart frees every lock at once; with a replica, a failover
-// can lose the newest acquisitions (replication is asynchronous), unless
-// Options.MinReplicas makes each grant and extension wait for replicas to
-// acknowledge it. Even then Redis is not strongly consistent: see
+// per key ever locked. Run Redis with maxmemory-policy noeviction (the
+// default): an evicted lock frees it early, an evicted counter can reset
+// it. A queued wait trusts the handoff announced on its key's release
+// channel: grant the right to publish on dlock's channels (the scripts
+// publish as the calling user) only to dlock's clients, as the right to
+// write its keys; a message published by anyone else could tell a wait
+// that it holds a key it does not. Without persistence a restart frees
+// every lock at once; with a replica, a failover can lose the newest
+// acquisitions (replication is asynchronous), unless Options.MinReplicas
+// makes each grant and extension wait for replicas to acknowledge it. Even then Redis is not strongly consistent: see
 // docs/replication.md. Where that matters, use a consensus store, and pass
 // the fence to the resources you guard. Every client of a key must run
 // a version of this package that knows the modes: an older one sees no
