@@ -41,9 +41,6 @@ type Locker struct {
 	pending  map[string]*pending // store acquisitions under way with an owner, by key
 	renewing bool                // the renewal goroutine is running
 	kick     chan struct{}       // wakes the renewal goroutine
-	// renewCalls holds a token per Backend.Extend call in flight (at
-	// most maxRenewCalls).
-	renewCalls chan struct{}
 
 	stopLoss func() // unregisters from a LossReporter backend
 	// early holds losses reported for tokens not (yet) registered: a
@@ -75,8 +72,6 @@ func New(b Backend, opts *Options) *Locker {
 		wakers:    make(map[string]*waker),
 		pending:   make(map[string]*pending),
 		kick:      make(chan struct{}, 1),
-
-		renewCalls: make(chan struct{}, maxRenewCalls),
 	}
 	if l.ttl == 0 {
 		l.ttl = DefaultTTL

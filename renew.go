@@ -162,11 +162,6 @@ func (l *Locker) endLocked(ls *lease, err error) {
 // maxBatch bounds the leases renewed by one Backend.Extend call.
 const maxBatch = 1000
 
-// maxRenewCalls bounds the Backend.Extend calls of one Locker in flight at
-// once, so that renewing many leases takes a few of the store's
-// connections, not one per batch; later batches wait for a call to end.
-const maxRenewCalls = 4
-
 // renewLoop renews due leases in batches. It runs while the Locker holds
 // anything and exits when it holds nothing or is closed.
 func (l *Locker) renewLoop() {
@@ -182,26 +177,16 @@ func (l *Locker) renewLoop() {
 		}
 		now := l.clock.Now()
 		next := now.Add(time.Hour)
-		// Renew what falls due soon together with what is due now, so
-		// that leases taken at similar times share a round trip; only
-		// when something is due now: a wake-up by a new lease would
-		// otherwise renew the few that entered the window since the last
-		// one, a call each.
-		dueNow := false
-		for ls := range l.eachLeaseLocked {
-			if !ls.inflight && !ls.renewAt.After(now) {
-				dueNow = true
-				break
-			}
-		}
 		var batch []*lease
 		for ls := range l.eachLeaseLocked {
 			if ls.inflight {
 				continue
 			}
-			// A lease retrying after a failed renewal waits for its own
+			// Renew what falls due soon together with what is due now, so
+			// that leases taken at similar times share a round trip. A
+			// lease retrying after a failed renewal waits for its own
 			// instant: the window would turn its backoff into a burst.
-			due := dueNow && ls.renewAt.Sub(now) <= ls.ttl/6
+			due := ls.renewAt.Sub(now) <= ls.ttl/6
 			if ls.tries > 0 {
 				due = !ls.renewAt.After(now)
 			}
@@ -263,11 +248,6 @@ func (l *Locker) renew(batch []*lease) {
 	}
 	l.mu.Unlock()
 
-	select {
-	case l.renewCalls <- struct{}{}:
-		defer func() { <-l.renewCalls }()
-	case <-l.bg.Done(): // closing: the call below ends at once
-	}
 	sent := l.clock.Now()
 	ctx, cancel := context.WithTimeout(l.bg, deadline.Sub(sent)+renewGrace(margin))
 	errs, err := l.b.Extend(ctx, leases)
