@@ -50,5 +50,5 @@ func RawAcquireRelease(ctx context.Context, b *Backend, req dlock.Request) error
 	if err := script.Run(ctx, b.c, b.acquireKeys(req.Key), args...).Err(); err != nil {
 		return err
 	}
-	return releaseScript.Run(ctx, b.c, b.releaseKeys(req.Key), req.Token.String(), b.channel(req.Key), b.watchChannel(req.Key), b.floorArg()).Err()
+	return b.runRelease(ctx, req.Key, req.Token).Err()
 }

@@ -53,18 +53,12 @@ const leaveTimeout = 5 * time.Second
 // key's queue for a handoff, and also attempts again when woken by another
 // release message, when the holder's lease runs out, and to keep its place.
 func (b *Backend) queuedWait(ctx context.Context, req dlock.Request, w *subWait) (dlock.Result, error) {
-	script, args, err := b.acquireCall(req)
-	if err != nil {
-		return dlock.Result{}, err
-	}
-	keys := b.acquireKeys(req.Key)
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	began := time.Now()
 	for attempt := uint64(1); ; attempt++ {
 		sending := time.Now()
-		v, err := script.Run(ctx, b.c, keys, append(args[:len(args):len(args)], queueLife.Milliseconds(), attempt)...).Slice()
-		res, err := acquireResult(req, v, err)
+		res, err := b.acquireWith(ctx, req, queueLife.Milliseconds(), attempt)
 		if err != nil || res.Acquired {
 			res.SentAfter = sending.Sub(began)
 			return res, err

@@ -79,9 +79,10 @@
 // that it holds a key it does not. Without persistence a restart frees
 // every lock at once; with a replica, a failover can lose the newest
 // acquisitions (replication is asynchronous), unless Options.MinReplicas
-// makes each grant and extension wait for replicas to acknowledge it. Even then Redis is not strongly consistent: see
-// docs/replication.md. Where that matters, use a consensus store, and pass
-// the fence to the resources you guard. Every client of a key must run
+// makes each grant and extension wait for replicas to acknowledge it. Even
+// then Redis is not strongly consistent: see docs/replication.md. Where
+// that matters, use a consensus store, and pass the fence to the resources
+// you guard. Every client of a key must run
 // a version of this package that knows the modes: an older one sees no
 // holder in a key held shared or limited. Likewise a watch sees the grants
 // of clients whose version publishes them (the one that added Watch and
@@ -341,10 +342,17 @@ func (b *Backend) SupportsMode(m dlock.Mode) bool {
 
 // Acquire implements dlock.Backend and dlock.Sharer with one script call.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	return b.acquireWith(ctx, req)
+}
+
+// acquireWith runs req's acquisition script with the arguments of a wait
+// (extra) after the usual ones.
+func (b *Backend) acquireWith(ctx context.Context, req dlock.Request, extra ...any) (dlock.Result, error) {
 	script, args, err := b.acquireCall(req)
 	if err != nil {
 		return dlock.Result{}, err
 	}
+	args = append(args, extra...)
 	if b.minReplicas > 0 {
 		return b.acquireReplicated(ctx, req, script, args)
 	}
@@ -556,7 +564,7 @@ func (b *Backend) runEach(ctx context.Context, on pipeliner, s *redis.Script, n 
 // shared holder. A token that holds nothing but is queued leaves the queue
 // (and ErrNotHeld is returned).
 func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) error {
-	n, err := releaseScript.Run(ctx, b.c, b.releaseKeys(key), token.String(), b.channel(key), b.watchChannel(key), b.floorArg()).Int64()
+	n, err := b.runRelease(ctx, key, token).Int64()
 	if err != nil {
 		return fmt.Errorf("redislock: release %q: %w", key, err)
 	}
@@ -564,6 +572,11 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 		return dlock.ErrNotHeld
 	}
 	return nil
+}
+
+// runRelease runs the release script of token on key.
+func (b *Backend) runRelease(ctx context.Context, key string, token dlock.Token) *redis.Cmd {
+	return releaseScript.Run(ctx, b.c, b.releaseKeys(key), token.String(), b.channel(key), b.watchChannel(key), b.floorArg())
 }
 
 // ForceRelease implements dlock.ForceReleaser: it frees every holder of the
@@ -709,9 +722,10 @@ const writerMarkRenewal = dlock.WriterMark / 3
 // exclusive request behind shared holders also every dlock.WriterMark/3,
 // which renews its writer mark. It returns Acquired=false and a nil error
 // when ctx ends while the key is held (an exclusive wait first leaves the
-// queue, in a call bounded by 5 s, and returns its error if that fails), and an error matching dlock.ErrUnsupported,
-// having taken nothing, when it cannot subscribe (an ACL without channel
-// rights, an unreachable server): the Locker then backs off instead.
+// queue, in a call bounded by 5 s, and returns its error if that fails),
+// and an error matching dlock.ErrUnsupported, having taken nothing, when it
+// cannot subscribe (an ACL without channel rights, an unreachable server):
+// the Locker then backs off instead.
 //
 // With MinReplicas, exclusive requests do not queue (a handoff would not
 // wait for replicas): woken waiters race for the key, and a releaser that
@@ -720,9 +734,8 @@ const writerMarkRenewal = dlock.WriterMark / 3
 // the lease that refused it (a wait attempts again before, at the next
 // release or that lease's end): exclusive releases then wake every wait
 // instead of handing the key over, so that a stream of queued exclusive
-// waits cannot starve it. A key released by
-// the expiry of its lease, a forced release or a shared holder is also
-// raced for.
+// waits cannot starve it. A key released by the expiry of its lease, a
+// forced release or a shared holder is also raced for.
 //
 // Waiting calls of the Backend on one key share one pub/sub connection,
 // which is kept for a moment after the last one ends, for the next wait on
@@ -761,19 +774,10 @@ const racingMark = 2 * time.Second
 // the key's racing mark, so that exclusive releases wake every wait instead
 // of handing the key over, and the queued waits cannot starve this one.
 func (b *Backend) acquireRacing(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	script, args, err := b.acquireCall(req)
-	if err != nil {
-		return dlock.Result{}, err
-	}
 	if req.Mode == dlock.ModeExclusive {
-		args = append(args, 0, 0)
+		return b.acquireWith(ctx, req, 0, 0, racingMark.Milliseconds()) // no place in the queue
 	}
-	args = append(args, racingMark.Milliseconds())
-	if b.minReplicas > 0 {
-		return b.acquireReplicated(ctx, req, script, args)
-	}
-	v, err := script.Run(ctx, b.c, b.acquireKeys(req.Key), args...).Slice()
-	return acquireResult(req, v, err)
+	return b.acquireWith(ctx, req, racingMark.Milliseconds())
 }
 
 // WaitsDirectly implements dlock.DirectWaiter: AcquireWait attempts
