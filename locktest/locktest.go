@@ -475,6 +475,9 @@ func (s *suite) fencing(t *testing.T) {
 		last = tok
 	}
 	const n = 1000
+	// The Locker's acquisitions take longTTL: this case is about fences,
+	// and a thousand grants on a 1 s lease would fail whenever one round
+	// trip of a loaded machine outlasts the lease's safe deadline.
 	l, _ := s.locker(t)
 	for i := range n {
 		if i%250 == 0 && i > 0 { // a new client, as after a restart of the process
@@ -488,7 +491,7 @@ func (s *suite) fencing(t *testing.T) {
 				t.Fatalf("Acquire: %+v %v", r, err)
 			}
 			check(r.Fence, "a backend acquisition")
-			lk, err := l.Acquire(ctxT(t, ttl+5*time.Second), k, dlock.WithTTL(ttl))
+			lk, err := l.Acquire(ctxT(t, ttl+5*time.Second), k, dlock.WithTTL(longTTL))
 			if err != nil {
 				t.Fatalf("Acquire after expiry: %v", err)
 			}
@@ -496,7 +499,7 @@ func (s *suite) fencing(t *testing.T) {
 			lk.Release(context.Background())
 			continue
 		}
-		lk := mustAcquire(t, l, k)
+		lk := mustAcquire(t, l, k, dlock.WithTTL(longTTL))
 		check(lk.Fence(), "an acquisition after release")
 		if err := lk.Release(context.Background()); err != nil {
 			t.Fatal(err)
