@@ -477,7 +477,11 @@ type Result struct {
 	// or a partition can delay that reply without bound while the server
 	// ends the session and grants the key again; it times the lease from a
 	// statement sent after the reply that confirms the lock is still held.
-	// 0 means the call's start, which is always safe.
+	// 0 means the call's start, which is always safe. A negative value
+	// times the lease from before the call began: a grant the store made
+	// to a queued wait whose lease had less than the TTL left when the
+	// wait's request was sent reports that request's sending minus the
+	// part of the lease already gone.
 	SentAfter time.Duration
 }
 

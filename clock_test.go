@@ -213,3 +213,31 @@ func TestRenewalOutlivesTheDeadline(t *testing.T) {
 		l.Close(context.Background())
 	}
 }
+
+// shortGrantBackend grants every acquisition with part of its lease gone:
+// SentAfter is negative.
+type shortGrantBackend struct {
+	waitingBackend
+	gone time.Duration
+}
+
+func (b shortGrantBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	return Result{Acquired: true, Fence: 1, SentAfter: -b.gone}, nil
+}
+
+// TestNegativeSentAfterShortensTheLease: a grant whose lease began before
+// the call (a negative SentAfter) is trusted only for what is left of it.
+func TestNegativeSentAfterShortensTheLease(t *testing.T) {
+	const ttl, gone = time.Second, 600 * time.Millisecond
+	l := New(shortGrantBackend{gone: gone}, &Options{TTL: ttl})
+	defer l.Close(context.Background())
+	began := time.Now()
+	lk, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if latest := began.Add(ttl - gone); lk.Deadline().After(latest) {
+		t.Errorf("deadline %s after the call began; the lease ends at most %s after it",
+			lk.Deadline().Sub(began), latest.Sub(began))
+	}
+}

@@ -465,7 +465,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		}
 	})
 	stop()
-	if err == nil && res.Acquired && res.SentAfter > 0 {
+	if err == nil && res.Acquired && res.SentAfter != 0 {
 		// SentAfter is real time. Count back from now only what followed
 		// the sending (about a round trip), so that a Clock running at
 		// another rate errs over that alone, not over the whole wait.

@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -172,10 +173,31 @@ type leaseQueries struct {
 // more NOTIFY in a transaction that commits durably anyway. Waiters do not
 // listen to it; watches listen to both.
 //
-// The release's NOTIFY names the key and the first live waiter in its queue
-// that may take it (while the writer mark is live, the first that is not a
-// reader, if any), which the listener wakes at once; the key's other
-// waiters are woken after the grace period, in case that waiter is gone.
+// An exclusive release hands the key over when the first live waiter in
+// its queue (in the order below) is exclusive and recorded its lease
+// (ttl_us): in the same statement the row gets that waiter's token, owner,
+// metadata, the next fence and a lease from the release's instant; the
+// waiter's entry is kept as a tombstone (until the release's instant,
+// ttl_us -1) for the sweep a minute later, so that a refresh of it racing
+// the grant cannot queue it again (nor can any statement of a waiter that
+// finds its own token holding); and the NOTIFY names that waiter with a
+// grant record. Only that waiter wakes; its next statement
+// finds its token holding and reports the grant, timed from that
+// statement's sending minus the part of the lease already gone. The entry
+// is locked (after the key's row) before the grant, so a waiter that
+// leaves deletes its entry first and then releases: a release that locked
+// the entry before the delete has granted when the delete returns, and
+// one after finds no entry. A handoff is one durable commit; the waiter's
+// statement that finds it writes nothing. A waiter that
+// dies while queued can be handed the key until its entry lapses (at most
+// waitStep + waitSlack after its last statement); the key then stays held
+// until that lease ends, as a dead holder's does.
+//
+// Otherwise the release's NOTIFY names the key and the first live waiter in
+// its queue that may take it (while the writer mark is live, the first
+// that is not a reader, if any), which the listener wakes at once; the
+// key's other waiters are woken after the grace period, in case that
+// waiter is gone.
 // Naming a reader that the mark refuses would spend the wake-up, and leave
 // the writer behind it asleep. The release's snapshot may miss a waiter
 // whose statement ran meanwhile; a waiter that then finds the key free but
@@ -218,12 +240,13 @@ func newLeaseQueries(tb tables) leaseQueries {
 	// grant was made) and refused (the caller may wait for the key).
 	register := func(refused, lim string) string {
 		return `reg AS (
-  INSERT INTO ` + w + ` AS q (name, token, since, until, lim, owner, metadata)
-  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond', ` + lim + `, $3, $5 FROM c
+  INSERT INTO ` + w + ` AS q (name, token, since, until, lim, owner, metadata, ttl_us)
+  SELECT $1, $2, c.now, c.now + $8::bigint * interval '1 microsecond', ` + lim + `, $3, $5, $4::bigint FROM c
   WHERE $8::bigint > 0 AND ` + refused + `
+    AND NOT EXISTS (SELECT FROM ` + l + ` h WHERE h.name = $1 AND h.token = $2 AND h.expires_at > c.now)
     AND NOT EXISTS (SELECT FROM ` + w + ` q WHERE q.name = $1 AND q.token = $2
       AND q.until > c.now + $8::bigint * interval '1 microsecond' / 2)
-  ON CONFLICT (name, token) DO UPDATE SET until = EXCLUDED.until
+  ON CONFLICT (name, token) DO UPDATE SET until = EXCLUDED.until WHERE q.ttl_us >= 0
   RETURNING q.since
 )`
 	}
@@ -370,10 +393,30 @@ SELECT name, token FROM ex UNION ALL SELECT name, token FROM sh`,
   WHERE name = $1 AND shared_until > clock_timestamp() FOR UPDATE)`,
 		// An exclusive release ends the lease and sets freed_at to the same
 		// instant: the lease was released, not expired (ListKeys).
-		release: `WITH ex AS (
-  UPDATE ` + l + ` SET (expires_at, freed_at) = (SELECT t, t FROM (SELECT clock_timestamp() AS t) x), changes = changes + 1
-  WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
-  RETURNING name, changes
+		release: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
+lk AS MATERIALIZED (
+  SELECT FROM ` + l + ` WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() FOR UPDATE
+),
+hd AS MATERIALIZED (
+  SELECT q.token, q.owner, q.metadata, q.ttl_us, q.lim FROM ` + w + ` q, c
+  WHERE q.name = $1 AND q.until > c.now AND q.token <> $2 AND EXISTS (SELECT FROM lk)
+  ORDER BY q.lim = 0 AND EXISTS (SELECT FROM ` + l + ` k WHERE k.name = $1 AND k.writer_until > c.now),
+    q.since, q.token
+  LIMIT 1 FOR UPDATE OF q
+),
+ex AS (
+  UPDATE ` + l + ` AS l SET freed_at = c.now, changes = l.changes + 1,
+    expires_at = CASE WHEN hd.token IS NULL THEN c.now ELSE c.now + hd.ttl_us * interval '1 microsecond' END,
+    token = COALESCE(hd.token, l.token), owner = COALESCE(hd.owner, l.owner),
+    metadata = COALESCE(hd.metadata, l.metadata), fence = l.fence + (hd.token IS NOT NULL)::int,
+    acquired_at = CASE WHEN hd.token IS NULL THEN l.acquired_at ELSE c.now END,
+    writer_until = CASE WHEN hd.token IS NULL THEN l.writer_until ELSE '-infinity' END
+  FROM c LEFT JOIN hd ON hd.lim = -1 AND hd.ttl_us > 0
+  WHERE l.name = $1 AND l.token = $2 AND l.expires_at > clock_timestamp()
+  RETURNING l.name, l.changes, hd.token AS handed, l.fence, l.acquired_at, l.expires_at, l.owner, l.metadata
+),
+gone AS (
+  UPDATE ` + w + ` q SET until = c.now, ttl_us = -1 FROM ex, c WHERE q.name = $1 AND q.token = ex.handed
 ),
 sh AS (
   DELETE FROM ` + h + ` WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()
@@ -388,7 +431,12 @@ su AS (
   RETURNING l.name, l.changes
 )
 SELECT pg_notify($3, encode(r.name, 'hex') || COALESCE(' ' || ` + first + `, '') || '/' || r.changes || ' r ' || encode($2, 'hex'))
-FROM (SELECT name, changes FROM ex UNION ALL SELECT name, changes FROM su) r`,
+FROM (SELECT name, changes FROM ex WHERE handed IS NULL UNION ALL SELECT name, changes FROM su) r
+UNION ALL
+SELECT pg_notify($3, ` + fitPayload(`encode($1, 'hex') || ' ' || encode(handed, 'hex') || '/' || `+
+			recGrant(`changes`, `'-1'`, `handed`, `fence::text`, `acquired_at`, recTime(`expires_at`), `owner`, `metadata`, `''`),
+			`encode($1, 'hex')`, `changes`) + `)
+FROM ex WHERE handed IS NOT NULL`,
 
 		// After lockShared.
 		forceRelease: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now),
@@ -489,10 +537,10 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 		return b.acquireShared(sctx, c, req, grace, since, register, &out)
 	}, func(c *pgxpool.Conn, err error) {
 		switch {
-		case err == nil && out.fence != nil: // nobody will use or renew this grant
-			b.undo(c, req)
 		case err == nil && out.place != nil: // nobody waits in this place
 			b.leave(c, req)
+		case err == nil && out.fence != nil: // nobody will use or renew this grant
+			b.undo(c, req)
 		case err != nil && sessionLost(err):
 			b.resolveUntil(req, sent)
 		}
@@ -509,7 +557,7 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 		return attemptOutcome{}, wrapErr(b.tb, "acquire", err)
 	}
 	if out.fence != nil {
-		return attemptOutcome{res: dlock.Result{Acquired: true, Fence: uint64(*out.fence)}}, nil
+		return attemptOutcome{res: dlock.Result{Acquired: true, Fence: uint64(*out.fence)}, short: out.short}, nil
 	}
 	if out.mismatch != "" {
 		return attemptOutcome{}, fmt.Errorf("pglock: %q is held %s, asked %s: %w",
@@ -524,6 +572,7 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 // mode the request mismatches.
 type attemptOutcome struct {
 	fence    *int64
+	short    time.Duration // a grant with this much less than its TTL left when the statement was sent
 	place    *time.Time
 	res      dlock.Result
 	mismatch string
@@ -542,6 +591,14 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 			&s.token, &s.owner, &s.fence, &s.metadata, &s.acquiredAt, &s.remainingUs, &lim, &marked, &forwarded, nil)
 	if err != nil || out.fence != nil {
 		return err
+	}
+	if h.remainingUs != nil && *h.remainingUs > 0 && bytes.Equal(h.token, req.Token[:]) && h.fence != nil {
+		// A release granted the key to this wait's queue entry: the lease
+		// has remainingUs left at the statement's start, no earlier than
+		// its sending.
+		out.fence = h.fence
+		out.short = max(req.TTL-time.Duration(*h.remainingUs)*time.Microsecond, 0)
+		return nil
 	}
 	now := time.Now()
 	switch {
@@ -642,16 +699,24 @@ func (b *Backend) undo(c *pgxpool.Conn, req dlock.Request) {
 }
 
 // leave takes out of the key's waiter queue the place that an abandoned
-// acquisition joined, on the connection that joined it: a live entry of a
-// waiter that left would be named by every release, and the waiters behind
-// it would wait out the grace period each time, until the entry runs out.
+// acquisition joined, on the connection that joined it, then releases the
+// key if a release granted it to that place meanwhile: a live entry of a
+// waiter that left would be granted the key, which would stay held until
+// its lease ran out. The delete comes first: a release that locked the
+// place before it has granted the key when the delete returns, and one
+// that comes after finds no place.
 func (b *Backend) leave(c *pgxpool.Conn, req dlock.Request) {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	for try := 0; try < 3; try++ { // a late cancel request may hit it
-		if _, err := c.Exec(ctx, b.q.unregister, []byte(req.Key), req.Token[:]); !cancelled(err) {
-			return
+		_, err := c.Exec(ctx, b.q.unregister, []byte(req.Key), req.Token[:])
+		if cancelled(err) {
+			continue
 		}
+		if err == nil {
+			b.undo(c, req)
+		}
+		return
 	}
 }
 
@@ -704,6 +769,7 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if errors.Is(err, errLeft) {
 		return dlock.Result{}, ctx.Err()
 	}
+	out.res.SentAfter = -out.short
 	return out.res, err
 }
 
@@ -719,8 +785,9 @@ const (
 )
 
 // AcquireWait implements dlock.Waiter. It listens for the key's release on
-// the Backend's shared LISTEN connection, joins the key's waiter queue, and
-// tries again on each release, when the holder's lease runs out, and at
+// the Backend's shared LISTEN connection, joins the key's waiter queue
+// (where an exclusive release may grant it the key: see newLeaseQueries),
+// and tries again on each release, when the holder's lease runs out, and at
 // least every few seconds (every second for an exclusive waiter behind
 // shared holders, which renews its writer mark; at once when that mark
 // found the last of them gone), for up to 30 s; in every mode, since a
@@ -740,10 +807,16 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	defer unsubscribe()
 	var since *time.Time
 	defer func() {
-		if since != nil { // still queued: leave the queue
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_, _ = b.pool.Exec(cctx, b.q.unregister, []byte(req.Key), req.Token[:])
+		if since != nil {
+			// Still queued: leave the queue, and release what a release
+			// granted to the place since the last statement (see leave).
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			c, err := b.pool.Acquire(cctx)
 			cancel()
+			if err == nil {
+				b.leave(c, req)
+				c.Release()
+			}
 		}
 	}()
 	began := time.Now()
@@ -766,9 +839,10 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		}
 		res = out.res
 		if res.Acquired {
-			since = nil // the statement left the queue
-			// The lease starts with this statement, not with the wait.
-			res.SentAfter = sending.Sub(began)
+			since = nil // the statement left the queue (or a release took it out)
+			// The lease starts with this statement, not with the wait (a
+			// lease a release granted started out.short earlier).
+			res.SentAfter = sending.Sub(began) - out.short
 			return res, nil
 		}
 		if out.place != nil {

@@ -381,7 +381,8 @@ func (l *listener) loop(ctx context.Context, r *listenRun) {
 //
 // A payload is the key in hex, then, for a release, a space and the waiter
 // it names (if any), then, for a change of the key's holders, "/" and the
-// change's record (see watchholders.go). A notification of the watch
+// change's record (see watchholders.go). A release whose record is a grant
+// handed the key to the waiter it names. A notification of the watch
 // channel without a record is one the key's feeds cannot apply: they get
 // an empty record, which ends them.
 func (l *listener) dispatch(r *listenRun, channel, payload string) {
@@ -403,8 +404,13 @@ func (l *listener) dispatch(r *listenRun, channel, payload string) {
 	if channel != l.channel {
 		return
 	}
+	// A release that granted the key to the waiter it names (a grant
+	// record) leaves nothing for the key's other waiters.
+	_, kind, _ := strings.Cut(change, " ")
+	handoff := first != "" && isChange && strings.HasPrefix(kind, "g ")
 	for s := range l.subs[hk] {
 		switch {
+		case handoff && s.token != first:
 		case first == "" || s.token == first || s.grace <= 0:
 			notify(s.ch)
 		case s.later != nil:

@@ -617,51 +617,64 @@ func TestWaiterWokenByRelease(t *testing.T) {
 	}
 }
 
-// TestAdvisoryCancelledWaitLeavesNoGrant races a waiter's cancellation with
-// the holder's release: whichever wins, the key must be free afterwards.
-func TestAdvisoryCancelledWaitLeavesNoGrant(t *testing.T) {
-	ctx := context.Background()
-	holder := newAdvisory(t, nil)
-	waiter := newAdvisory(t, nil)
-	third := dlock.New(newAdvisory(t, nil), nil)
-	defer third.Close(ctx)
-	key := fmt.Sprintf("cancelwait/%d", time.Now().UnixNano())
-	for i := range 6 {
-		tok := dlock.NewToken()
-		r, err := holder.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: time.Minute})
-		if err != nil || !r.Acquired {
-			t.Fatalf("holder: %+v %v", r, err)
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan dlock.Result, 1)
-		wtok := dlock.NewToken()
-		go func() {
-			r, err := waiter.AcquireWait(wctx, dlock.Request{Key: key, Token: wtok, TTL: time.Minute})
-			if err != nil {
-				t.Error(err)
+// TestCancelledWaitLeavesNoGrant races a wait's cancellation with the
+// holder's release: whichever wins (and whether the release handed the key
+// to the wait), the key is free soon after, not held for the wait's TTL.
+func TestCancelledWaitLeavesNoGrant(t *testing.T) {
+	type waiter interface {
+		dlock.Backend
+		dlock.Waiter
+	}
+	for name, nb := range map[string]func(t *testing.T) waiter{
+		"lease":    func(t *testing.T) waiter { return newLease(t, nil) },
+		"advisory": func(t *testing.T) waiter { return newAdvisory(t, nil) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			holder, waiter := nb(t), nb(t)
+			third := dlock.New(nb(t), nil)
+			defer third.Close(ctx)
+			key := fmt.Sprintf("cancelwait/%s/%d", name, time.Now().UnixNano())
+			for i := range 8 {
+				tok := dlock.NewToken()
+				r, err := holder.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: time.Minute})
+				if err != nil || !r.Acquired {
+					t.Fatalf("holder: %+v %v", r, err)
+				}
+				wctx, cancel := context.WithCancel(ctx)
+				done := make(chan dlock.Result, 1)
+				wtok := dlock.NewToken()
+				go func() {
+					r, err := waiter.AcquireWait(wctx, dlock.Request{Key: key, Token: wtok, TTL: time.Minute})
+					if err != nil {
+						t.Error(err)
+					}
+					done <- r
+				}()
+				time.Sleep(100 * time.Millisecond)
+				time.AfterFunc(time.Duration(i)*time.Millisecond, cancel)
+				if err := holder.Release(ctx, key, tok); err != nil {
+					t.Fatal(err)
+				}
+				if r := <-done; r.Acquired { // the release won: a proper grant
+					if err := waiter.Release(ctx, key, wtok); err != nil {
+						t.Fatal(err)
+					}
+				}
+				cancel()
+				// The key is free (a closed session's lock is freed as the
+				// server notices, within moments).
+				tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
+				lk, err := third.Acquire(tctx, key)
+				tcancel()
+				if err != nil {
+					t.Fatalf("round %d: a cancelled wait left the key held: %v", i, err)
+				}
+				if err := lk.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
 			}
-			done <- r
-		}()
-		time.Sleep(100 * time.Millisecond)
-		time.AfterFunc(time.Duration(i)*time.Millisecond, cancel)
-		if err := holder.Release(ctx, key, tok); err != nil {
-			t.Fatal(err)
-		}
-		if r := <-done; r.Acquired { // the release won: a proper grant
-			if err := waiter.Release(ctx, key, wtok); err != nil {
-				t.Fatal(err)
-			}
-		}
-		cancel()
-		// The key is free (a closed session's lock is freed as the server
-		// notices, within moments).
-		tctx, tcancel := context.WithTimeout(ctx, 5*time.Second)
-		lk, err := third.Acquire(tctx, key)
-		tcancel()
-		if err != nil {
-			t.Fatalf("round %d: a cancelled wait left the key held: %v", i, err)
-		}
-		lk.Release(ctx)
+		})
 	}
 }
 

@@ -88,6 +88,20 @@ BEGIN
   END IF;
 END $$;
 
+-- Lease strategy: the lease (microseconds) an exclusive waiter asks for, so
+-- that a release grants the key to the first waiter in its own statement;
+-- 0 (entries of earlier versions) makes the release wake that waiter
+-- instead; -1 marks an entry that was granted the key, kept until it is
+-- swept so that a statement of its waiter that raced the grant cannot
+-- queue it again. Added by ALTER so that tables of earlier versions gain it.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_waiters"')
+      AND attname = 'ttl_us' AND NOT attisdropped) THEN
+    ALTER TABLE "dlock_locks_waiters" ADD COLUMN IF NOT EXISTS ttl_us bigint NOT NULL DEFAULT 0;
+  END IF;
+END $$;
+
 -- Advisory strategy (pglock.NewAdvisory): the lock itself is a session-level
 -- advisory lock; this row keeps the key's fencing counter and its last holder.
 -- UNLOGGED, as are "_readers" and "_epoch_now": their rows describe advisory
