@@ -241,3 +241,40 @@ func TestNegativeSentAfterShortensTheLease(t *testing.T) {
 			lk.Deadline().Sub(began), latest.Sub(began))
 	}
 }
+
+// slowFirstBackend grants every acquisition, the first one after a round
+// trip longer than the lease's safe deadline.
+type slowFirstBackend struct {
+	waitingBackend
+	calls *atomic.Int32
+	slow  time.Duration
+}
+
+func (b slowFirstBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	if b.calls.Add(1) == 1 {
+		time.Sleep(b.slow)
+	}
+	return Result{Acquired: true, Fence: uint64(b.calls.Load())}, nil
+}
+
+// TestTooLateGrantIsWaitedPast: a grant that arrives after its lease's
+// safe deadline is released; TryAcquire reports it, and a blocking Acquire
+// tries again within its context instead of failing.
+func TestTooLateGrantIsWaitedPast(t *testing.T) {
+	const ttl = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, wait := range []bool{false, true} {
+		l := New(slowFirstBackend{calls: new(atomic.Int32), slow: ttl}, &Options{TTL: ttl})
+		lk, err := l.acquire(ctx, "k", nil, wait)
+		switch {
+		case !wait && !errors.Is(err, errTooLate):
+			t.Errorf("TryAcquire of a grant past its safe deadline: %v, want errTooLate", err)
+		case wait && err != nil:
+			t.Errorf("Acquire after a grant past its safe deadline: %v", err)
+		case wait && lk.Fence() != 2:
+			t.Errorf("Acquire: fence %d, want the second grant's", lk.Fence())
+		}
+		l.Close(ctx)
+	}
+}

@@ -124,6 +124,9 @@ func (l *Locker) reportedLoss(key string, token Token, cause error) {
 // or the backend's error, wrapped, when the store cannot be reached (an
 // outage is never reported as "not acquired"). When the store failed mid-way
 // the outcome is resolved before returning: the attempted lease is released.
+// A grant that arrives after its lease's safe deadline (a round trip longer
+// than the TTL minus the margin) is released and Acquire waits again (logged
+// as a warning); TryAcquire returns it as an error.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	return l.acquire(ctx, key, opts, true)
 }
@@ -340,6 +343,12 @@ func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireC
 func (l *Locker) afterAttempt(ctx context.Context, k *Lock, out outcome, err error, cfg acquireConfig, wait bool, canWait, inStore *bool, bo *Backoff) (*Lock, error, bool) {
 	switch {
 	case wait && errors.Is(err, errLostEarly): // look again
+		return nil, nil, false
+	case wait && errors.Is(err, errTooLate):
+		// Released: nothing is held. The caller waits until its context
+		// ends, so look again; a TTL too short for the store's round
+		// trips shows in the log and in the context's end.
+		l.log.Warn("dlock: trying again after a grant that came too late", "ttl", cfg.ttl, "err", err)
 		return nil, nil, false
 	case errors.Is(err, ErrUnsupported) && *inStore: // the Waiter took nothing: back off instead
 		*canWait, *inStore = false, false
