@@ -99,6 +99,7 @@ func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(c
 
 type leaseQueries struct {
 	acquire, unregister, extend, release, forceRelease, list, setMetadata string
+	handed                                                                string
 	listWaiters, listKeys, watchHolders                                   string
 	// lockKey, lockShared and lockMany lock the lease rows that a
 	// statement on shared or limited holders is about to read, first,
@@ -177,18 +178,19 @@ type leaseQueries struct {
 // its queue (in the order below) is exclusive and recorded its lease
 // (ttl_us): in the same statement the row gets that waiter's token, owner,
 // metadata, the next fence and a lease from the release's instant; the
-// waiter's entry is kept as a tombstone (until the release's instant,
-// ttl_us -1) for the sweep a minute later, so that a refresh of it racing
-// the grant cannot queue it again (nor can any statement of a waiter that
-// finds its own token holding); and the NOTIFY names that waiter with a
-// grant record. Only that waiter wakes; its next statement
-// finds its token holding and reports the grant, timed from that
-// statement's sending minus the part of the lease already gone. The entry
-// is locked (after the key's row) before the grant, so a waiter that
-// leaves deletes its entry first and then releases: a release that locked
-// the entry before the delete has granted when the delete returns, and
-// one after finds no entry. A handoff is one durable commit; the waiter's
-// statement that finds it writes nothing. A waiter that
+// waiter's entry becomes a tombstone (until the release's instant, ttl_us
+// -1), so that a refresh of it racing the grant cannot queue it again (nor
+// can any statement of a waiter that finds its own token holding); and the
+// NOTIFY names that waiter with a grant record. Only that waiter wakes. It
+// confirms the grant with a read (handed), which also deletes its
+// tombstone, and times the lease from that read's sending minus the part
+// of the lease already gone; a waiter that missed the notification finds
+// its token holding in its next acquisition statement, timed the same way
+// (its tombstone then waits for the sweep a minute later). The entry is
+// locked (after the key's row) before the grant, so a waiter that leaves
+// deletes its entry first and then releases: a release that locked the
+// entry before the delete has granted when the delete returns, and one
+// after finds no entry. A handoff is one durable commit. A waiter that
 // dies while queued can be handed the key until its entry lapses (at most
 // waitStep + waitSlack after its last statement); the key then stays held
 // until that lease ends, as a dead holder's does.
@@ -361,6 +363,18 @@ SELECT v.verdict, (SELECT fence FROM g), (SELECT since FROM reg), (SELECT count(
 FROM v CROSS JOIN c LEFT JOIN s ON true`,
 
 		unregister: `DELETE FROM ` + w + ` WHERE name = $1 AND token = $2`,
+
+		// The lease a release handed to $2, if it holds: its fence and
+		// the microseconds left. It deletes $2's tombstone in the queue
+		// (no statement of that wait runs meanwhile, so none can race
+		// the grant), so that tombstones do not pile up until the sweep;
+		// a crash that forgets the delete leaves a tombstone, hence the
+		// commit that does not wait for its flush.
+		handed: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true) AS sc),
+d AS (DELETE FROM ` + w + ` WHERE name = $1 AND token = $2 AND ttl_us = -1)
+SELECT fence, ` + rem(`expires_at`) + `
+FROM ` + l + `, c
+WHERE name = $1 AND token = $2 AND expires_at > c.now`,
 
 		// The rows of the keys in $1 that have shared or limited holders
 		// (any other key's holders are all expired), in key order so that
@@ -803,7 +817,20 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		}
 		return dlock.Result{}, wrapErr(b.tb, "acquire", err)
 	}
-	wake, unsubscribe := b.ln.subscribe(req.Key, req.Token, max(b.grace, 0))
+	began := time.Now()
+	if !b.ln.running() {
+		// No wait of this Backend listens: try first, so that a free key
+		// costs no LISTEN connection (see WaitsDirectly).
+		out, err := b.attempt(ctx, req, nil, 0)
+		switch {
+		case errors.Is(err, errLeft):
+			return dlock.Result{}, nil
+		case err != nil || out.res.Acquired:
+			out.res.SentAfter = -out.short
+			return out.res, err
+		}
+	}
+	wake, handed, unsubscribe := b.ln.subscribe(req.Key, req.Token, max(b.grace, 0))
 	defer unsubscribe()
 	var since *time.Time
 	defer func() {
@@ -819,7 +846,6 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			}
 		}
 	}()
-	began := time.Now()
 	end := began.Add(maxWait)
 	var res dlock.Result
 	for range maxLooks {
@@ -828,6 +854,21 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 				return dlock.Result{Holder: res.Holder}, nil
 			}
 			return dlock.Result{}, dlock.ErrUnsupported
+		}
+		if since != nil && handed() {
+			// A release said it granted this wait the key: confirm it
+			// with a read, timed from its sending.
+			sending := time.Now()
+			fence, short, ok, err := b.confirmHandoff(ctx, req)
+			switch {
+			case ctx.Err() != nil:
+				return dlock.Result{}, nil
+			case err != nil:
+				return dlock.Result{}, wrapErr(b.tb, "acquire", err)
+			case ok:
+				since = nil // the release took the entry out of the queue
+				return dlock.Result{Acquired: true, Fence: fence, SentAfter: sending.Sub(began) - short}, nil
+			}
 		}
 		sending := time.Now()
 		out, err := b.attempt(ctx, req, since, waitStep+waitSlack)
@@ -880,6 +921,28 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	}
 	return dlock.Result{Holder: res.Holder, Remaining: res.Remaining}, nil
 }
+
+// confirmHandoff reads whether req's token holds the key's exclusive
+// lease, with its fence and how much less than req.TTL it has left at the
+// statement's start (no earlier than its sending).
+func (b *Backend) confirmHandoff(ctx context.Context, req dlock.Request) (fence uint64, short time.Duration, ok bool, err error) {
+	var f, remUs int64
+	err = b.pool.QueryRow(ctx, b.q.handed, []byte(req.Key), req.Token[:]).Scan(&f, &remUs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, 0, false, nil
+	}
+	if err != nil {
+		return 0, 0, false, err
+	}
+	return uint64(f), max(req.TTL-time.Duration(remUs)*time.Microsecond, 0), true, nil
+}
+
+// WaitsDirectly implements dlock.DirectWaiter: a blocking acquisition
+// calls AcquireWait at once. AcquireWait tries first (one statement, no
+// LISTEN connection) when no wait of this Backend listens, and otherwise
+// joins the key's queue with its first statement, so that a contended
+// acquisition costs one statement before its wait.
+func (b *Backend) WaitsDirectly() bool { return true }
 
 // Extend implements dlock.Backend in one round trip for all leases: one
 // statement renews them, after one that locks the rows of their keys that

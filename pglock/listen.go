@@ -41,10 +41,11 @@ type listener struct {
 
 // sub is one waiting acquisition.
 type sub struct {
-	ch    chan struct{} // receives wake-ups (buffered)
-	token string        // hex
-	grace time.Duration // the wait before a wake-up meant for another waiter
-	later *time.Timer   // a pending delayed wake-up; guarded by listener.mu
+	ch     chan struct{} // receives wake-ups (buffered)
+	token  string        // hex
+	grace  time.Duration // the wait before a wake-up meant for another waiter
+	later  *time.Timer   // a pending delayed wake-up; guarded by listener.mu
+	handed bool          // a release granted this waiter the key; guarded by listener.mu
 }
 
 // listenRun is one connection's life.
@@ -81,10 +82,13 @@ func newListener(pool *pgxpool.Pool, tb tables) *listener {
 }
 
 // subscribe returns a channel that receives when key is released (or when
-// the listening connection is lost, so that the waiter looks again), and a
-// function that ends the subscription. A release that names another waiter
-// (the first in the key's queue) wakes this one only after grace.
-func (l *listener) subscribe(key string, token [16]byte, grace time.Duration) (<-chan struct{}, func()) {
+// the listening connection is lost, so that the waiter looks again), a
+// function that reports (once) whether a release since the last call said
+// it granted the key to token, and a function that ends the subscription.
+// A release that names another waiter (the first in the key's queue) wakes
+// this one only after grace, and not at all if it granted that waiter the
+// key.
+func (l *listener) subscribe(key string, token [16]byte, grace time.Duration) (<-chan struct{}, func() bool, func()) {
 	hk := hex.EncodeToString([]byte(key))
 	s := &sub{ch: make(chan struct{}, 1), token: hex.EncodeToString(token[:]), grace: grace}
 	l.mu.Lock()
@@ -97,7 +101,14 @@ func (l *listener) subscribe(key string, token [16]byte, grace time.Duration) (<
 		l.idle.Stop()
 	}
 	l.mu.Unlock()
-	return s.ch, func() {
+	handed := func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		h := s.handed
+		s.handed = false
+		return h
+	}
+	return s.ch, handed, func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if s.later != nil {
@@ -273,6 +284,13 @@ func (l *listener) unfeedLocked(f *feed) {
 	l.leftLocked()
 }
 
+// running reports whether the listening connection is up or starting.
+func (l *listener) running() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.run != nil
+}
+
 // ensure makes sure that the connection LISTENs, starting it if needed, and
 // returns its error if it could not.
 func (l *listener) ensure(ctx context.Context) error {
@@ -411,6 +429,9 @@ func (l *listener) dispatch(r *listenRun, channel, payload string) {
 	for s := range l.subs[hk] {
 		switch {
 		case handoff && s.token != first:
+		case handoff:
+			s.handed = true
+			notify(s.ch)
 		case first == "" || s.token == first || s.grace <= 0:
 			notify(s.ch)
 		case s.later != nil:

@@ -91,9 +91,10 @@ END $$;
 -- Lease strategy: the lease (microseconds) an exclusive waiter asks for, so
 -- that a release grants the key to the first waiter in its own statement;
 -- 0 (entries of earlier versions) makes the release wake that waiter
--- instead; -1 marks an entry that was granted the key, kept until it is
--- swept so that a statement of its waiter that raced the grant cannot
--- queue it again. Added by ALTER so that tables of earlier versions gain it.
+-- instead; -1 marks an entry that was granted the key, kept until its
+-- waiter confirms the grant (or the sweep), so that a statement of that
+-- waiter that raced the grant cannot queue it again. Added by ALTER so that
+-- tables of earlier versions gain it.
 DO $$
 BEGIN
   IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('"dlock_locks_waiters"')
