@@ -867,7 +867,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 				return dlock.Result{}, wrapErr(b.tb, "acquire", err)
 			case ok:
 				since = nil // the release took the entry out of the queue
-				return dlock.Result{Acquired: true, Fence: fence, SentAfter: sending.Sub(began) - short}, nil
+				return b.handedLease(ctx, req, dlock.Result{Acquired: true, Fence: fence}, began, sending, short)
 			}
 		}
 		sending := time.Now()
@@ -883,8 +883,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			since = nil // the statement left the queue (or a release took it out)
 			// The lease starts with this statement, not with the wait (a
 			// lease a release granted started out.short earlier).
-			res.SentAfter = sending.Sub(began) - out.short
-			return res, nil
+			return b.handedLease(ctx, req, res, began, sending, out.short)
 		}
 		if out.place != nil {
 			since = out.place
@@ -920,6 +919,31 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		}
 	}
 	return dlock.Result{Holder: res.Holder, Remaining: res.Remaining}, nil
+}
+
+// handedLease returns the Result of a grant found by a statement sent at
+// sending, whose lease had short less than req.TTL left then (0: a grant
+// the statement made). A lease a release handed over that this wait found
+// late (after a fifth of the holder's part of the TTL: no notification
+// came, or the statement waited for a connection) is renewed first, so
+// that the Locker does not get a lease mostly gone, or one already past
+// its safe deadline, which it would release. A renewal that finds the
+// lease gone returns a Result that is not Acquired: the wait goes on.
+func (b *Backend) handedLease(ctx context.Context, req dlock.Request, res dlock.Result, began, sending time.Time, short time.Duration) (dlock.Result, error) {
+	res.SentAfter = sending.Sub(began) - short
+	if short <= (req.TTL-req.LockDelay)/5 {
+		return res, nil
+	}
+	sending = time.Now()
+	errs, err := b.Extend(ctx, []dlock.Lease{{Key: req.Key, Token: req.Token, TTL: req.TTL}})
+	switch {
+	case err != nil:
+		return dlock.Result{}, err
+	case errs[0] != nil:
+		return dlock.Result{}, nil
+	}
+	res.SentAfter = sending.Sub(began)
+	return res, nil
 }
 
 // confirmHandoff reads whether req's token holds the key's exclusive
