@@ -47,8 +47,8 @@ var (
 	// another mode than the owner's hold. Nothing was changed.
 	ErrModeMismatch = errors.New("dlock: key held in another mode or with another limit")
 
-	// ErrNoSchema means the backend's table does not exist: run the backend's
-	// Migrate (or `dlock migrate`) once.
+	// ErrNoSchema means the backend's table does not exist, or lacks what
+	// this version needs: run the backend's Migrate (or `dlock migrate`).
 	ErrNoSchema = errors.New("dlock: schema missing (run migrate)")
 
 	// ErrStaleFence means a guarded write presented a fence older than the

@@ -315,9 +315,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, tb tables, log *slog.Logge
 
 // PostgreSQL error codes handled here.
 const (
-	codeUndefinedTable = "42P01"
-	codeQueryCanceled  = "57014"
-	codeLockTimeout    = "55P03" // lock_not_available: lock_timeout ran out
+	codeUndefinedTable  = "42P01"
+	codeUndefinedColumn = "42703"
+	codeQueryCanceled   = "57014"
+	codeLockTimeout     = "55P03" // lock_not_available: lock_timeout ran out
 )
 
 // wrapErr adds context and maps a missing table to dlock.ErrNoSchema.
@@ -325,6 +326,9 @@ func wrapErr(tb tables, op string, err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == codeUndefinedTable {
 		return fmt.Errorf("pglock: %s: table %s does not exist: %w (%w)", op, tb.lease, dlock.ErrNoSchema, err)
+	}
+	if errors.As(err, &pe) && pe.Code == codeUndefinedColumn {
+		return fmt.Errorf("pglock: %s: the tables of %s lack a column of this version: %w (%w)", op, tb.lease, dlock.ErrNoSchema, err)
 	}
 	return fmt.Errorf("pglock: %s: %w", op, err)
 }

@@ -327,6 +327,33 @@ func TestSchemaGolden(t *testing.T) {
 	}
 }
 
+// TestMissingColumn: tables of an earlier version, not migrated, fail
+// acquisitions with ErrNoSchema.
+func TestMissingColumn(t *testing.T) {
+	ctx := context.Background()
+	pool := open(t, "")
+	table := testTable() + "_oldcols"
+	b, err := pglock.New(pool, &pglock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	defer dropTablesOf(ctx, pool, table)
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE "`+table+`_waiters" DROP COLUMN ttl_us`); err != nil {
+		t.Fatal(err)
+	}
+	l := dlock.New(b, nil)
+	defer l.Close(ctx)
+	_, err = l.TryAcquire(ctx, "k")
+	var pe *pgconn.PgError
+	if !errors.Is(err, dlock.ErrNoSchema) || !errors.As(err, &pe) {
+		t.Errorf("acquire on tables that lack a column: %v, want ErrNoSchema wrapping the server's error", err)
+	}
+}
+
 // TestMigrateQualified runs the DDL for a schema-qualified table, twice and
 // concurrently.
 func TestMigrateQualified(t *testing.T) {
