@@ -33,7 +33,10 @@ import (
 // the row's columns, as for mysql-lease: a grant's acquired_at, an
 // extension's expiry minus the TTL, a release's expiry (pglock's release
 // keeps the token and sets the expiry to its clock_timestamp(): markReleases
-// sees the expiry move back for the same fence).
+// sees the expiry move back for the same fence). A release that hands the
+// key to a queued waiter writes the new grant over the live lease, with
+// freed_at equal to the grant's acquired_at (which no acquisition sets): the
+// trigger first records the old lease's release at that instant.
 var pgLease = &Adapter{
 	Name:      "pg-lease",
 	Modes:     bothModes,
@@ -42,7 +45,13 @@ var pgLease = &Adapter{
 	Upstream:  pgUpstream,
 	Restart:   restartPG,
 	Prepare: func(ctx context.Context, env *Env) (string, error) {
-		return preparePG(ctx, env, "", `IF TG_OP = 'INSERT' OR NEW.fence <> OLD.fence OR NEW.token <> OLD.token
+		return preparePG(ctx, env, "", `IF TG_OP = 'UPDATE' AND NEW.fence <> OLD.fence AND NEW.freed_at = NEW.acquired_at
+    AND OLD.expires_at > NEW.acquired_at THEN
+    INSERT INTO %[1]s (name, fence, token, acquired_us, exp_us)
+    VALUES (OLD.name, OLD.fence, OLD.token, (extract(epoch FROM OLD.acquired_at) * 1000000)::bigint,
+      (extract(epoch FROM NEW.acquired_at) * 1000000)::bigint);
+  END IF;
+  IF TG_OP = 'INSERT' OR NEW.fence <> OLD.fence OR NEW.token <> OLD.token
     OR NEW.expires_at <> OLD.expires_at THEN
     INSERT INTO %[1]s (name, fence, token, acquired_us, exp_us)
     VALUES (NEW.name, NEW.fence, NEW.token, (extract(epoch FROM NEW.acquired_at) * 1000000)::bigint,
