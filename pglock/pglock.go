@@ -34,7 +34,11 @@
 // back a reader (they may all hold the key together), and while a writer
 // mark keeps readers out they do not count at all: the release names, and
 // the key goes to, the first waiter that is not a reader; the readers come
-// next, once the writer has had the key.
+// next, once the writer has had the key. An exclusive release whose first
+// waiter is exclusive grants it the lease in the release's own statement
+// (one durable commit per handoff) and wakes only that waiter; a waiter that
+// dies while queued can be handed the key until its entry lapses, within
+// seconds, and the key then stays held until that lease ends.
 //
 // The lease strategy works through any pool or proxy (PgBouncer in any mode:
 // every operation is one autocommit statement, though LISTEN needs session
@@ -141,8 +145,9 @@ type Options struct {
 	// round trip; longer means fairer handoffs under load, but also that a
 	// waiter which died leaves the key unusable for that long after each
 	// release (until its queue entry lapses, within seconds). Negative turns
-	// the queue off: a free lease goes to whoever asks first. The default is
-	// DefaultGrace. The advisory strategy ignores it.
+	// the queue off, and with it the handoff in the release: a free lease
+	// goes to whoever asks first. The default is DefaultGrace. The advisory
+	// strategy ignores it.
 	Grace time.Duration
 
 	// Logger receives what Migrate finds wrong with the server's settings
