@@ -259,7 +259,7 @@ func (b slowFirstBackend) Acquire(ctx context.Context, req Request) (Result, err
 
 // TestTooLateGrantIsWaitedPast: a grant that arrives after its lease's
 // safe deadline is released; TryAcquire reports it, and a blocking Acquire
-// tries again within its context instead of failing.
+// tries again within its context instead of failing, but not without end.
 func TestTooLateGrantIsWaitedPast(t *testing.T) {
 	const ttl = time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -276,5 +276,36 @@ func TestTooLateGrantIsWaitedPast(t *testing.T) {
 			t.Errorf("Acquire: fence %d, want the second grant's", lk.Fence())
 		}
 		l.Close(ctx)
+	}
+}
+
+// alwaysLateBackend grants every acquisition after a round trip longer than
+// the lease's safe deadline, counting them.
+type alwaysLateBackend struct {
+	waitingBackend
+	calls *atomic.Int32
+	slow  time.Duration
+}
+
+func (b alwaysLateBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	b.calls.Add(1)
+	time.Sleep(b.slow)
+	return Result{Acquired: true, Fence: uint64(b.calls.Load())}, nil
+}
+
+// TestTooLateGrantsEndTheWait: a blocking Acquire on a store whose every
+// grant comes too late returns the error after maxTooLate of them, even
+// with a context that never ends.
+func TestTooLateGrantsEndTheWait(t *testing.T) {
+	const ttl = time.Second
+	b := alwaysLateBackend{calls: new(atomic.Int32), slow: ttl}
+	l := New(b, &Options{TTL: ttl})
+	defer l.Close(context.Background())
+	_, err := l.Acquire(context.Background(), "k")
+	if !errors.Is(err, errTooLate) {
+		t.Errorf("Acquire on a store slower than the TTL: %v, want errTooLate", err)
+	}
+	if n := b.calls.Load(); n != maxTooLate {
+		t.Errorf("%d grants taken, want %d", n, maxTooLate)
 	}
 }

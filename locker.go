@@ -125,8 +125,9 @@ func (l *Locker) reportedLoss(key string, token Token, cause error) {
 // outage is never reported as "not acquired"). When the store failed mid-way
 // the outcome is resolved before returning: the attempted lease is released.
 // A grant that arrives after its lease's safe deadline (a round trip longer
-// than the TTL minus the margin) is released and Acquire waits again (logged
-// as a warning); TryAcquire returns it as an error.
+// than the TTL minus the margin) is released; Acquire then tries again
+// (logged as a warning), and returns the error after three such grants in a
+// row; TryAcquire returns it at once.
 func (l *Locker) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	return l.acquire(ctx, key, opts, true)
 }
@@ -322,6 +323,7 @@ func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireC
 	dw, direct := l.b.(DirectWaiter)
 	inStore := wait && direct && cfg.onWait == nil && dw.WaitsDirectly()
 	var bo Backoff
+	tooLate := 0 // grants in a row that came after their safe deadline
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, false, fmt.Errorf("%w: %w", ErrNotAcquired, err)
@@ -330,6 +332,18 @@ func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireC
 		// describe the holder (unless WithOnWait reads it).
 		noHolder := wait && canWait && !inStore && cfg.onWait == nil
 		k, out, err := l.attempt(ctx, key, cfg, wait, wait && inStore, noHolder)
+		if errors.Is(err, errTooLate) {
+			tooLate++
+		} else {
+			tooLate = 0
+		}
+		if wait && tooLate > 0 && tooLate < maxTooLate {
+			// Released: nothing is held, and the caller waits. Look again
+			// (each such grant took a round trip of most of the TTL); a TTL
+			// too short for every round trip ends with the error.
+			l.log.Warn("dlock: trying again after a grant that came too late", "ttl", cfg.ttl, "err", err)
+			continue
+		}
 		k, err, done := l.afterAttempt(ctx, k, out, err, cfg, wait, &canWait, &inStore, &bo)
 		l.unwait(key, out.woken)
 		if done {
@@ -338,17 +352,15 @@ func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireC
 	}
 }
 
+// maxTooLate is how many grants in a row a blocking acquisition takes that
+// came after their lease's safe deadline before it returns the error.
+const maxTooLate = 3
+
 // afterAttempt is the waiting policy after one attempt: it returns the
 // acquisition's result and done, or sleeps and returns !done to try again.
 func (l *Locker) afterAttempt(ctx context.Context, k *Lock, out outcome, err error, cfg acquireConfig, wait bool, canWait, inStore *bool, bo *Backoff) (*Lock, error, bool) {
 	switch {
 	case wait && errors.Is(err, errLostEarly): // look again
-		return nil, nil, false
-	case wait && errors.Is(err, errTooLate):
-		// Released: nothing is held. The caller waits until its context
-		// ends, so look again; a TTL too short for the store's round
-		// trips shows in the log and in the context's end.
-		l.log.Warn("dlock: trying again after a grant that came too late", "ttl", cfg.ttl, "err", err)
 		return nil, nil, false
 	case errors.Is(err, ErrUnsupported) && *inStore: // the Waiter took nothing: back off instead
 		*canWait, *inStore = false, false
