@@ -823,7 +823,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		// costs no LISTEN connection (see WaitsDirectly).
 		out, err := b.attempt(ctx, req, nil, 0)
 		switch {
-		case errors.Is(err, errLeft):
+		case errors.Is(err, errLeft) || err != nil && ended(ctx) != nil:
 			return dlock.Result{}, nil
 		case err != nil || out.res.Acquired:
 			out.res.SentAfter = -out.short
@@ -846,33 +846,41 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			}
 		}
 	}()
+	// confirm takes a grant a release said it made to this wait: a read
+	// confirms it, timed from its sending. done reports a Result to return.
+	confirm := func() (res dlock.Result, done bool, err error) {
+		if since == nil || !handed() {
+			return dlock.Result{}, false, nil
+		}
+		sending := time.Now()
+		fence, short, ok, err := b.confirmHandoff(ctx, req)
+		switch {
+		case ctx.Err() != nil:
+			return dlock.Result{}, true, nil
+		case err != nil:
+			return dlock.Result{}, true, wrapErr(b.tb, "acquire", err)
+		case !ok:
+			return dlock.Result{}, false, nil
+		}
+		since = nil // the release took the entry out of the queue
+		res, err = b.handedLease(ctx, req, dlock.Result{Acquired: true, Fence: fence}, began, sending, short)
+		return res, true, err
+	}
 	end := began.Add(maxWait)
 	var res dlock.Result
 	for range maxLooks {
+		if r, done, err := confirm(); done {
+			return r, err
+		}
 		if err := b.ln.ensure(ctx); err != nil {
 			if ctx.Err() != nil {
 				return dlock.Result{Holder: res.Holder}, nil
 			}
 			return dlock.Result{}, dlock.ErrUnsupported
 		}
-		if since != nil && handed() {
-			// A release said it granted this wait the key: confirm it
-			// with a read, timed from its sending.
-			sending := time.Now()
-			fence, short, ok, err := b.confirmHandoff(ctx, req)
-			switch {
-			case ctx.Err() != nil:
-				return dlock.Result{}, nil
-			case err != nil:
-				return dlock.Result{}, wrapErr(b.tb, "acquire", err)
-			case ok:
-				since = nil // the release took the entry out of the queue
-				return b.handedLease(ctx, req, dlock.Result{Acquired: true, Fence: fence}, began, sending, short)
-			}
-		}
 		sending := time.Now()
 		out, err := b.attempt(ctx, req, since, waitStep+waitSlack)
-		if errors.Is(err, errLeft) {
+		if errors.Is(err, errLeft) || err != nil && ended(ctx) != nil {
 			return dlock.Result{}, nil
 		}
 		if err != nil {
@@ -918,6 +926,11 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 			break
 		}
 	}
+	if ctx.Err() == nil { // the call's bound: take a grant that came meanwhile
+		if r, done, err := confirm(); done {
+			return r, err
+		}
+	}
 	return dlock.Result{Holder: res.Holder, Remaining: res.Remaining}, nil
 }
 
@@ -928,7 +941,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // came, or the statement waited for a connection) is renewed first, so
 // that the Locker does not get a lease mostly gone, or one already past
 // its safe deadline, which it would release. A renewal that finds the
-// lease gone returns a Result that is not Acquired: the wait goes on.
+// lease gone returns a Result that is not Acquired (the Locker waits again).
 func (b *Backend) handedLease(ctx context.Context, req dlock.Request, res dlock.Result, began, sending time.Time, short time.Duration) (dlock.Result, error) {
 	res.SentAfter = sending.Sub(began) - short
 	if short <= (req.TTL-req.LockDelay)/5 {
