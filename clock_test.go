@@ -242,19 +242,22 @@ func TestNegativeSentAfterShortensTheLease(t *testing.T) {
 	}
 }
 
-// slowFirstBackend grants every acquisition, the first one after a round
-// trip longer than the lease's safe deadline.
-type slowFirstBackend struct {
+// lateBackend grants every acquisition, the first late of them after a
+// round trip of slow, longer than the lease's safe deadline; it counts
+// them.
+type lateBackend struct {
 	waitingBackend
 	calls *atomic.Int32
 	slow  time.Duration
+	late  int32
 }
 
-func (b slowFirstBackend) Acquire(ctx context.Context, req Request) (Result, error) {
-	if b.calls.Add(1) == 1 {
+func (b lateBackend) Acquire(ctx context.Context, req Request) (Result, error) {
+	n := b.calls.Add(1)
+	if n <= b.late {
 		time.Sleep(b.slow)
 	}
-	return Result{Acquired: true, Fence: uint64(b.calls.Load())}, nil
+	return Result{Acquired: true, Fence: uint64(n)}, nil
 }
 
 // TestTooLateGrantIsWaitedPast: a grant that arrives after its lease's
@@ -265,7 +268,7 @@ func TestTooLateGrantIsWaitedPast(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, wait := range []bool{false, true} {
-		l := New(slowFirstBackend{calls: new(atomic.Int32), slow: ttl}, &Options{TTL: ttl})
+		l := New(lateBackend{calls: new(atomic.Int32), slow: ttl, late: 1}, &Options{TTL: ttl})
 		lk, err := l.acquire(ctx, "k", nil, wait)
 		switch {
 		case !wait && !errors.Is(err, errTooLate):
@@ -279,26 +282,12 @@ func TestTooLateGrantIsWaitedPast(t *testing.T) {
 	}
 }
 
-// alwaysLateBackend grants every acquisition after a round trip longer than
-// the lease's safe deadline, counting them.
-type alwaysLateBackend struct {
-	waitingBackend
-	calls *atomic.Int32
-	slow  time.Duration
-}
-
-func (b alwaysLateBackend) Acquire(ctx context.Context, req Request) (Result, error) {
-	b.calls.Add(1)
-	time.Sleep(b.slow)
-	return Result{Acquired: true, Fence: uint64(b.calls.Load())}, nil
-}
-
 // TestTooLateGrantsEndTheWait: a blocking Acquire on a store whose every
 // grant comes too late returns the error after maxTooLate of them, even
 // with a context that never ends.
 func TestTooLateGrantsEndTheWait(t *testing.T) {
 	const ttl = time.Second
-	b := alwaysLateBackend{calls: new(atomic.Int32), slow: ttl}
+	b := lateBackend{calls: new(atomic.Int32), slow: ttl, late: maxTooLate + 1}
 	l := New(b, &Options{TTL: ttl})
 	defer l.Close(context.Background())
 	_, err := l.Acquire(context.Background(), "k")

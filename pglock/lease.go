@@ -611,7 +611,7 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 		// has remainingUs left at the statement's start, no earlier than
 		// its sending.
 		out.fence = h.fence
-		out.short = max(req.TTL-time.Duration(*h.remainingUs)*time.Microsecond, 0)
+		out.short = shortOf(req.TTL, *h.remainingUs)
 		return nil
 	}
 	now := time.Now()
@@ -971,7 +971,12 @@ func (b *Backend) confirmHandoff(ctx context.Context, req dlock.Request) (fence 
 	if err != nil {
 		return 0, 0, false, err
 	}
-	return uint64(f), max(req.TTL-time.Duration(remUs)*time.Microsecond, 0), true, nil
+	return uint64(f), shortOf(req.TTL, remUs), true, nil
+}
+
+// shortOf is how much less than ttl a lease with remainingUs left has.
+func shortOf(ttl time.Duration, remainingUs int64) time.Duration {
+	return max(ttl-time.Duration(remainingUs)*time.Microsecond, 0)
 }
 
 // WaitsDirectly implements dlock.DirectWaiter: a blocking acquisition
