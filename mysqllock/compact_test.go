@@ -13,7 +13,7 @@ import (
 )
 
 // schemaSuffixes are the suffixes of the tables of a lock table.
-var schemaSuffixes = []string{"", "_session", "_rows", "_claims", "_holders", "_journal", "_epoch", "_run"}
+var schemaSuffixes = []string{"", "_session", "_rows", "_claims", "_holders", "_journal", "_epoch", "_run", "_queue"}
 
 // freshSchema drops the tables of table, migrates them again and drops
 // them when the test ends.
@@ -25,8 +25,10 @@ func freshSchema(t *testing.T, db *sql.DB, table string) {
 				t.Error(err)
 			}
 		}
-		if _, err := db.ExecContext(context.Background(), "DROP PROCEDURE IF EXISTS `"+table+"_grant1`"); err != nil {
-			t.Error(err)
+		for _, proc := range []string{"_grant1", "_wait1", "_hand1"} {
+			if _, err := db.ExecContext(context.Background(), "DROP PROCEDURE IF EXISTS `"+table+proc+"`"); err != nil {
+				t.Error(err)
+			}
 		}
 	}
 	drop()

@@ -156,7 +156,16 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	// out then keeps its session instead of being killed.
 	bound := min(wait, recheck(req.TTL), maxWait)
 	waiting := time.Now()
-	r, err := b.bell.acquireWait(ctx, bellRequest(req), bound)
+	var bw *bellWait
+	if b.handing() {
+		bw = &bellWait{call: b.ho.wait, off: &b.ho.off, req: req}
+	}
+	r, err := b.bell.acquireWait(ctx, bellRequest(req), bound, bw)
+	if err != nil || !r.Acquired {
+		// A wait that ended without an answer may have been handed the
+		// lease, and one whose answer came as its context ended was.
+		b.leave(ctx, bw)
+	}
 	var bo dlock.Backoff
 	switch {
 	case errors.Is(err, ErrGalera):
@@ -173,6 +182,9 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		// would call again at once, over and over.
 		sleep(ctx, bound-time.Since(waiting))
 		return dlock.Result{}, nil
+	}
+	if bw != nil && bw.mine {
+		return b.handed(ctx, bw, began)
 	}
 	inLine := b.bell.sessionOf(req.Key, req.Token)
 	if req.Mode != dlock.ModeExclusive {
@@ -318,3 +330,8 @@ func (p *galeraProbe) probe(ctx context.Context, db rower) error {
 
 // is reports the answer (false until known).
 func (p *galeraProbe) is() bool { return p.galera.Load() }
+
+// WaitsDirectly implements dlock.DirectWaiter: with doorbells, AcquireWait
+// attempts the lease before it waits, so a blocking acquisition starts with
+// it (without them AcquireWait answers dlock.ErrUnsupported at once).
+func (b *Backend) WaitsDirectly() bool { return b.bells() }

@@ -550,13 +550,14 @@ const quickShare = 5
 // limit, when no connection can be spared for a session of its own, it
 // returns dlock.ErrUnsupported and the Locker polls with Acquire instead.
 func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	return g.acquireWait(ctx, req, maxWait)
+	return g.acquireWait(ctx, req, maxWait, nil)
 }
 
 // acquireWait is AcquireWait bounded by bound in the server: GET_LOCK's own
 // timeout ends the wait and returns 0, and the session is kept for reuse
-// (a wait ended by ctx is killed, and its session dropped).
-func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time.Duration) (dlock.Result, error) {
+// (a wait ended by ctx is killed, and its session dropped). A doorbell
+// wait with bw runs as the lease table's wait procedure (see handoff.go).
+func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time.Duration, bw *bellWait) (dlock.Result, error) {
 	if err := g.checkRequest(ctx, req); err != nil {
 		return dlock.Result{}, err
 	}
@@ -596,6 +597,14 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 			}
 			g.noProc.Store(true)
 			called = time.Time{}
+		}
+		if bw != nil {
+			var ok bool
+			var err error
+			if got, ok, err = bw.run(sctx, ss, name, wait); ok {
+				called = bw.sent
+				return err
+			}
 		}
 		return ss.conn.QueryRowContext(sctx, waitStatement(name, wait)).Scan(&got)
 	}, nil)
@@ -824,7 +833,12 @@ func (g *GetLock) releaseLocked(ctx context.Context, ss *session, key string, to
 			return err
 		}
 	}
-	if err := ss.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", g.name(key)).Scan(got); err != nil {
+	if how.via != nil {
+		var err error
+		if *got, err = how.via(ctx, ss.conn); err != nil {
+			return err
+		}
+	} else if err := ss.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", g.name(key)).Scan(got); err != nil {
 		return err
 	}
 	g.mu.Lock()

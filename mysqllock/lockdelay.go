@@ -140,6 +140,9 @@ func sleepDelay(ctx context.Context, d time.Duration) {
 type ending struct {
 	clean bool
 	keep  time.Duration
+	// via, if set, releases the named lock on the session instead of
+	// RELEASE_LOCK, answering what RELEASE_LOCK did (see handOff).
+	via func(ctx context.Context, conn *sql.Conn) (sql.NullInt64, error)
 }
 
 // keepHold marks key's grant to tok as released and keeps the key from

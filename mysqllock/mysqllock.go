@@ -8,6 +8,14 @@
 // The strategy works through connection pools, proxies and Galera, and a
 // crashed holder's lock frees itself when its TTL runs out.
 //
+// With doorbells (Options.NoDoorbell unset), waiters block in the server
+// and an exclusive release hands the lease to the exclusive waiter its
+// doorbell wakes, in the release's own transaction: one durable commit per
+// handoff. Waits record themselves in a MEMORY queue table, and the waits
+// and releases run as two stored procedures that Migrate creates; without
+// them (tables of an earlier version, no CREATE ROUTINE) the woken waiter
+// takes the lease itself, as correctly, with a second commit.
+//
 // The lease strategy grants every mode (dlock.Sharer): shared holds
 // (dlock.Shared) and limited ones (dlock.WithLimit) each have a lease, a
 // token and a fence of their own, taken from the same counter as exclusive
@@ -162,6 +170,7 @@ type Backend struct {
 	table  string // quoted
 	q      queries
 	sq     sharedQueries
+	ho     handoffs
 	bell   *GetLock    // the doorbells; nil without them
 	noBell atomic.Bool // doorbells turned out to be unavailable (Galera)
 	// storeGalera: whether db is a Galera node, asked at the first
@@ -180,6 +189,7 @@ type Backend struct {
 var (
 	_ dlock.Backend        = (*Backend)(nil)
 	_ dlock.Waiter         = (*Backend)(nil)
+	_ dlock.DirectWaiter   = (*Backend)(nil)
 	_ dlock.Lister         = (*Backend)(nil)
 	_ dlock.ForceReleaser  = (*Backend)(nil)
 	_ dlock.Sharer         = (*Backend)(nil)
@@ -200,7 +210,7 @@ func New(db *sql.DB, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{db: db, table: table, q: newQueries(table), sq: newSharedQueries(table, holdersTable(table)), warn: warner{log: logger(opts)}, claims: newClaims(db, table, "lease")}
+	b := &Backend{db: db, table: table, q: newQueries(table), sq: newSharedQueries(table, holdersTable(table)), ho: newHandoffs(table), warn: warner{log: logger(opts)}, claims: newClaims(db, table, "lease")}
 	if opts == nil || !opts.NoDoorbell {
 		s := newSessions(db, "").forStrategy("the lease strategy with doorbells (Options.NoDoorbell unset)", minSessionConns, connector(opts))
 		if err := s.checkPool(); err != nil {
@@ -288,7 +298,8 @@ func Schema(table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return schemaFor(q) + "\n-- GetLock's grant procedure (see GetLock.Migrate).\nDELIMITER //\n" + grantProcSQL(q) + "//\nDELIMITER ;\n", nil
+	return schemaFor(q) + "\n-- GetLock's grant procedure (see GetLock.Migrate), and the lease strategy's\n-- handoff procedures (see Backend.Migrate).\nDELIMITER //\n" +
+		grantProcSQL(q) + "//\n" + waitProcSQL(q) + "//\n" + handoffProcSQL(q) + "//\nDELIMITER ;\n", nil
 }
 
 // schemaFor substitutes the quoted table name (which names the lease table
@@ -347,9 +358,10 @@ func splitScript(script string) (tables, triggers []string) {
 // needs the TRIGGER privilege and, on a server that writes the binary log,
 // SUPER or log_bin_trust_function_creators=1; without them it creates the
 // rest, logs a warning with Options.Logger, and WatchHolders answers
-// dlock.ErrUnsupported. It also creates GetLock's grant procedure, which
-// needs CREATE ROUTINE (without it, a warning, and GetLock's grants take
-// two statements). With Options.Logger it then logs a warning for each
+// dlock.ErrUnsupported. It also creates GetLock's grant procedure and the
+// lease strategy's wait and handoff procedures, which need CREATE ROUTINE
+// (without it, a warning; GetLock's grants then take two statements, and
+// a lease handoff two durable commits). With Options.Logger it then logs a warning for each
 // finding of Check (and one if Check fails).
 func (b *Backend) Migrate(ctx context.Context) error {
 	return migrate(ctx, b.db, b.table, &b.warn, b.Check)
@@ -387,6 +399,17 @@ func migrate(ctx context.Context, pool *sql.DB, table string, w *warner, check f
 			return fmt.Errorf("mysqllock: migrate %s: create the journal's triggers: %w", table, err)
 		}
 		w.journalOff(ctx, table, err)
+	}
+	for _, proc := range []string{waitProcSQL(table), handoffProcSQL(table)} {
+		if err := createProc(ctx, db, proc); err != nil {
+			if !isDenied(err) && !dbDenied(err) {
+				return fmt.Errorf("mysqllock: migrate %s: create the lease handoff procedures: %w", table, err)
+			}
+			if w.log != nil {
+				w.log.WarnContext(ctx, "mysqllock: the lease handoff procedures cannot be created: a lease handoff takes two durable commits", "table", table, "err", err)
+			}
+			break
+		}
 	}
 	if err := createGrantProc(ctx, db, table); err != nil {
 		if !isDenied(err) && !dbDenied(err) {
@@ -787,8 +810,14 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 		return err
 	}
 	q := b.q.release
-	if _, belled := b.belled.LoadAndDelete(token); b.bells() && !belled {
+	_, belled := b.belled.LoadAndDelete(token)
+	if b.bells() && !belled {
 		q = b.q.releaseNoBell
+	}
+	if belled && b.handing() {
+		if err, ok := b.handOff(ctx, key, token); ok {
+			return err
+		}
 	}
 	_, err := outlive(ctx, func(ctx context.Context) (struct{}, error) {
 		err := b.free(ctx, "release", q, key, token[:])

@@ -63,6 +63,21 @@ CREATE TABLE IF NOT EXISTS `dlock_locks_session` (
   PRIMARY KEY (name)
 ) ENGINE=MEMORY;
 
+-- The lease strategy's waits on doorbells: a row per session that waits on
+-- a key's doorbell, written by the wait and read by the release that rings
+-- the doorbell, which hands the lease to the exclusive waiter it wakes (see
+-- the procedures Migrate creates). MEMORY: a restart ends every wait.
+CREATE TABLE IF NOT EXISTS `dlock_locks_queue` (
+  conn_id  BIGINT UNSIGNED NOT NULL,                    -- CONNECTION_ID() of the waiting session
+  name     VARBINARY(255)  NOT NULL,
+  token    BINARY(16)      NOT NULL,
+  owner    VARCHAR(255)    CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  metadata VARCHAR(1024)   CHARACTER SET utf8mb4 NOT NULL DEFAULT '',
+  ttl_us   BIGINT UNSIGNED NOT NULL,                    -- the lease asked for; 0: not an exclusive wait
+  until    DATETIME(6)     NOT NULL,                    -- UTC, server clock; the wait has ended by then
+  PRIMARY KEY (conn_id)
+) ENGINE=MEMORY;
+
 -- The session strategies' epoch of the server's run (one row, id 1),
 -- emptied by a restart; the first grant of a run bumps the durable counter
 -- below and inserts the value it got.

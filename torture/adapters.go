@@ -283,7 +283,7 @@ var mysqlLease = &Adapter{
 		const us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', %s)"
 		rows, err := env.StoreDB.QueryContext(ctx, versionsQuery(store,
 			fmt.Sprintf(us, "t.acquired_at")+", "+fmt.Sprintf(us, "t.expires_at")+", "+
-				"CAST(UNIX_TIMESTAMP(r.commit_timestamp) * 1000000 AS SIGNED)"))
+				"CAST(UNIX_TIMESTAMP(r.commit_timestamp) * 1000000 AS SIGNED), t.jseq"))
 		if err != nil {
 			return nil, err
 		}
@@ -291,18 +291,30 @@ var mysqlLease = &Adapter{
 		var out []LeaseEvent
 		prev := map[string]uint64{}
 		lastEv := map[string]LeaseEvent{}
+		lastJ := map[string]uint64{}
 		for rows.Next() {
 			var e LeaseEvent
 			var name, token []byte
 			var acquiredUs, commitUs int64
-			if err := rows.Scan(&e.Seq, &name, &e.Fence, &token, &acquiredUs, &e.ExpUs, &commitUs); err != nil {
+			var jseq uint64
+			if err := rows.Scan(&e.Seq, &name, &e.Fence, &token, &acquiredUs, &e.ExpUs, &commitUs, &jseq); err != nil {
 				return nil, err
 			}
 			e.Key = string(name)
 			copy(e.Token[:], token)
-			if p, ok := lastEv[e.Key]; ok && p.Fence == e.Fence && p.Token == e.Token && p.ExpUs == e.ExpUs {
+			p, ok := lastEv[e.Key]
+			if ok && p.Fence == e.Fence && p.Token == e.Token && p.ExpUs == e.ExpUs {
 				continue // a version that changed nothing we track
 			}
+			// A release that hands the lease over updates the row twice in
+			// one transaction, a release and then the grant (the journal's
+			// position moves by two), and leaves one version: the old
+			// lease ended at the grant's instant.
+			if j, jok := lastJ[e.Key]; ok && jok && jseq >= j+2 && p.Fence != e.Fence &&
+				p.Token != e.Token && p.Token != ([16]byte{}) && e.Token != ([16]byte{}) && p.ExpUs > acquiredUs {
+				out = append(out, LeaseEvent{Seq: e.Seq, Key: e.Key, Fence: p.Fence, Token: p.Token, ExpUs: acquiredUs})
+			}
+			lastJ[e.Key] = jseq
 			lastEv[e.Key] = e
 			// The instant the statement used as "now": the grant's
 			// acquired_at, an extension's expiry minus the TTL (markReleases
@@ -450,7 +462,7 @@ func prepareMySQL(ctx context.Context, env *Env, suffix string, version bool) (s
 	if c, ok := any(b).(interface{ Close() error }); ok {
 		defer c.Close()
 	}
-	if _, err := env.StoreDB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows, "+locks+"_claims, "+locks+"_holders, "+locks+"_journal, "+locks+"_epoch, "+locks+"_run"); err != nil {
+	if _, err := env.StoreDB.ExecContext(ctx, "DROP TABLE IF EXISTS "+locks+", "+locks+"_session, "+locks+"_rows, "+locks+"_claims, "+locks+"_holders, "+locks+"_journal, "+locks+"_epoch, "+locks+"_run, "+locks+"_queue"); err != nil {
 		return "", fmt.Errorf("prepare: %w", err)
 	}
 	if err := b.Migrate(ctx); err != nil {

@@ -1,0 +1,86 @@
+package mysqllock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/mysqllock"
+)
+
+// TestReleaseHandsTheLeaseToTheFirstWaiter: three waiters queue on a held
+// key's doorbell; each release hands the lease to the first of them in its
+// own transaction, so the key is held by that waiter, with the next fence,
+// as soon as the release returns (without handoffs it is free then, until
+// the woken waiter takes it), and the waiter's lease has most of its TTL.
+func TestReleaseHandsTheLeaseToTheFirstWaiter(t *testing.T) {
+	locktest.ReleaseHandsOff(t, func(int) *dlock.Locker { return locktest.NewLocker(t, newBackend(t, "")) },
+		locktest.UniqueKey("handoff"))
+}
+
+// waitingOn waits until n sessions wait on key's doorbell.
+func waitingOn(t *testing.T, b *mysqllock.Backend, key string, n int) {
+	t.Helper()
+	for try := 0; ; try++ {
+		ws, err := b.ListWaiters(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ws) >= n {
+			return
+		}
+		if try == 500 {
+			t.Fatalf("%d waiting on %q after 5 s, want %d", len(ws), key, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLeaseWithoutHandoffProcedures: on tables migrated by an earlier
+// version (no queue table, no procedures), waits and releases go on as
+// without handoffs: the woken waiter takes the lease itself, with the next
+// fence, and the releases keep the key for it.
+func TestLeaseWithoutHandoffProcedures(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	db := open(t, "")
+	table := "dlock_nohand_" + dlock.NewToken().String()[:8]
+	freshSchema(t, db, table)
+	for _, drop := range []string{"DROP PROCEDURE `" + table + "_wait1`", "DROP PROCEDURE `" + table + "_hand1`", "DROP TABLE `" + table + "_queue`"} {
+		if _, err := db.ExecContext(ctx, drop); err != nil {
+			t.Fatal(err)
+		}
+	}
+	be := newLease(t, "", &mysqllock.Options{Table: table})
+	holder := locktest.NewLocker(t, be)
+	waiter := locktest.NewLocker(t, newLease(t, "", &mysqllock.Options{Table: table}))
+	key := locktest.UniqueKey("nohandoff")
+	for round := range 3 {
+		lk, err := holder.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan error, 1)
+		var wk *dlock.Lock
+		go func() {
+			var err error
+			wk, err = waiter.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+			got <- err
+		}()
+		waitingOn(t, be, key, 1)
+		if err := lk.Release(ctx); err != nil {
+			t.Fatalf("round %d: release: %v", round, err)
+		}
+		if err := <-got; err != nil {
+			t.Fatalf("round %d: waiter: %v", round, err)
+		}
+		if wk.Fence() != lk.Fence()+1 {
+			t.Errorf("round %d: waiter's fence %d after %d", round, wk.Fence(), lk.Fence())
+		}
+		if err := wk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
