@@ -47,7 +47,7 @@ import (
 // with an error that ran nothing, and the Backend goes on without handoffs.
 
 // handoffVersion is part of the procedures' names (see grantProcVersion).
-const handoffVersion = "1"
+const handoffVersion = "2"
 
 // queueTable is the queue table of the lock table table (quoted).
 func queueTable(table string) string { return strings.TrimSuffix(table, "`") + "_queue`" }
@@ -103,7 +103,9 @@ END`
 // p_name: release p_token's exclusive lease of p_key and hand it to the
 // exclusive waiter the doorbell wakes, if any, in one transaction. The
 // release and the grant are two updates of the row (the journal records
-// both). The row answered is whether the token held the lease, what
+// both). The release ends the lease at the instant its check used (the
+// start of the locking read, which may then wait for the row): a later
+// instant could be past the lease's end, and move it later. The row answered is whether the token held the lease, what
 // RELEASE_LOCK answered, and whether the lease was handed over.
 func handoffProcSQL(table string) string {
 	return `CREATE PROCEDURE ` + handoffProc(table) + `(
@@ -111,6 +113,7 @@ func handoffProcSQL(table string) string {
 MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN
   DECLARE v_held, v_unshared BOOL DEFAULT FALSE;
+  DECLARE v_now DATETIME(6);
   DECLARE v_rang, v_next BIGINT DEFAULT NULL;
   DECLARE v_token BINARY(16) DEFAULT NULL;
   DECLARE v_owner VARCHAR(255) CHARACTER SET utf8mb4 DEFAULT '';
@@ -119,8 +122,8 @@ BEGIN
   DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_token = NULL;
   DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
   START TRANSACTION;
-  SELECT token = p_token AND expires_at > UTC_TIMESTAMP(6), shared_until <= UTC_TIMESTAMP(6)
-    INTO v_held, v_unshared FROM ` + table + ` WHERE name = p_key FOR UPDATE;
+  SELECT token = p_token AND expires_at > UTC_TIMESTAMP(6), shared_until <= UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)
+    INTO v_held, v_unshared, v_now FROM ` + table + ` WHERE name = p_key FOR UPDATE;
   SET v_rang = RELEASE_LOCK(p_name);
   IF v_held THEN
     SET v_next = IS_USED_LOCK(p_name);
@@ -128,7 +131,7 @@ BEGIN
       SELECT token, owner, metadata, ttl_us INTO v_token, v_owner, v_meta, v_ttl FROM ` + queueTable(table) + `
         WHERE conn_id = v_next AND name = p_key AND ttl_us > 0 AND until > UTC_TIMESTAMP(6);
     END IF;
-    UPDATE ` + table + ` SET expires_at = UTC_TIMESTAMP(6), token = ` + noToken + ` WHERE name = p_key;
+    UPDATE ` + table + ` SET expires_at = v_now, token = ` + noToken + ` WHERE name = p_key;
     IF v_token IS NOT NULL THEN
       UPDATE ` + table + ` SET token = v_token, owner = v_owner, metadata = v_meta, acquired_at = UTC_TIMESTAMP(6),
         fence = fence + 1, writer_until = '1970-01-01', expires_at = UTC_TIMESTAMP(6) + INTERVAL v_ttl MICROSECOND

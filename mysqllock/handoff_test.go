@@ -48,7 +48,7 @@ func TestLeaseWithoutHandoffProcedures(t *testing.T) {
 	db := open(t, "")
 	table := "dlock_nohand_" + dlock.NewToken().String()[:8]
 	freshSchema(t, db, table)
-	for _, drop := range []string{"DROP PROCEDURE `" + table + "_wait1`", "DROP PROCEDURE `" + table + "_hand1`", "DROP TABLE `" + table + "_queue`"} {
+	for _, drop := range []string{"DROP PROCEDURE `" + table + "_wait2`", "DROP PROCEDURE `" + table + "_hand2`", "DROP TABLE `" + table + "_queue`"} {
 		if _, err := db.ExecContext(ctx, drop); err != nil {
 			t.Fatal(err)
 		}
@@ -82,5 +82,49 @@ func TestLeaseWithoutHandoffProcedures(t *testing.T) {
 		if err := wk.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestReleaseDelayedPastTheLeaseDoesNotRevive: a release whose statement
+// waits for the key's row (another transaction holds it) until after the
+// lease's end must not move that end later: the release ends the lease at
+// the instant it checked it, not when it got the row.
+func TestReleaseDelayedPastTheLeaseDoesNotRevive(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	be := newBackend(t, "")
+	db := open(t, "parseTime=true")
+	key := locktest.UniqueKey("late-release")
+	tok := dlock.NewToken()
+	r, err := be.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: time.Second})
+	if err != nil || !r.Acquired {
+		t.Fatal(r, err)
+	}
+	var end time.Time
+	if err := db.QueryRowContext(ctx, "SELECT expires_at FROM "+testTable+" WHERE name = ?", key).Scan(&end); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var fence uint64
+	if err := tx.QueryRowContext(ctx, "SELECT fence FROM "+testTable+" WHERE name = ? FOR UPDATE", key).Scan(&fence); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- be.Release(ctx, key, tok) }()
+	time.Sleep(1500 * time.Millisecond) // past the lease's end, the release waiting for the row
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	<-released // released, or found expired: either is right
+	var after time.Time
+	if err := db.QueryRowContext(ctx, "SELECT expires_at FROM "+testTable+" WHERE name = ?", key).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after.After(end) {
+		t.Errorf("the lease ended at %s; after a release that waited past it, the row says %s", end.Format(time.StampMicro), after.Format(time.StampMicro))
 	}
 }
