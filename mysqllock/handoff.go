@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/go-sql-driver/mysql"
 )
 
 // The lease strategy's handoffs: a release hands the lease to the waiter
@@ -47,7 +48,7 @@ import (
 // with an error that ran nothing, and the Backend goes on without handoffs.
 
 // handoffVersion is part of the procedures' names (see grantProcVersion).
-const handoffVersion = "2"
+const handoffVersion = "3"
 
 // queueTable is the queue table of the lock table table (quoted).
 func queueTable(table string) string { return strings.TrimSuffix(table, "`") + "_queue`" }
@@ -68,7 +69,9 @@ func handoffProc(table string) string {
 // lease, read the key's row with a locking read, which waits for a handoff
 // in progress to commit. The row answered is the doorbell's result, whether
 // the token holds the lease, its fence, and the microseconds from the
-// procedure's start to the lease's end.
+// procedure's start to the lease's end. A wait that cannot record itself
+// (the queue table full, missing or denied) waits all the same, and is
+// handed nothing.
 func waitProcSQL(table string) string {
 	return `CREATE PROCEDURE ` + waitProc(table) + `(
   IN p_name VARCHAR(64) CHARACTER SET utf8mb4, IN p_wait DECIMAL(14,6),
@@ -80,20 +83,26 @@ BEGIN
   DECLARE v_mine BOOL DEFAULT FALSE;
   DECLARE v_fence BIGINT UNSIGNED DEFAULT 0;
   DECLARE v_span BIGINT DEFAULT 0;
+  DECLARE v_queued BOOL DEFAULT TRUE;
   DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_mine = FALSE;
-  REPLACE INTO ` + queueTable(table) + ` (conn_id, name, token, owner, metadata, ttl_us, until)
-    VALUES (CONNECTION_ID(), p_key, p_token, p_owner, p_meta, p_ttl,
-      UTC_TIMESTAMP(6) + INTERVAL CEIL(p_wait) + 1 SECOND);
+  BEGIN
+    DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET v_queued = FALSE;
+    REPLACE INTO ` + queueTable(table) + ` (conn_id, name, token, owner, metadata, ttl_us, until)
+      VALUES (CONNECTION_ID(), p_key, p_token, p_owner, p_meta, p_ttl,
+        UTC_TIMESTAMP(6) + INTERVAL CEIL(p_wait) + 1 SECOND);
+  END;
   SET @dlock_got = NULL,
     @dlock_wait = CONCAT('SELECT GET_LOCK(X''', LOWER(HEX(p_name)), ''', ', p_wait, ') INTO @dlock_got');
   PREPARE dlock_wait FROM @dlock_wait;
   EXECUTE dlock_wait;
   DEALLOCATE PREPARE dlock_wait;
-  IF @dlock_got = 1 AND p_ttl > 0 THEN
+  IF @dlock_got = 1 AND p_ttl > 0 AND v_queued THEN
     SELECT token = p_token AND expires_at > UTC_TIMESTAMP(6), fence, TIMESTAMPDIFF(MICROSECOND, v_start, expires_at)
       INTO v_mine, v_fence, v_span FROM ` + table + ` WHERE name = p_key LOCK IN SHARE MODE;
   END IF;
-  DELETE FROM ` + queueTable(table) + ` WHERE conn_id = CONNECTION_ID();
+  IF v_queued THEN
+    DELETE FROM ` + queueTable(table) + ` WHERE conn_id = CONNECTION_ID();
+  END IF;
   SELECT @dlock_got, v_mine, IF(v_mine, v_fence, 0), IF(v_mine, v_span, 0);
 END`
 }
@@ -105,8 +114,11 @@ END`
 // release and the grant are two updates of the row (the journal records
 // both). The release ends the lease at the instant its check used (the
 // start of the locking read, which may then wait for the row): a later
-// instant could be past the lease's end, and move it later. The row answered is whether the token held the lease, what
-// RELEASE_LOCK answered, and whether the lease was handed over.
+// instant could be past the lease's end, and move it later. Only a
+// doorbell this session held is passed on with the lease, and a queue that
+// cannot be read hands nothing. The row answered is whether the token held
+// the lease, what RELEASE_LOCK answered, and whether the lease was handed
+// over.
 func handoffProcSQL(table string) string {
 	return `CREATE PROCEDURE ` + handoffProc(table) + `(
   IN p_key VARBINARY(255), IN p_token BINARY(16), IN p_name VARCHAR(64) CHARACTER SET utf8mb4)
@@ -127,9 +139,12 @@ BEGIN
   SET v_rang = RELEASE_LOCK(p_name);
   IF v_held THEN
     SET v_next = IS_USED_LOCK(p_name);
-    IF v_next IS NOT NULL AND v_unshared THEN
-      SELECT token, owner, metadata, ttl_us INTO v_token, v_owner, v_meta, v_ttl FROM ` + queueTable(table) + `
-        WHERE conn_id = v_next AND name = p_key AND ttl_us > 0 AND until > UTC_TIMESTAMP(6);
+    IF v_next IS NOT NULL AND v_unshared AND v_rang = 1 THEN
+      BEGIN
+        DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET v_token = NULL;
+        SELECT token, owner, metadata, ttl_us INTO v_token, v_owner, v_meta, v_ttl FROM ` + queueTable(table) + `
+          WHERE conn_id = v_next AND name = p_key AND ttl_us > 0 AND until > UTC_TIMESTAMP(6);
+      END;
     END IF;
     UPDATE ` + table + ` SET expires_at = v_now, token = ` + noToken + ` WHERE name = p_key;
     IF v_token IS NOT NULL THEN
@@ -193,7 +208,7 @@ func (w *bellWait) run(ctx context.Context, ss *session, name string, wait time.
 	w.sent, w.conn = time.Now(), ss.id
 	err = ss.conn.QueryRowContext(ctx, w.call, name, secs, w.req.Key, w.req.Token[:], w.req.Owner, w.req.Metadata, ttl).
 		Scan(&got, &w.mine, &w.fence, &spanUs)
-	if noGrantProc(err) {
+	if noHandoffProc(err) {
 		w.off.Store(true)
 		w.sent = time.Time{}
 		return got, false, nil
@@ -244,25 +259,39 @@ func (b *Backend) handed(ctx context.Context, w *bellWait, began time.Time) (dlo
 	if short := req.TTL - (w.span - time.Since(w.sent)); short > req.TTL/5 {
 		extending := time.Now()
 		errs, err := b.Extend(ctx, []dlock.Lease{{Key: req.Key, Token: req.Token, TTL: req.TTL}})
-		if err == nil && errs[0] == nil {
+		switch {
+		case err == nil && errors.Is(errs[0], dlock.ErrNotHeld): // gone already (a forced release)
+			return dlock.Result{}, nil
+		case err == nil && errs[0] == nil:
 			res.SentAfter = extending.Sub(began)
 		}
 	}
 	return res, nil
 }
 
+// noHandoffProc reports whether err is a CALL's error that ran nothing of a
+// handoff procedure: none, no right to run it, or no database to find it
+// in (a doorbell Connector without one).
+func noHandoffProc(err error) bool {
+	var me *mysql.MySQLError
+	return noGrantProc(err) || errors.As(err, &me) && me.Number == errNoDatabase
+}
+
+// errNoDatabase is the server's error for a session without a database.
+const errNoDatabase = 1046
+
 // handOff releases token's lease of key with the handoff procedure on the
 // session that holds the key's doorbell for it. ok is false when it did
 // not run (no such session): the caller releases as without handoffs.
 func (b *Backend) handOff(ctx context.Context, key string, token dlock.Token) (err error, ok bool) {
 	var held, handed bool
-	var callErr error
+	var callErr, fallback error
 	ran := false
 	err = b.bell.end(ctx, key, token, ending{clean: true, via: func(ctx context.Context, conn *sql.Conn) (sql.NullInt64, error) {
 		ran = true
 		var rang sql.NullInt64
 		callErr = conn.QueryRowContext(ctx, b.ho.release, key, token[:], b.bell.name(key)).Scan(&held, &rang, &handed)
-		if noGrantProc(callErr) {
+		if noHandoffProc(callErr) {
 			// Nothing ran: release as without handoffs, lease first.
 			b.ho.off.Store(true)
 			if callErr = b.free(ctx, "release", b.q.release, key, token[:]); callErr != nil && !errors.Is(callErr, dlock.ErrNotHeld) {
@@ -270,6 +299,13 @@ func (b *Backend) handOff(ctx context.Context, key string, token dlock.Token) (e
 			}
 			held = callErr == nil
 			return rang, conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK(?)", b.bell.name(key)).Scan(&rang)
+		}
+		if callErr != nil {
+			// The outcome is unknown (the doorbell's session goes with
+			// the error): release as without handoffs, whether or not
+			// the caller still waits; a handoff that committed leaves
+			// the token nothing to release.
+			fallback = b.free(ctx, "release", b.q.releaseNoBell, key, token[:])
 		}
 		return rang, callErr
 	}})
@@ -279,10 +315,7 @@ func (b *Backend) handOff(ctx context.Context, key string, token dlock.Token) (e
 	case !ran:
 		return nil, false
 	case callErr != nil:
-		// The outcome is unknown (the doorbell's session is gone with it):
-		// release as without handoffs; a handoff that committed leaves
-		// the token nothing to release.
-		return b.free(ctx, "release", b.q.releaseNoBell, key, token[:]), true
+		return fallback, true
 	case !held:
 		return dlock.ErrNotHeld, true
 	}

@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,49 +40,56 @@ func waitingOn(t *testing.T, b *mysqllock.Backend, key string, n int) {
 }
 
 // TestLeaseWithoutHandoffProcedures: on tables migrated by an earlier
-// version (no queue table, no procedures), waits and releases go on as
-// without handoffs: the woken waiter takes the lease itself, with the next
-// fence, and the releases keep the key for it.
+// version (no queue table, no procedures), or whose queue table is gone,
+// waits block on the doorbell and releases go on as without handoffs: the
+// woken waiter takes the lease itself, with the next fence.
 func TestLeaseWithoutHandoffProcedures(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	db := open(t, "")
-	table := "dlock_nohand_" + dlock.NewToken().String()[:8]
-	freshSchema(t, db, table)
-	for _, drop := range []string{"DROP PROCEDURE `" + table + "_wait2`", "DROP PROCEDURE `" + table + "_hand2`", "DROP TABLE `" + table + "_queue`"} {
-		if _, err := db.ExecContext(ctx, drop); err != nil {
-			t.Fatal(err)
-		}
-	}
-	be := newLease(t, "", &mysqllock.Options{Table: table})
-	holder := locktest.NewLocker(t, be)
-	waiter := locktest.NewLocker(t, newLease(t, "", &mysqllock.Options{Table: table}))
-	key := locktest.UniqueKey("nohandoff")
-	for round := range 3 {
-		lk, err := holder.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := make(chan error, 1)
-		var wk *dlock.Lock
-		go func() {
-			var err error
-			wk, err = waiter.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
-			got <- err
-		}()
-		waitingOn(t, be, key, 1)
-		if err := lk.Release(ctx); err != nil {
-			t.Fatalf("round %d: release: %v", round, err)
-		}
-		if err := <-got; err != nil {
-			t.Fatalf("round %d: waiter: %v", round, err)
-		}
-		if wk.Fence() != lk.Fence()+1 {
-			t.Errorf("round %d: waiter's fence %d after %d", round, wk.Fence(), lk.Fence())
-		}
-		if err := wk.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+	for name, drops := range map[string][]string{
+		"no procedures":  {"DROP PROCEDURE `%s_wait3`", "DROP PROCEDURE `%s_hand3`", "DROP TABLE `%s_queue`"},
+		"no queue table": {"DROP TABLE `%s_queue`"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			db := open(t, "")
+			table := "dlock_nohand_" + dlock.NewToken().String()[:8]
+			freshSchema(t, db, table)
+			for _, drop := range drops {
+				if _, err := db.ExecContext(ctx, strings.ReplaceAll(drop, "%s", table)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			be := newLease(t, "", &mysqllock.Options{Table: table})
+			holder := locktest.NewLocker(t, be)
+			waiter := locktest.NewLocker(t, newLease(t, "", &mysqllock.Options{Table: table}))
+			key := locktest.UniqueKey("nohandoff")
+			for round := range 3 {
+				lk, err := holder.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := make(chan error, 1)
+				var wk *dlock.Lock
+				go func() {
+					var err error
+					wk, err = waiter.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+					got <- err
+				}()
+				waitingOn(t, be, key, 1) // blocked on the doorbell, not polling
+				if err := lk.Release(ctx); err != nil {
+					t.Fatalf("round %d: release: %v", round, err)
+				}
+				if err := <-got; err != nil {
+					t.Fatalf("round %d: waiter: %v", round, err)
+				}
+				if wk.Fence() != lk.Fence()+1 {
+					t.Errorf("round %d: waiter's fence %d after %d", round, wk.Fence(), lk.Fence())
+				}
+				if err := wk.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

@@ -303,18 +303,19 @@ var mysqlLease = &Adapter{
 			e.Key = string(name)
 			copy(e.Token[:], token)
 			p, ok := lastEv[e.Key]
+			j, jok := lastJ[e.Key]
+			lastJ[e.Key] = jseq
 			if ok && p.Fence == e.Fence && p.Token == e.Token && p.ExpUs == e.ExpUs {
 				continue // a version that changed nothing we track
 			}
 			// A release that hands the lease over updates the row twice in
 			// one transaction, a release and then the grant (the journal's
-			// position moves by two), and leaves one version: the old
-			// lease ended at the grant's instant.
-			if j, jok := lastJ[e.Key]; ok && jok && jseq >= j+2 && p.Fence != e.Fence &&
+			// position moves by exactly two), and leaves one version: the
+			// old lease ended at the grant's instant.
+			if ok && jok && jseq == j+2 && p.Fence != e.Fence &&
 				p.Token != e.Token && p.Token != ([16]byte{}) && e.Token != ([16]byte{}) && p.ExpUs > acquiredUs {
 				out = append(out, LeaseEvent{Seq: e.Seq, Key: e.Key, Fence: p.Fence, Token: p.Token, ExpUs: acquiredUs})
 			}
-			lastJ[e.Key] = jseq
 			lastEv[e.Key] = e
 			// The instant the statement used as "now": the grant's
 			// acquired_at, an extension's expiry minus the TTL (markReleases
