@@ -230,8 +230,10 @@ func (b *Backend) leave(ctx context.Context, w *bellWait) {
 		return
 	}
 	done := make(chan struct{})
+	b.leaving.Store(w.req.Token, done)
 	go func() {
 		defer close(done)
+		defer b.leaving.CompareAndDelete(w.req.Token, done)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
 		defer cancel()
 		_, _ = b.db.ExecContext(ctx, b.ho.leave, w.conn, w.req.Token[:])
@@ -247,6 +249,22 @@ func (b *Backend) leave(ctx context.Context, w *bellWait) {
 
 // leaveWait bounds how long a wait that ends waits for its leave.
 const leaveWait = 250 * time.Millisecond
+
+// afterLeave waits until no leave of token is under way, or ctx ends: the
+// Locker asks again with the same token, and a leave's release that ran
+// after that request's grant would end the lease it took.
+func (b *Backend) afterLeave(ctx context.Context, token dlock.Token) error {
+	v, ok := b.leaving.Load(token)
+	if !ok {
+		return nil
+	}
+	select {
+	case <-v.(chan struct{}):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // handed is the Result of a lease handed to w's wait, begun at began. The
 // lease ends w.span after the procedure's start, which came after w.sent.
