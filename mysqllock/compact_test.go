@@ -25,7 +25,7 @@ func freshSchema(t *testing.T, db *sql.DB, table string) {
 				t.Error(err)
 			}
 		}
-		for _, proc := range []string{"_grant1", "_wait3", "_hand3"} {
+		for _, proc := range []string{"_grant1", "_wait4", "_hand4"} {
 			if _, err := db.ExecContext(context.Background(), "DROP PROCEDURE IF EXISTS `"+table+proc+"`"); err != nil {
 				t.Error(err)
 			}

@@ -76,9 +76,6 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := b.checkPool(); err != nil {
 		return dlock.Result{}, err
 	}
-	if err := b.afterLeave(ctx, req.Token); err != nil {
-		return dlock.Result{}, b.wrap("acquire", err)
-	}
 	if err := b.ac.check(ctx, b.db); err != nil {
 		return dlock.Result{}, b.wrap("acquire", err)
 	}

@@ -101,14 +101,3 @@ func SkipSessionResize(t testing.TB) {
 	skipResize.Store(true)
 	t.Cleanup(func() { skipResize.Store(false) })
 }
-
-// PendLeave makes b see a leave of tok under way until the returned func
-// runs (see Backend.leave).
-func PendLeave(b *Backend, tok dlock.Token) (done func()) {
-	ch := make(chan struct{})
-	b.leaving.Store(tok, ch)
-	return func() {
-		b.leaving.CompareAndDelete(tok, ch)
-		close(ch)
-	}
-}

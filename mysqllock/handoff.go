@@ -48,7 +48,7 @@ import (
 // with an error that ran nothing, and the Backend goes on without handoffs.
 
 // handoffVersion is part of the procedures' names (see grantProcVersion).
-const handoffVersion = "3"
+const handoffVersion = "4"
 
 // queueTable is the queue table of the lock table table (quoted).
 func queueTable(table string) string { return strings.TrimSuffix(table, "`") + "_queue`" }
@@ -115,8 +115,9 @@ END`
 // both). The release ends the lease at the instant its check used (the
 // start of the locking read, which may then wait for the row): a later
 // instant could be past the lease's end, and move it later. Only a
-// doorbell this session held is passed on with the lease, and a queue that
-// cannot be read hands nothing. The row answered is whether the token held
+// doorbell this session held is passed on with the lease, only a release
+// that changed the row (still the token's, under the row lock) is followed
+// by the grant, and a queue that cannot be read hands nothing. The row answered is whether the token held
 // the lease, what RELEASE_LOCK answered, and whether the lease was handed
 // over.
 func handoffProcSQL(table string) string {
@@ -146,8 +147,8 @@ BEGIN
           WHERE conn_id = v_next AND name = p_key AND ttl_us > 0 AND until > UTC_TIMESTAMP(6);
       END;
     END IF;
-    UPDATE ` + table + ` SET expires_at = v_now, token = ` + noToken + ` WHERE name = p_key;
-    IF v_token IS NOT NULL THEN
+    UPDATE ` + table + ` SET expires_at = v_now, token = ` + noToken + ` WHERE name = p_key AND token = p_token;
+    IF v_token IS NOT NULL AND ROW_COUNT() = 1 THEN
       UPDATE ` + table + ` SET token = v_token, owner = v_owner, metadata = v_meta, acquired_at = UTC_TIMESTAMP(6),
         fence = fence + 1, writer_until = '1970-01-01', expires_at = UTC_TIMESTAMP(6) + INTERVAL v_ttl MICROSECOND
         WHERE name = p_key;
@@ -226,14 +227,12 @@ func (w *bellWait) run(ctx context.Context, ss *session, name string, wait time.
 // below comes after it). It returns when that is done, or after leaveWait,
 // and goes on in the background.
 func (b *Backend) leave(ctx context.Context, w *bellWait) {
-	if w == nil || w.sent.IsZero() || (w.done && !w.mine) {
+	if w == nil || w.sent.IsZero() || (w.done && !w.mine) || w.req.Mode != dlock.ModeExclusive {
 		return
 	}
 	done := make(chan struct{})
-	b.leaving.Store(w.req.Token, done)
 	go func() {
 		defer close(done)
-		defer b.leaving.CompareAndDelete(w.req.Token, done)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
 		defer cancel()
 		_, _ = b.db.ExecContext(ctx, b.ho.leave, w.conn, w.req.Token[:])
@@ -249,22 +248,6 @@ func (b *Backend) leave(ctx context.Context, w *bellWait) {
 
 // leaveWait bounds how long a wait that ends waits for its leave.
 const leaveWait = 250 * time.Millisecond
-
-// afterLeave waits until no leave of token is under way, or ctx ends: the
-// Locker asks again with the same token, and a leave's release that ran
-// after that request's grant would end the lease it took.
-func (b *Backend) afterLeave(ctx context.Context, token dlock.Token) error {
-	v, ok := b.leaving.Load(token)
-	if !ok {
-		return nil
-	}
-	select {
-	case <-v.(chan struct{}):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 // handed is the Result of a lease handed to w's wait, begun at began. The
 // lease ends w.span after the procedure's start, which came after w.sent.
@@ -320,10 +303,14 @@ func (b *Backend) handOff(ctx context.Context, key string, token dlock.Token) (e
 		}
 		if callErr != nil {
 			// The outcome is unknown (the doorbell's session goes with
-			// the error): release as without handoffs, whether or not
-			// the caller still waits; a handoff that committed leaves
-			// the token nothing to release.
-			fallback = b.free(ctx, "release", b.q.releaseNoBell, key, token[:])
+			// the error): end whatever transaction the session still has
+			// open, then release as without handoffs, on a context of its
+			// own, whether or not the caller still waits; a handoff that
+			// committed leaves the token nothing to release.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+			_, _ = conn.ExecContext(fctx, "ROLLBACK")
+			fallback = b.free(fctx, "release", b.q.releaseNoBell, key, token[:])
+			cancel()
 		}
 		return rang, callErr
 	}})

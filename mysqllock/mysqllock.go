@@ -179,8 +179,6 @@ type Backend struct {
 	// belled holds the tokens of the leases granted with their doorbell,
 	// until released (see Release).
 	belled sync.Map
-	// leaving holds the tokens whose wait's leave is under way (see leave).
-	leaving sync.Map
 	// nonExcl holds the tokens of the shared and limited holds granted
 	// here, until released or found lost, so that Extend and Release go
 	// straight to the holders table.
