@@ -158,7 +158,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	waiting := time.Now()
 	var bw *bellWait
 	if b.handing() {
-		bw = &bellWait{call: b.ho.wait, off: &b.ho.off, req: req}
+		bw = &bellWait{ho: &b.ho, req: req}
 	}
 	r, err := b.bell.acquireWait(ctx, bellRequest(req), bound, bw)
 	if err != nil || !r.Acquired {

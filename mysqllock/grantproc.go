@@ -89,14 +89,8 @@ END`
 // errProcExists is the server's error for a procedure that exists already.
 const errProcExists = 1304
 
-// createGrantProc creates the grant procedure of table; one that exists
-// already (made by an earlier or a concurrent Migrate) is kept.
-func createGrantProc(ctx context.Context, db execer, table string) error {
-	return createProc(ctx, db, grantProcSQL(table))
-}
-
 // createProc runs a CREATE PROCEDURE statement; a procedure that exists
-// already is kept.
+// already (made by an earlier or a concurrent Migrate) is kept.
 func createProc(ctx context.Context, db execer, stmt string) error {
 	_, err := db.ExecContext(ctx, stmt)
 	var me *mysql.MySQLError

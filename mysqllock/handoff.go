@@ -117,9 +117,9 @@ END`
 // instant could be past the lease's end, and move it later. Only a
 // doorbell this session held is passed on with the lease, only a release
 // that changed the row (still the token's, under the row lock) is followed
-// by the grant, and a queue that cannot be read hands nothing. The row answered is whether the token held
-// the lease, what RELEASE_LOCK answered, and whether the lease was handed
-// over.
+// by the grant, and a queue that cannot be read hands nothing. The row
+// answered is whether the token held the lease, what RELEASE_LOCK
+// answered, and whether the lease was handed over.
 func handoffProcSQL(table string) string {
 	return `CREATE PROCEDURE ` + handoffProc(table) + `(
   IN p_key VARBINARY(255), IN p_token BINARY(16), IN p_name VARCHAR(64) CHARACTER SET utf8mb4)
@@ -183,8 +183,7 @@ func (b *Backend) handing() bool {
 // bellWait is a lease wait run as the wait procedure (see
 // GetLock.acquireWait): what it asks, and what the procedure answered.
 type bellWait struct {
-	call  string
-	off   *atomic.Bool
+	ho    *handoffs
 	req   dlock.Request // the lease's request, in its own mode
 	sent  time.Time     // when the CALL was sent (zero: it was not)
 	conn  int64         // the waiting session
@@ -197,7 +196,7 @@ type bellWait struct {
 // run runs the wait procedure on ss for the doorbell name, waiting up to
 // wait; it reports whether the procedure exists.
 func (w *bellWait) run(ctx context.Context, ss *session, name string, wait time.Duration) (got sql.NullInt64, ok bool, err error) {
-	if w.off.Load() {
+	if w.ho.off.Load() {
 		return got, false, nil
 	}
 	var ttl int64
@@ -207,10 +206,10 @@ func (w *bellWait) run(ctx context.Context, ss *session, name string, wait time.
 	secs := strconv.FormatFloat(max(wait, 0).Seconds(), 'f', 6, 64)
 	var spanUs int64
 	w.sent, w.conn = time.Now(), ss.id
-	err = ss.conn.QueryRowContext(ctx, w.call, name, secs, w.req.Key, w.req.Token[:], w.req.Owner, w.req.Metadata, ttl).
+	err = ss.conn.QueryRowContext(ctx, w.ho.wait, name, secs, w.req.Key, w.req.Token[:], w.req.Owner, w.req.Metadata, ttl).
 		Scan(&got, &w.mine, &w.fence, &spanUs)
 	if noHandoffProc(err) {
-		w.off.Store(true)
+		w.ho.off.Store(true)
 		w.sent = time.Time{}
 		return got, false, nil
 	}

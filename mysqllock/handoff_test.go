@@ -21,24 +21,6 @@ func TestReleaseHandsTheLeaseToTheFirstWaiter(t *testing.T) {
 		locktest.UniqueKey("handoff"))
 }
 
-// waitingOn waits until n sessions wait on key's doorbell.
-func waitingOn(t *testing.T, b *mysqllock.Backend, key string, n int) {
-	t.Helper()
-	for try := 0; ; try++ {
-		ws, err := b.ListWaiters(t.Context(), key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ws) >= n {
-			return
-		}
-		if try == 500 {
-			t.Fatalf("%d waiting on %q after 5 s, want %d", len(ws), key, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestLeaseWithoutHandoffProcedures: on tables migrated by an earlier
 // version (no queue table, no procedures), or whose queue table is gone,
 // waits block on the doorbell and releases go on as without handoffs: the
@@ -75,7 +57,7 @@ func TestLeaseWithoutHandoffProcedures(t *testing.T) {
 					wk, err = waiter.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
 					got <- err
 				}()
-				waitingOn(t, be, key, 1) // blocked on the doorbell, not polling
+				locktest.WaitQueued(t, holder, key, 1) // blocked on the doorbell, not polling
 				if err := lk.Release(ctx); err != nil {
 					t.Fatalf("round %d: release: %v", round, err)
 				}

@@ -361,8 +361,8 @@ func splitScript(script string) (tables, triggers []string) {
 // dlock.ErrUnsupported. It also creates GetLock's grant procedure and the
 // lease strategy's wait and handoff procedures, which need CREATE ROUTINE
 // (without it, a warning; GetLock's grants then take two statements, and
-// a lease handoff two durable commits). With Options.Logger it then logs a warning for each
-// finding of Check (and one if Check fails).
+// a lease handoff two durable commits). With Options.Logger it then logs a
+// warning for each finding of Check (and one if Check fails).
 func (b *Backend) Migrate(ctx context.Context) error {
 	return migrate(ctx, b.db, b.table, &b.warn, b.Check)
 }
@@ -400,23 +400,27 @@ func migrate(ctx context.Context, pool *sql.DB, table string, w *warner, check f
 		}
 		w.journalOff(ctx, table, err)
 	}
-	for _, proc := range []string{waitProcSQL(table), handoffProcSQL(table)} {
-		if err := createProc(ctx, db, proc); err != nil {
+	// The procedures speed the strategies up; without the right to create
+	// them, a warning, and the strategies go on without.
+	for _, p := range []struct {
+		what, without string
+		stmts         []string
+	}{
+		{"the lease handoff procedures", "a lease handoff takes two durable commits", []string{waitProcSQL(table), handoffProcSQL(table)}},
+		{"the getlock grant procedure", "a getlock grant takes two round trips", []string{grantProcSQL(table)}},
+	} {
+		for _, stmt := range p.stmts {
+			err := createProc(ctx, db, stmt)
+			if err == nil {
+				continue
+			}
 			if !isDenied(err) && !dbDenied(err) {
-				return fmt.Errorf("mysqllock: migrate %s: create the lease handoff procedures: %w", table, err)
+				return fmt.Errorf("mysqllock: migrate %s: create %s: %w", table, p.what, err)
 			}
 			if w.log != nil {
-				w.log.WarnContext(ctx, "mysqllock: the lease handoff procedures cannot be created: a lease handoff takes two durable commits", "table", table, "err", err)
+				w.log.WarnContext(ctx, "mysqllock: "+p.what+" cannot be created: "+p.without, "table", table, "err", err)
 			}
 			break
-		}
-	}
-	if err := createGrantProc(ctx, db, table); err != nil {
-		if !isDenied(err) && !dbDenied(err) {
-			return fmt.Errorf("mysqllock: migrate %s: create the getlock grant procedure: %w", table, err)
-		}
-		if w.log != nil {
-			w.log.WarnContext(ctx, "mysqllock: the getlock grant procedure cannot be created: a getlock grant takes two round trips", "table", table, "err", err)
 		}
 	}
 	if err := w.warn(ctx, check); err != nil {
