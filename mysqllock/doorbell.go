@@ -158,7 +158,11 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	waiting := time.Now()
 	var bw *bellWait
 	if b.handing() {
-		bw = &bellWait{ho: &b.ho, req: req}
+		// Without the CALL statements (db did not answer) this wait
+		// waits unrecorded, as without handoffs.
+		if calls, err := b.ho.procCalls(ctx, b.db); err == nil {
+			bw = &bellWait{ho: &b.ho, calls: calls, req: req}
+		}
 	}
 	r, err := b.bell.acquireWait(ctx, bellRequest(req), bound, bw)
 	if err != nil || !r.Acquired {

@@ -161,17 +161,51 @@ END`
 
 // handoffs is a Backend's use of the procedures.
 type handoffs struct {
-	wait, release string      // the CALL statements
-	leave         string      // deletes a wait's queue row
-	off           atomic.Bool // the server has no procedures: no handoffs
+	table string      // quoted, as given
+	leave string      // deletes a wait's queue row (on the lease table's pool)
+	off   atomic.Bool // the server has no procedures: no handoffs
+	// calls holds the CALL statements once the procedures' database is
+	// known (see procCalls).
+	calls atomic.Pointer[procCalls]
 }
 
+// procCalls are the CALL statements of the wait and the handoff procedure.
+type procCalls struct{ wait, release string }
+
 func newHandoffs(table string) handoffs {
-	return handoffs{
+	return handoffs{table: table, leave: "DELETE FROM " + queueTable(table) + " WHERE conn_id = ? AND token = ?"}
+}
+
+func newProcCalls(table string) *procCalls {
+	return &procCalls{
 		wait:    "CALL " + waitProc(table) + "(?, ?, ?, ?, ?, ?, ?)",
 		release: "CALL " + handoffProc(table) + "(?, ?, ?)",
-		leave:   "DELETE FROM " + queueTable(table) + " WHERE conn_id = ? AND token = ?",
 	}
+}
+
+// procCalls returns the CALL statements, naming the procedures with the
+// database of db (the lease table's pool), where Migrate created them: they
+// run on doorbell sessions, which resolve an unqualified name in their own
+// database, and Options.Connector may give them another (where a table of
+// the same name would then be handed the lease instead). db is asked once,
+// unless the table names its database.
+func (ho *handoffs) procCalls(ctx context.Context, db *sql.DB) (*procCalls, error) {
+	if c := ho.calls.Load(); c != nil {
+		return c, nil
+	}
+	table := ho.table
+	var schema sql.NullString
+	if !strings.Contains(table, "`.`") {
+		if err := db.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&schema); err != nil {
+			return nil, err
+		}
+	}
+	if schema.Valid {
+		table = "`" + strings.ReplaceAll(schema.String, "`", "``") + "`." + table
+	}
+	c := newProcCalls(table)
+	ho.calls.Store(c)
+	return c, nil
 }
 
 // handing reports whether releases hand the lease over and waits record
@@ -184,6 +218,7 @@ func (b *Backend) handing() bool {
 // GetLock.acquireWait): what it asks, and what the procedure answered.
 type bellWait struct {
 	ho    *handoffs
+	calls *procCalls
 	req   dlock.Request // the lease's request, in its own mode
 	sent  time.Time     // when the CALL was sent (zero: it was not)
 	conn  int64         // the waiting session
@@ -206,7 +241,7 @@ func (w *bellWait) run(ctx context.Context, ss *session, name string, wait time.
 	secs := strconv.FormatFloat(max(wait, 0).Seconds(), 'f', 6, 64)
 	var spanUs int64
 	w.sent, w.conn = time.Now(), ss.id
-	err = ss.conn.QueryRowContext(ctx, w.ho.wait, name, secs, w.req.Key, w.req.Token[:], w.req.Owner, w.req.Metadata, ttl).
+	err = ss.conn.QueryRowContext(ctx, w.calls.wait, name, secs, w.req.Key, w.req.Token[:], w.req.Owner, w.req.Metadata, ttl).
 		Scan(&got, &w.mine, &w.fence, &spanUs)
 	if noHandoffProc(err) {
 		w.ho.off.Store(true)
@@ -284,13 +319,17 @@ const errNoDatabase = 1046
 // session that holds the key's doorbell for it. ok is false when it did
 // not run (no such session): the caller releases as without handoffs.
 func (b *Backend) handOff(ctx context.Context, key string, token dlock.Token) (err error, ok bool) {
+	calls, err := b.ho.procCalls(ctx, b.db)
+	if err != nil {
+		return nil, false // db did not answer: release as without handoffs
+	}
 	var held, handed bool
 	var callErr, fallback error
 	ran := false
 	err = b.bell.end(ctx, key, token, ending{clean: true, via: func(ctx context.Context, conn *sql.Conn) (sql.NullInt64, error) {
 		ran = true
 		var rang sql.NullInt64
-		callErr = conn.QueryRowContext(ctx, b.ho.release, key, token[:], b.bell.name(key)).Scan(&held, &rang, &handed)
+		callErr = conn.QueryRowContext(ctx, calls.release, key, token[:], b.bell.name(key)).Scan(&held, &rang, &handed)
 		if noHandoffProc(callErr) {
 			// Nothing ran: release as without handoffs, lease first.
 			b.ho.off.Store(true)

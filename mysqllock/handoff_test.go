@@ -2,6 +2,8 @@ package mysqllock_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/locktest"
 	"github.com/dlock-dev/dlock/mysqllock"
+	"github.com/go-sql-driver/mysql"
 )
 
 // TestReleaseHandsTheLeaseToTheFirstWaiter: three waiters queue on a held
@@ -50,18 +53,13 @@ func TestLeaseWithoutHandoffProcedures(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := make(chan error, 1)
-				var wk *dlock.Lock
-				go func() {
-					var err error
-					wk, err = waiter.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
-					got <- err
-				}()
+				got := acquireLater(ctx, waiter, key)
 				locktest.WaitQueued(t, holder, key, 1) // blocked on the doorbell, not polling
 				if err := lk.Release(ctx); err != nil {
 					t.Fatalf("round %d: release: %v", round, err)
 				}
-				if err := <-got; err != nil {
+				wk, err := got()
+				if err != nil {
 					t.Fatalf("round %d: waiter: %v", round, err)
 				}
 				if wk.Fence() != lk.Fence()+1 {
@@ -116,5 +114,99 @@ func TestReleaseDelayedPastTheLeaseDoesNotRevive(t *testing.T) {
 	}
 	if after.After(end) {
 		t.Errorf("the lease ended at %s; after a release that waited past it, the row says %s", end.Format(time.StampMicro), after.Format(time.StampMicro))
+	}
+}
+
+// TestHandoffsStayInTheTablesDatabase: a doorbell Connector whose database is
+// not db's (the same server, another schema with a lock table of the same
+// name) must not make the lease strategy's waits and releases run the other
+// schema's procedures: a waiter would then be handed the other table's
+// lease and report the key acquired while its own table has it free, for
+// any other client to take as well.
+func TestHandoffsStayInTheTablesDatabase(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	db := open(t, "")
+	table := "dlock_xdb_" + dlock.NewToken().String()[:8]
+	other := "dlock_other_" + dlock.NewToken().String()[:8]
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+other+"`"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS `"+other+"`") })
+	freshSchema(t, db, table)
+	cfg, err := mysql.ParseDSN(dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = other
+	otherDB, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { otherDB.Close() })
+	ob, err := mysqllock.New(otherDB, &mysqllock.Options{Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	bells, err := mysql.NewConnector(cfg) // the other schema's database
+	if err != nil {
+		t.Fatal(err)
+	}
+	misrouted := newLease(t, "", &mysqllock.Options{Table: table, Connector: bells})
+	plain := newLease(t, "", &mysqllock.Options{Table: table, NoDoorbell: true})
+
+	key := locktest.UniqueKey("xdb")
+	elsewhere := locktest.NewLocker(t, ob)
+	waiter := locktest.NewLocker(t, misrouted)
+	lk, err := elsewhere.Acquire(ctx, key, dlock.WithTTL(30*time.Second)) // and the key's doorbell
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A holder of the key in the waiter's own table, so that the waiter waits.
+	hk, err := locktest.NewLocker(t, plain).Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := acquireLater(ctx, waiter, key)
+	locktest.WaitQueued(t, waiter, key, 1)
+	if err := hk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wk, err := got()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wk.Release(ctx)
+	// The waiter holds the key in its own table: nobody else takes it there.
+	if ok, err := locktest.NewLocker(t, plain).TryAcquire(ctx, key); err == nil {
+		ok.Release(ctx)
+		t.Fatalf("another client of the waiter's table took the key it holds (fence %d, waiter's %d)", ok.Fence(), wk.Fence())
+	} else if !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatal(err)
+	}
+}
+
+// acquireLater starts a blocking acquisition of key (TTL 30 s) on l and
+// returns a function that waits for its outcome.
+func acquireLater(ctx context.Context, l *dlock.Locker, key string) func() (*dlock.Lock, error) {
+	type outcome struct {
+		lk  *dlock.Lock
+		err error
+	}
+	ch := make(chan outcome, 1)
+	go func() {
+		lk, err := l.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+		ch <- outcome{lk, err}
+	}()
+	return func() (*dlock.Lock, error) {
+		o := <-ch
+		return o.lk, o.err
 	}
 }
