@@ -204,12 +204,12 @@ type checker struct {
 	in     checkInput
 	rep    *RunReport
 	holds  []*hold
-	byKF   map[string]*hold    // key/fence → hold
-	leases map[string][]*lease // key → leases in grant order
-	byLF   map[string]*lease   // key/fence → lease
-	slow   map[string][]span   // worker → its slow backend calls
-	tokens map[[16]byte]string // token of a slow acquisition's request → its worker
-	failed map[string][]wait   // key → acquisitions that ended in an error
+	byKF   map[string]*hold       // key/fence → hold
+	leases map[string][]*lease    // key → leases in grant order
+	byLF   map[string]*lease      // key/fence → lease
+	slow   map[string][]span      // worker → its slow backend calls
+	tokens map[[16]byte]tokenCall // token of a slow acquisition's request → its call
+	failed map[string][]wait      // key → acquisitions that ended in an error
 	// cutAcq: key → acquisitions that their caller's deadline ended
 	// (the acqdeadline client fault), which may have been granted in the
 	// store without any record before their clean-up undid it.
@@ -312,7 +312,7 @@ func (c *checker) fault(kind string) *FaultStats {
 
 // check analyses one run.
 func check(in checkInput) *RunReport {
-	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, tokens: map[[16]byte]string{}, failed: map[string][]wait{}, cutAcq: map[string][]wait{}, pool: map[string]int{}}
+	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, tokens: map[[16]byte]tokenCall{}, failed: map[string][]wait{}, cutAcq: map[string][]wait{}, pool: map[string]int{}}
 	c.rep = &RunReport{
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
@@ -398,7 +398,7 @@ func (c *checker) buildHolds() {
 				var tok [16]byte
 				if b, err := hex.DecodeString(e.Tok); err == nil && len(b) == len(tok) {
 					copy(tok[:], b)
-					c.tokens[tok] = w.ID
+					c.tokens[tok] = tokenCall{w.ID, e.T0, e.T}
 				}
 			case "done":
 				if h := open[kf(e.K, e.F)]; h != nil {
@@ -911,6 +911,12 @@ func (c *checker) faultFigures() {
 	}
 }
 
+// tokenCall is a slow acquisition call of a worker: when it began and ended.
+type tokenCall struct {
+	worker string
+	t0, t  int64
+}
+
 // liveness checks that a key the store has let go is taken again soon when
 // someone is waiting for it: from each lease's end at the store to the next
 // grant that a worker was told of (a backend may take and hand back a lease
@@ -985,13 +991,14 @@ func (c *checker) liveness() {
 		}
 	}
 	// cutOff: a grant no worker was told of went to a worker that a fault
-	// cut off while it waited (its slow call's token names it): the key
-	// was taken then, and stays taken until the store ends that grant (a
-	// session's idle timeout, a lease's TTL).
+	// cut off while it waited (its slow call's token names it), or before
+	// the grant's reply reached it (a fault from the grant to the end of
+	// that call): the key was taken then, and stays taken until the store
+	// ends that grant (a session's idle timeout, a lease's TTL).
 	cutOff := func(l *lease) bool {
-		w, ok := c.tokens[l.token]
+		call, ok := c.tokens[l.token]
 		g := c.mono(l.grantUs)
-		return ok && faultedAt(w, g, g)
+		return ok && faultedAt(call.worker, g, max(g, call.t))
 	}
 	for k, ls := range c.leases {
 		for i := range ls {

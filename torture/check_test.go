@@ -450,8 +450,9 @@ func TestControlVerdict(t *testing.T) {
 // took the key: the server holds such a session grant until it ends the
 // session (its idle timeout, about a TTL). The wait of the others from the
 // release to the next grant a worker got is not the key staying free. w1
-// releases at 600 ms; w3, partitioned from 500 ms, is granted fence 2 at
-// 610 ms inside its wait; w2, waiting since 200 ms, gets fence 3 at 2.7 s.
+// releases at 600 ms; w3, partitioned from 500 ms (or from just after the
+// grant), is granted fence 2 at 610 ms inside its wait; w2, waiting since
+// 200 ms, gets fence 3 at 2.7 s.
 func TestCheckLivenessKeyTakenByACutOffWaiter(t *testing.T) {
 	in := base()
 	for i := range in.History {
@@ -482,6 +483,16 @@ func TestCheckLivenessKeyTakenByACutOffWaiter(t *testing.T) {
 	if r := check(in); r.ViolationCount != 0 {
 		t.Errorf("a key granted to a cut-off waiter counted as free: %v", r.ViolationList)
 	}
+	// Cut off just after the grant, before its reply arrived (the call
+	// ended without it): the key was taken all the same.
+	in.Faults[0].Start = 615 * ms
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a key granted to a waiter cut off before the reply counted as free: %v", r.ViolationList)
+	}
+	// A fault after that call ended does not explain the lost grant.
+	in.Faults[0].Start, in.Faults[0].End = 2650*ms, 2660*ms
+	wantViolation(t, in, vLiveness)
+	in.Faults[0].Start, in.Faults[0].End = 500*ms, 2500*ms
 	// Granted to a worker no fault touched, the key was free as far as
 	// anyone could tell: the wait is judged.
 	in.Faults[0].Worker = "w4"
