@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/dlock-dev/dlock"
 )
 
 // The checker reads three records that share one clock domain or one order:
@@ -114,6 +116,7 @@ type hold struct {
 	acqOK     int64
 	doneAt    int64 // Done closed
 	lost      bool  // ... because the lock was lost
+	doneByRel bool  // ... because its holder released it (Err: ErrNotHeld)
 	relStart  int64
 	relEnd    int64
 	relErr    string
@@ -208,7 +211,7 @@ type checker struct {
 	leases map[string][]*lease    // key → leases in grant order
 	byLF   map[string]*lease      // key/fence → lease
 	slow   map[string][]span      // worker → its slow backend calls
-	tokens map[[16]byte]tokenCall // token of a slow acquisition's request → its call
+	tokens map[[16]byte]tokenCall // token of a slow or failed acquisition's request → its call
 	failed map[string][]wait      // key → acquisitions that ended in an error
 	// cutAcq: key → acquisitions that their caller's deadline ended
 	// (the acqdeadline client fault), which may have been granted in the
@@ -393,8 +396,10 @@ func (c *checker) buildHolds() {
 				} else {
 					cs.Freed.add(float64(e.T-e.T0) / 1e6)
 				}
-			case "slow":
-				c.slow[w.ID] = append(c.slow[w.ID], span{e.T0, e.T})
+			case "slow", "acqfail":
+				if e.Ev == "slow" {
+					c.slow[w.ID] = append(c.slow[w.ID], span{e.T0, e.T})
+				}
 				var tok [16]byte
 				if b, err := hex.DecodeString(e.Tok); err == nil && len(b) == len(tok) {
 					copy(tok[:], b)
@@ -403,6 +408,7 @@ func (c *checker) buildHolds() {
 			case "done":
 				if h := open[kf(e.K, e.F)]; h != nil {
 					h.doneAt, h.lost = e.T, e.OK
+					h.doneByRel = !e.OK && e.Err == dlock.ErrNotHeld.Error()
 				}
 			case "rel":
 				if h := open[kf(e.K, e.F)]; h != nil {
@@ -811,10 +817,16 @@ func (c *checker) checkErrBeforeAccess() {
 			continue
 		}
 		end := c.mono(l.endUs())
-		if !l.open && l.relUs > 0 && h.relStart > 0 && end > h.relStart-int64(relLowerBound) {
+		relStart := h.relStart
+		if relStart == 0 && h.doneByRel {
+			// No record of the release (the holder was killed during
+			// it): Done closed when it began.
+			relStart = h.doneAt
+		}
+		if !l.open && l.relUs > 0 && relStart > 0 && end > relStart-int64(relLowerBound) {
 			// The holder's own release, whose instant the store may record
 			// early (a lower bound): every check came before the release.
-			end = max(end, h.relStart)
+			end = max(end, relStart)
 		}
 		if h.lastChk > end+slack {
 			c.violateUnder(h, vErrNilAfterEnd, "%s fence %d (%s, fault %s): Err nil at %s, the store ended the lease at %s%s", h.key, h.fence, h.worker,
@@ -911,7 +923,8 @@ func (c *checker) faultFigures() {
 	}
 }
 
-// tokenCall is a slow acquisition call of a worker: when it began and ended.
+// tokenCall is a slow or failed acquisition call of a worker: when it began
+// and ended.
 type tokenCall struct {
 	worker string
 	t0, t  int64
@@ -991,10 +1004,10 @@ func (c *checker) liveness() {
 		}
 	}
 	// cutOff: a grant no worker was told of went to a worker that a fault
-	// cut off while it waited (its slow call's token names it), or before
-	// the grant's reply reached it (a fault from the grant to the end of
-	// that call): the key was taken then, and stays taken until the store
-	// ends that grant (a session's idle timeout, a lease's TTL).
+	// cut off while it waited (its slow or failed call's token names it),
+	// or before the grant's reply reached it (a fault from the grant to the
+	// end of that call): the key was taken then, and stays taken until the
+	// store ends that grant (a session's idle timeout, a lease's TTL).
 	cutOff := func(l *lease) bool {
 		call, ok := c.tokens[l.token]
 		g := c.mono(l.grantUs)

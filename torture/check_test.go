@@ -489,6 +489,13 @@ func TestCheckLivenessKeyTakenByACutOffWaiter(t *testing.T) {
 	if r := check(in); r.ViolationCount != 0 {
 		t.Errorf("a key granted to a waiter cut off before the reply counted as free: %v", r.ViolationList)
 	}
+	// So with a short acquisition call that failed, cut off after the grant.
+	w3 := in.Workers[2].Events
+	w3[0] = Event{T0: 605 * ms, T: 640 * ms, Ev: "acqfail", Op: "wait", K: "k", Err: "invalid connection", Tok: w3[0].Tok}
+	in.Faults[0].Start, in.Faults[0].End = 620*ms, 2500*ms
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("a key granted to a failed call cut off before the reply counted as free: %v", r.ViolationList)
+	}
 	// A fault after that call ended does not explain the lost grant.
 	in.Faults[0].Start, in.Faults[0].End = 2650*ms, 2660*ms
 	wantViolation(t, in, vLiveness)

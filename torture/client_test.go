@@ -74,6 +74,16 @@ func TestCheckErrBeforeOwnEarlyRelease(t *testing.T) {
 	if r := check(in); r.ViolationCount != 0 {
 		t.Errorf("own release: %v", r.ViolationList)
 	}
+	// Killed during that release, the holder recorded no "rel": its Lock's
+	// Done, closed by Release ("not held"), says when it let go.
+	in.Workers[0].Events = in.Workers[0].Events[:4]
+	in.Faults = []FaultRecord{{Kind: FaultKill, Worker: "w1", Start: 602 * ms, End: 610 * ms}}
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("own release, the holder killed during it: %v", r.ViolationList)
+	}
+	// Done closed by a loss is no release of the holder's.
+	in.Workers[0].Events[3].OK, in.Workers[0].Events[3].Err = true, "dlock: lock lost"
+	wantViolation(t, in, vErrNilAfterEnd)
 }
 
 // For a session lock the end is the next grant; the session strategies'

@@ -8,8 +8,10 @@ import (
 )
 
 // timedBackend records every backend call slower than a threshold (a
-// diagnostic: a slow call is what turns into a late or early loss), and
-// each key's last grant in grants.
+// diagnostic: a slow call is what turns into a late or early loss), every
+// acquisition call that failed, with its request's token (the store may
+// have granted it all the same, and the checker then knows whose grant
+// nobody was told of), and each key's last grant in grants.
 type timedBackend struct {
 	dlock.Backend
 	rec    *recorder
@@ -32,8 +34,17 @@ func (b *timedBackend) Acquire(ctx context.Context, req dlock.Request) (dlock.Re
 	t0 := Mono()
 	res, err := b.Backend.Acquire(ctx, req)
 	b.noteTok("acquire", req.Key, req.Token.String(), t0, err)
+	b.failed("acquire", req, t0, err)
 	b.granted(req, res, err)
 	return res, err
+}
+
+// failed records an acquisition call that returned an error, with its
+// request's token.
+func (b *timedBackend) failed(op string, req dlock.Request, t0 int64, err error) {
+	if err != nil {
+		b.rec.rec(Event{T: Mono(), T0: t0, Ev: "acqfail", Op: op, K: req.Key, Err: errString(err), Tok: req.Token.String()})
+	}
 }
 
 func (b *timedBackend) granted(req dlock.Request, res dlock.Result, err error) {
@@ -74,6 +85,7 @@ type timedWaiter struct {
 func (b timedWaiter) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	t0 := Mono()
 	res, err := b.w.AcquireWait(ctx, req)
+	b.failed("wait", req, t0, err)
 	b.granted(req, res, err)
 	if t := Mono(); time.Duration(t-t0) > req.TTL {
 		b.rec.rec(Event{T: t, T0: t0, Ev: "slow", Op: "wait", K: req.Key, Err: errString(err), OK: res.Acquired, Tok: req.Token.String()})
