@@ -183,7 +183,9 @@ type Backend struct {
 	// here, until released or found lost, so that Extend and Release go
 	// straight to the holders table.
 	nonExcl sync.Map
-	warn    warner
+	// noIdleTx: the server has no idle_transaction_timeout (MySQL).
+	noIdleTx atomic.Bool
+	warn     warner
 }
 
 var (

@@ -3,8 +3,10 @@ package mysqllock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -163,17 +165,58 @@ func sharedMode(limit int) dlock.Mode {
 // inTx runs f in a transaction, which it commits if f says so and rolls back
 // otherwise. A deadlock (or a failed Galera certification, which reports
 // one) rolls the whole transaction back, so it is run again.
+//
+// The transaction locks the key's row across several round trips: a client
+// that pauses among them (a GC pause, SIGSTOP) would keep every other
+// client's statements on the key, the holder's renewals included, waiting
+// for as long as it stays paused. On MariaDB the server ends a transaction
+// idle for longer than idleTx (idle_transaction_timeout, set for its
+// duration on its connection, which is closed if the setting cannot be
+// undone); MySQL has no such bound, and there a paused client holds the
+// key's row until it goes on.
 func (b *Backend) inTx(ctx context.Context, f func(tx *sql.Tx) (commit bool, err error)) error {
 	for try := 0; ; try++ {
-		err := txOnce(ctx, b.db, f)
+		err := b.txOnce(ctx, f)
 		if !retryDeadlock(ctx, err, try) {
 			return err
 		}
 	}
 }
 
-func txOnce(ctx context.Context, db *sql.DB, f func(tx *sql.Tx) (bool, error)) error {
-	tx, err := db.BeginTx(ctx, nil)
+// idleTx is the idle_transaction_timeout (whole seconds) of inTx's
+// transactions on MariaDB.
+const idleTx = 1
+
+// errUnknownVariable is the server's error for a system variable it lacks.
+const errUnknownVariable = 1193
+
+func (b *Backend) txOnce(ctx context.Context, f func(tx *sql.Tx) (bool, error)) (err error) {
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	bounded := false
+	defer func() {
+		if bounded {
+			if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION idle_transaction_timeout = DEFAULT"); rerr != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
+			}
+		}
+		conn.Close()
+	}()
+	if !b.noIdleTx.Load() {
+		_, err := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = "+strconv.Itoa(idleTx))
+		var me *mysql.MySQLError
+		switch {
+		case err == nil:
+			bounded = true
+		case errors.As(err, &me) && me.Number == errUnknownVariable:
+			b.noIdleTx.Store(true)
+		default:
+			return err
+		}
+	}
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
