@@ -828,7 +828,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 	_, err := outlive(ctx, func(ctx context.Context) (struct{}, error) {
 		err := b.free(ctx, "release", q, key, token[:])
 		if errors.Is(err, dlock.ErrNotHeld) {
-			err = b.releaseShared(ctx, key, token)
+			err = b.releaseIfShared(ctx, key, token)
 		}
 		b.ring(ctx, key, token)
 		return struct{}{}, err

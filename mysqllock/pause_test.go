@@ -42,15 +42,22 @@ type pausingConn struct {
 
 func (c *pausingConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	res, err := c.Conn.(driver.ExecerContext).ExecContext(ctx, query, args)
-	if err == nil && strings.Contains(query, c.p.mark) && c.p.armed.CompareAndSwap(true, false) {
-		c.p.hit <- struct{}{}
-		time.Sleep(c.p.pause)
-	}
+	c.after(query, err)
 	return res, err
 }
 
 func (c *pausingConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+	rows, err := c.Conn.(driver.QueryerContext).QueryContext(ctx, query, args)
+	c.after(query, err)
+	return rows, err
+}
+
+// after pauses once query has run, if it is the mark's and the pause is armed.
+func (c *pausingConn) after(query string, err error) {
+	if err == nil && strings.Contains(query, c.p.mark) && c.p.armed.CompareAndSwap(true, false) {
+		c.p.hit <- struct{}{}
+		time.Sleep(c.p.pause)
+	}
 }
 
 func (c *pausingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -123,5 +130,46 @@ func TestPausedSharedAttemptHoldsNoKey(t *testing.T) {
 	defer ocancel()
 	if _, err := locktest.NewLocker(t, newBackend(t, "")).TryAcquire(octx, key, dlock.WithTTL(ttl)); err == nil || !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("another client's attempt while the stranger is paused: %v", err)
+	}
+}
+
+// TestReleaseOfAGoneLeaseLocksNothing: releasing an exclusive lease that is
+// gone (expired, taken by another) reads whether the token holds a shared
+// hold instead of locking the key's row to look: a client paused there
+// keeps nobody waiting.
+func TestReleaseOfAGoneLeaseLocksNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := mysql.ParseDSN(dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.InterpolateParams = true
+	base, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pausing{Connector: base, mark: "WHERE name = ? FOR UPDATE", pause: 2 * time.Second, hit: make(chan struct{}, 1)}
+	pdb := sql.OpenDB(p)
+	t.Cleanup(func() { pdb.Close() })
+	be, err := mysqllock.New(pdb, &mysqllock.Options{Table: testTable, NoDoorbell: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newBackend(t, "") // migrated
+	key := locktest.UniqueKey("gone-release")
+	tok := dlock.NewToken()
+	if r, err := be.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: dlock.MinTTL}); err != nil || !r.Acquired {
+		t.Fatal(r, err)
+	}
+	time.Sleep(dlock.MinTTL + 50*time.Millisecond) // gone
+	p.armed.Store(true)
+	if err := be.Release(ctx, key, tok); !errors.Is(err, dlock.ErrNotHeld) {
+		t.Fatalf("release of a gone lease: %v", err)
+	}
+	select {
+	case <-p.hit:
+		t.Fatal("the release of a gone lease locked the key's row")
+	default:
 	}
 }

@@ -50,8 +50,8 @@ func exclusiveOnly(strategy string, req dlock.Request) error {
 // sharedQueries are the statements of shared and limited holders; t is the
 // lock table and h the holders table.
 type sharedQueries struct {
-	lockRow, state, stateLocked, earliest, deleteStale, insert, grant       string
-	lockKey, remove, settle, extend, held, settleMany, forceHolders, forced string
+	lockRow, state, stateLocked, earliest, deleteStale, insert, grant                   string
+	lockKey, heldShared, remove, settle, extend, held, settleMany, forceHolders, forced string
 }
 
 // holderCols are the columns that query scans, for the lock table's
@@ -91,7 +91,8 @@ VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECO
 		grant: `UPDATE ` + t + ` SET fence = ?, share_limit = ?,
   shared_until = GREATEST(shared_until, IFNULL((SELECT h.expires_at FROM ` + h + ` AS h WHERE h.name = ? AND h.token = ?), shared_until))
 WHERE name = ?`,
-		lockKey: `SELECT fence FROM ` + t + ` WHERE name = ? FOR UPDATE`,
+		lockKey:    `SELECT fence FROM ` + t + ` WHERE name = ? FOR UPDATE`,
+		heldShared: `SELECT EXISTS (SELECT 1 FROM ` + h + ` WHERE name = ? AND token = ? AND expires_at > UTC_TIMESTAMP(6))`,
 		// A released holder's row is kept, expired now, until the key's
 		// next grant: its expiry tells when the slot was freed (see
 		// decideShared).
@@ -378,6 +379,23 @@ func (b *Backend) releaseShared(ctx context.Context, key string, token dlock.Tok
 		return b.wrap("release", err)
 	}
 	return err
+}
+
+// releaseIfShared is releaseShared for a token that held no exclusive lease
+// and that this Backend does not know as a shared hold (an acquisition of
+// unknown outcome): a read first, which locks nothing, so that the release
+// of a lease already gone runs no transaction on the key's row. A shared
+// grant of the token that commits after the read is found by the Locker's
+// next attempt to resolve that acquisition.
+func (b *Backend) releaseIfShared(ctx context.Context, key string, token dlock.Token) error {
+	var held bool
+	if err := b.db.QueryRowContext(ctx, b.sq.heldShared, key, token[:]).Scan(&held); err != nil {
+		return b.wrap("release", err)
+	}
+	if !held {
+		return dlock.ErrNotHeld
+	}
+	return b.releaseShared(ctx, key, token)
 }
 
 // lockKey locks key's row in the lock table for the transaction; the error
