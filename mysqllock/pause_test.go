@@ -27,6 +27,23 @@ type pausing struct {
 	hit   chan struct{} // receives once a pause begins
 }
 
+// pausingDB opens the test server through a pausing connector.
+func pausingDB(t *testing.T, mark string, pause time.Duration) (*pausing, *sql.DB) {
+	cfg, err := mysql.ParseDSN(dsn())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.InterpolateParams = true // statements go through ExecContext and QueryContext
+	base, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pausing{Connector: base, mark: mark, pause: pause, hit: make(chan struct{}, 1)}
+	db := sql.OpenDB(p)
+	t.Cleanup(func() { db.Close() })
+	return p, db
+}
+
 func (p *pausing) Connect(ctx context.Context) (driver.Conn, error) {
 	c, err := p.Connector.Connect(ctx)
 	if err != nil {
@@ -81,18 +98,7 @@ func (c *pausingConn) CheckNamedValue(nv *driver.NamedValue) error {
 func TestPausedSharedAttemptHoldsNoKey(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cfg, err := mysql.ParseDSN(dsn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.InterpolateParams = true // statements go through ExecContext
-	base, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pausing{Connector: base, mark: "ON DUPLICATE KEY UPDATE fence = fence", pause: 7 * time.Second, hit: make(chan struct{}, 1)}
-	pdb := sql.OpenDB(p)
-	t.Cleanup(func() { pdb.Close() })
+	p, pdb := pausingDB(t, "ON DUPLICATE KEY UPDATE fence = fence", 7*time.Second)
 	stranger, err := mysqllock.New(pdb, &mysqllock.Options{Table: testTable})
 	if err != nil {
 		t.Fatal(err)
@@ -140,18 +146,7 @@ func TestPausedSharedAttemptHoldsNoKey(t *testing.T) {
 func TestReleaseOfAGoneLeaseLocksNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg, err := mysql.ParseDSN(dsn())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.InterpolateParams = true
-	base, err := mysql.NewConnector(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pausing{Connector: base, mark: "WHERE name = ? FOR UPDATE", pause: 2 * time.Second, hit: make(chan struct{}, 1)}
-	pdb := sql.OpenDB(p)
-	t.Cleanup(func() { pdb.Close() })
+	p, pdb := pausingDB(t, "WHERE name = ? FOR UPDATE", 2*time.Second)
 	be, err := mysqllock.New(pdb, &mysqllock.Options{Table: testTable, NoDoorbell: true})
 	if err != nil {
 		t.Fatal(err)
