@@ -818,9 +818,11 @@ func (c *checker) checkErrBeforeAccess() {
 		}
 		end := c.mono(l.endUs())
 		relStart := h.relStart
-		if relStart == 0 && h.doneByRel {
-			// No record of the release (the holder was killed during
-			// it): Done closed when it began.
+		if h.doneAt > 0 && (h.doneByRel || h.lost) && (relStart == 0 || h.doneAt < relStart) {
+			// Done closed when the holder's release began (its record
+			// may be missing: the holder was killed during it), or when
+			// the holder was told of a loss, after which its Locker
+			// releases the lease in the background.
 			relStart = h.doneAt
 		}
 		if !l.open && l.relUs > 0 && relStart > 0 && end > relStart-int64(relLowerBound) {

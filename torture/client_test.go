@@ -81,8 +81,14 @@ func TestCheckErrBeforeOwnEarlyRelease(t *testing.T) {
 	if r := check(in); r.ViolationCount != 0 {
 		t.Errorf("own release, the holder killed during it: %v", r.ViolationList)
 	}
-	// Done closed by a loss is no release of the holder's.
+	// Told of a loss at 600 ms, the holder's Locker released the lease in
+	// the background, recorded 80 ms early: still its own.
 	in.Workers[0].Events[3].OK, in.Workers[0].Events[3].Err = true, "dlock: lock lost"
+	if r := check(in); r.ViolationCount != 0 {
+		t.Errorf("the Locker's release after a loss: %v", r.ViolationList)
+	}
+	// A release recorded well before the holder let go or was told is not.
+	in.History[1].AtUs, in.History[1].ExpUs = 400_000, 400_000
 	wantViolation(t, in, vErrNilAfterEnd)
 }
 
