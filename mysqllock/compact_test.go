@@ -25,7 +25,7 @@ func freshSchema(t *testing.T, db *sql.DB, table string) {
 				t.Error(err)
 			}
 		}
-		for _, proc := range []string{"_grant1", "_wait4", "_hand4"} {
+		for _, proc := range []string{"_grant1", "_wait4", "_hand4", "_wait5", "_hand5"} {
 			if _, err := db.ExecContext(context.Background(), "DROP PROCEDURE IF EXISTS `"+table+proc+"`"); err != nil {
 				t.Error(err)
 			}

@@ -101,3 +101,6 @@ func SkipSessionResize(t testing.TB) {
 	skipResize.Store(true)
 	t.Cleanup(func() { skipResize.Store(false) })
 }
+
+// BarrierName exposes the commit barrier's named lock of a key.
+var BarrierName = barrierName

@@ -32,6 +32,17 @@ import (
 // one durable commit per handoff. The woken waiter's locking read waits for
 // that commit and finds its token holding, with the doorbell.
 //
+// InnoDB makes a commit visible to other sessions (and releases its row
+// locks) before it flushes the commit to the log; the committing session is
+// answered after the flush. A waiter that read its grant in between would
+// hold a lease, and a fence, that a crash of the server at that instant
+// forgets: the next grant after the restart would carry the same fence. So
+// the handoff procedure holds the key's commit barrier (a named lock) from
+// before it rings the doorbell until its COMMIT has returned, and hands
+// nothing over without it; the woken waiter passes the barrier (takes and
+// frees it) before it reads its grant, and if it cannot within its wait, it
+// gives back whatever it was handed instead of reading it.
+//
 // Exclusion is the lease row's, as before: a grant is a write of the row
 // under its lock by the holder's release. A waiter that is not handed the
 // lease (the doorbell went to a session whose queue row does not ask for it,
@@ -48,7 +59,7 @@ import (
 // with an error that ran nothing, and the Backend goes on without handoffs.
 
 // handoffVersion is part of the procedures' names (see grantProcVersion).
-const handoffVersion = "4"
+const handoffVersion = "5"
 
 // queueTable is the queue table of the lock table table (quoted).
 func queueTable(table string) string { return strings.TrimSuffix(table, "`") + "_queue`" }
@@ -61,6 +72,14 @@ func waitProc(table string) string {
 func handoffProc(table string) string {
 	return strings.TrimSuffix(table, "`") + "_hand" + handoffVersion + "`"
 }
+
+// barrierName is the named lock that a handoff of key holds until its
+// commit is durable (see above).
+func barrierName(key string) string { return lockName("dbarr", key) }
+
+// barrierWait bounds (in seconds) a woken waiter's wait for a handoff's
+// commit to be durable.
+const barrierWait = 10
 
 // waitProcSQL is the CREATE PROCEDURE statement of the wait procedure of
 // table: record the wait, wait up to p_wait for the doorbell p_name (as a
@@ -76,10 +95,12 @@ func waitProcSQL(table string) string {
 	return `CREATE PROCEDURE ` + waitProc(table) + `(
   IN p_name VARCHAR(64) CHARACTER SET utf8mb4, IN p_wait DECIMAL(14,6),
   IN p_key VARBINARY(255), IN p_token BINARY(16), IN p_owner VARCHAR(255) CHARACTER SET utf8mb4,
-  IN p_meta VARCHAR(1024) CHARACTER SET utf8mb4, IN p_ttl BIGINT UNSIGNED)
+  IN p_meta VARCHAR(1024) CHARACTER SET utf8mb4, IN p_ttl BIGINT UNSIGNED,
+  IN p_barrier VARCHAR(64) CHARACTER SET utf8mb4)
 MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN
   DECLARE v_start DATETIME(6) DEFAULT UTC_TIMESTAMP(6);
+  DECLARE v_pass INT DEFAULT NULL;
   DECLARE v_mine BOOL DEFAULT FALSE;
   DECLARE v_fence BIGINT UNSIGNED DEFAULT 0;
   DECLARE v_span BIGINT DEFAULT 0;
@@ -97,8 +118,15 @@ BEGIN
   EXECUTE dlock_wait;
   DEALLOCATE PREPARE dlock_wait;
   IF @dlock_got = 1 AND p_ttl > 0 AND v_queued THEN
-    SELECT token = p_token AND expires_at > UTC_TIMESTAMP(6), fence, TIMESTAMPDIFF(MICROSECOND, v_start, expires_at)
-      INTO v_mine, v_fence, v_span FROM ` + table + ` WHERE name = p_key LOCK IN SHARE MODE;
+    SET v_pass = GET_LOCK(p_barrier, ` + strconv.Itoa(barrierWait) + `);
+    IF v_pass = 1 THEN
+      DO RELEASE_LOCK(p_barrier);
+      SELECT token = p_token AND expires_at > UTC_TIMESTAMP(6), fence, TIMESTAMPDIFF(MICROSECOND, v_start, expires_at)
+        INTO v_mine, v_fence, v_span FROM ` + table + ` WHERE name = p_key LOCK IN SHARE MODE;
+    ELSE
+      UPDATE ` + table + ` SET expires_at = UTC_TIMESTAMP(6), token = ` + noToken + `
+        WHERE name = p_key AND token = p_token AND expires_at > UTC_TIMESTAMP(6);
+    END IF;
   END IF;
   IF v_queued THEN
     DELETE FROM ` + queueTable(table) + ` WHERE conn_id = CONNECTION_ID();
@@ -122,9 +150,11 @@ END`
 // answered, and whether the lease was handed over.
 func handoffProcSQL(table string) string {
 	return `CREATE PROCEDURE ` + handoffProc(table) + `(
-  IN p_key VARBINARY(255), IN p_token BINARY(16), IN p_name VARCHAR(64) CHARACTER SET utf8mb4)
+  IN p_key VARBINARY(255), IN p_token BINARY(16), IN p_name VARCHAR(64) CHARACTER SET utf8mb4,
+  IN p_barrier VARCHAR(64) CHARACTER SET utf8mb4)
 MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN
+  DECLARE v_barrier INT DEFAULT NULL;
   DECLARE v_held, v_unshared BOOL DEFAULT FALSE;
   DECLARE v_now DATETIME(6);
   DECLARE v_rang, v_next BIGINT DEFAULT NULL;
@@ -133,14 +163,19 @@ BEGIN
   DECLARE v_meta VARCHAR(1024) CHARACTER SET utf8mb4 DEFAULT '';
   DECLARE v_ttl BIGINT UNSIGNED DEFAULT 0;
   DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_token = NULL;
-  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN
+    ROLLBACK;
+    IF v_barrier = 1 THEN DO RELEASE_LOCK(p_barrier); END IF;
+    RESIGNAL;
+  END;
+  SET v_barrier = GET_LOCK(p_barrier, 0);
   START TRANSACTION;
   SELECT token = p_token AND expires_at > UTC_TIMESTAMP(6), shared_until <= UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)
     INTO v_held, v_unshared, v_now FROM ` + table + ` WHERE name = p_key FOR UPDATE;
   SET v_rang = RELEASE_LOCK(p_name);
   IF v_held THEN
     SET v_next = IS_USED_LOCK(p_name);
-    IF v_next IS NOT NULL AND v_unshared AND v_rang = 1 THEN
+    IF v_next IS NOT NULL AND v_unshared AND v_rang = 1 AND v_barrier = 1 THEN
       BEGIN
         DECLARE CONTINUE HANDLER FOR SQLEXCEPTION SET v_token = NULL;
         SELECT token, owner, metadata, ttl_us INTO v_token, v_owner, v_meta, v_ttl FROM ` + queueTable(table) + `
@@ -155,6 +190,7 @@ BEGIN
     END IF;
   END IF;
   COMMIT;
+  IF v_barrier = 1 THEN DO RELEASE_LOCK(p_barrier); END IF;
   SELECT v_held, v_rang, v_token IS NOT NULL;
 END`
 }
@@ -178,8 +214,8 @@ func newHandoffs(table string) handoffs {
 
 func newProcCalls(table string) *procCalls {
 	return &procCalls{
-		wait:    "CALL " + waitProc(table) + "(?, ?, ?, ?, ?, ?, ?)",
-		release: "CALL " + handoffProc(table) + "(?, ?, ?)",
+		wait:    "CALL " + waitProc(table) + "(?, ?, ?, ?, ?, ?, ?, ?)",
+		release: "CALL " + handoffProc(table) + "(?, ?, ?, ?)",
 	}
 }
 
@@ -241,7 +277,8 @@ func (w *bellWait) run(ctx context.Context, ss *session, name string, wait time.
 	secs := strconv.FormatFloat(max(wait, 0).Seconds(), 'f', 6, 64)
 	var spanUs int64
 	w.sent, w.conn = time.Now(), ss.id
-	err = ss.conn.QueryRowContext(ctx, w.calls.wait, name, secs, w.req.Key, w.req.Token[:], w.req.Owner, w.req.Metadata, ttl).
+	err = ss.conn.QueryRowContext(ctx, w.calls.wait, name, secs, w.req.Key, w.req.Token[:], w.req.Owner, w.req.Metadata, ttl,
+		barrierName(w.req.Key)).
 		Scan(&got, &w.mine, &w.fence, &spanUs)
 	if noHandoffProc(err) {
 		w.ho.off.Store(true)
@@ -329,7 +366,7 @@ func (b *Backend) handOff(ctx context.Context, key string, token dlock.Token) (e
 	err = b.bell.end(ctx, key, token, ending{clean: true, via: func(ctx context.Context, conn *sql.Conn) (sql.NullInt64, error) {
 		ran = true
 		var rang sql.NullInt64
-		callErr = conn.QueryRowContext(ctx, calls.release, key, token[:], b.bell.name(key)).Scan(&held, &rang, &handed)
+		callErr = conn.QueryRowContext(ctx, calls.release, key, token[:], b.bell.name(key), barrierName(key)).Scan(&held, &rang, &handed)
 		if noHandoffProc(callErr) {
 			// Nothing ran: release as without handoffs, lease first.
 			b.ho.off.Store(true)

@@ -30,7 +30,7 @@ func TestReleaseHandsTheLeaseToTheFirstWaiter(t *testing.T) {
 // woken waiter takes the lease itself, with the next fence.
 func TestLeaseWithoutHandoffProcedures(t *testing.T) {
 	for name, drops := range map[string][]string{
-		"no procedures":  {"DROP PROCEDURE `%s_wait4`", "DROP PROCEDURE `%s_hand4`", "DROP TABLE `%s_queue`"},
+		"no procedures":  {"DROP PROCEDURE `%s_wait5`", "DROP PROCEDURE `%s_hand5`", "DROP TABLE `%s_queue`"},
 		"no queue table": {"DROP TABLE `%s_queue`"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -208,5 +208,61 @@ func acquireLater(ctx context.Context, l *dlock.Locker, key string) func() (*dlo
 	return func() (*dlock.Lock, error) {
 		o := <-ch
 		return o.lk, o.err
+	}
+}
+
+// TestWokenWaiterPassesTheCommitBarrier: a woken waiter reads its grant only
+// once the handoff's commit barrier is free (the handoff's commit flushed),
+// and a release that cannot hold the barrier hands nothing over. Here
+// another session holds the barrier: the release frees the lease without
+// handing it, the woken waiter waits at the barrier, and once the barrier
+// is free it takes the lease itself, with the next fence.
+func TestWokenWaiterPassesTheCommitBarrier(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	key := locktest.UniqueKey("barrier")
+	holder := locktest.NewLocker(t, newBackend(t, ""))
+	waiter := locktest.NewLocker(t, newBackend(t, ""))
+	lk, err := holder.Acquire(ctx, key, dlock.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := acquireLater(ctx, waiter, key)
+	locktest.WaitQueued(t, holder, key, 1)
+
+	conn, err := open(t, "").Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var took int
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, 5)", mysqllock.BarrierName(key)).Scan(&took); err != nil || took != 1 {
+		t.Fatalf("barrier: %d %v", took, err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan struct{})
+	var wk *dlock.Lock
+	var werr error
+	go func() {
+		defer close(waited)
+		wk, werr = got()
+	}()
+	select {
+	case <-waited:
+		t.Fatalf("the waiter returned while the barrier was held: %v", werr)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", mysqllock.BarrierName(key)); err != nil {
+		t.Fatal(err)
+	}
+	<-waited
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	defer wk.Release(ctx)
+	if wk.Fence() != lk.Fence()+1 {
+		t.Errorf("waiter's fence %d after %d", wk.Fence(), lk.Fence())
 	}
 }
