@@ -199,9 +199,11 @@ func (b *Backend) txOnce(ctx context.Context, f func(tx *sql.Tx) (bool, error)) 
 	bounded := false
 	defer func() {
 		if bounded {
-			if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "SET SESSION idle_transaction_timeout = DEFAULT"); rerr != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+			if _, rerr := conn.ExecContext(rctx, "SET SESSION idle_transaction_timeout = DEFAULT"); rerr != nil {
 				_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
 			}
+			cancel()
 		}
 		conn.Close()
 	}()
