@@ -33,15 +33,20 @@ import (
 // that commit and finds its token holding, with the doorbell.
 //
 // InnoDB makes a commit visible to other sessions (and releases its row
-// locks) before it flushes the commit to the log; the committing session is
-// answered after the flush. A waiter that read its grant in between would
-// hold a lease, and a fence, that a crash of the server at that instant
-// forgets: the next grant after the restart would carry the same fence. So
-// the handoff procedure holds the key's commit barrier (a named lock) from
-// before it rings the doorbell until its COMMIT has returned, and hands
-// nothing over without it; the woken waiter passes the barrier (takes and
-// frees it) before it reads its grant, and if it cannot within its wait, it
-// gives back whatever it was handed instead of reading it.
+// locks) before it flushes the commit to the log, and MariaDB may go on with
+// the committing session's next statements before the flush too: only its
+// reply to the client waits for it. A waiter that told its client of a
+// grant read in between would hold a lease, and a fence, that a crash of
+// the server at that instant forgets: the next grant after the restart
+// would carry the same fence. So the woken waiter, once it has read its
+// grant, writes its own lease row (its end, one microsecond later): its
+// reply then waits for a flush that covers the handoff's commit, which
+// came before it in the log. Besides, the handoff procedure holds the
+// key's commit barrier (a named lock) from before it rings the doorbell
+// until its COMMIT statement has returned, and hands nothing over without
+// it; the woken waiter passes the barrier (takes and frees it) before it
+// reads its grant, and if it cannot within 10 s, it gives back whatever it
+// was handed instead of reading it.
 //
 // Exclusion is the lease row's, as before: a grant is a write of the row
 // under its lock by the holder's release. A waiter that is not handed the
@@ -74,11 +79,11 @@ func handoffProc(table string) string {
 }
 
 // barrierName is the named lock that a handoff of key holds until its
-// commit is durable (see above).
+// COMMIT statement has returned (see above).
 func barrierName(key string) string { return lockName("dbarr", key) }
 
 // barrierWait bounds (in seconds) a woken waiter's wait for a handoff's
-// commit to be durable.
+// COMMIT statement to return.
 const barrierWait = 10
 
 // waitProcSQL is the CREATE PROCEDURE statement of the wait procedure of
@@ -123,6 +128,11 @@ BEGIN
       DO RELEASE_LOCK(p_barrier);
       SELECT token = p_token AND expires_at > UTC_TIMESTAMP(6), fence, TIMESTAMPDIFF(MICROSECOND, v_start, expires_at)
         INTO v_mine, v_fence, v_span FROM ` + table + ` WHERE name = p_key LOCK IN SHARE MODE;
+      IF v_mine THEN
+        UPDATE ` + table + ` SET expires_at = expires_at + INTERVAL 1 MICROSECOND
+          WHERE name = p_key AND token = p_token AND expires_at > UTC_TIMESTAMP(6);
+        SET v_mine = ROW_COUNT() = 1;
+      END IF;
     ELSE
       UPDATE ` + table + ` SET expires_at = UTC_TIMESTAMP(6), token = ` + noToken + `
         WHERE name = p_key AND token = p_token AND expires_at > UTC_TIMESTAMP(6);

@@ -198,12 +198,13 @@ func (b *Backend) txOnce(ctx context.Context, f func(tx *sql.Tx) (bool, error)) 
 	}
 	bounded := false
 	defer func() {
+		// Undone within the caller's context; a connection where that
+		// fails (the context ended) is closed instead of going back to
+		// the pool with the setting.
 		if bounded {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
-			if _, rerr := conn.ExecContext(rctx, "SET SESSION idle_transaction_timeout = DEFAULT"); rerr != nil {
-				_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // not back to the pool
+			if _, rerr := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = DEFAULT"); rerr != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 			}
-			cancel()
 		}
 		conn.Close()
 	}()
