@@ -202,14 +202,16 @@ func (b *Backend) txOnce(ctx context.Context, f func(tx *sql.Tx) (bool, error)) 
 		// fails (the context ended) is closed instead of going back to
 		// the pool with the setting.
 		if bounded {
-			if _, rerr := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = DEFAULT"); rerr != nil {
+			if _, rerr := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = DEFAULT, idle_write_transaction_timeout = DEFAULT, idle_readonly_transaction_timeout = DEFAULT"); rerr != nil {
 				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 			}
 		}
 		conn.Close()
 	}()
 	if !b.noIdleTx.Load() {
-		_, err := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = "+strconv.Itoa(idleTx))
+		// The write and read-only variants, when set, take precedence.
+		n := strconv.Itoa(idleTx)
+		_, err := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = "+n+", idle_write_transaction_timeout = "+n+", idle_readonly_transaction_timeout = "+n)
 		var me *mysql.MySQLError
 		switch {
 		case err == nil:

@@ -76,7 +76,7 @@ func testPGDSN(t *testing.T) string {
 // testDSN, testPGDSN); it starts a redis-server, an etcd and a ZooKeeper of
 // its own for their strategies (failing under CI=true, and skipping
 // otherwise, when one is not installed).
-// DLOCK_TORTURE_DURATION changes the time per strategy (default 15s; the
+// DLOCK_TORTURE_DURATION changes the time per strategy (default 12s; the
 // control runs half as long, at least 10s); DLOCK_TORTURE_STRATEGIES
 // (comma-separated) runs only those; DLOCK_TORTURE_OUT keeps the records in
 // that directory; DLOCK_TORTURE_TAG (default "ci") names the tables, so that
@@ -88,7 +88,7 @@ func TestShortRun(t *testing.T) {
 		t.Skip("-short: the harness runs for about two minutes")
 	}
 	dsn, _ := testDSN(t)
-	d := 15 * time.Second
+	d := 12 * time.Second
 	if s := os.Getenv("DLOCK_TORTURE_DURATION"); s != "" {
 		var err error
 		if d, err = time.ParseDuration(s); err != nil {
