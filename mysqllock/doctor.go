@@ -126,7 +126,7 @@ func checkServer(ctx context.Context, db querier, session bool) ([]Finding, erro
 		err := queryRow(ctx, db, "SELECT @@wsrep_on", &on)
 		var me *mysql.MySQLError
 		switch {
-		case errors.As(err, &me) && me.Number == 1193: // not MariaDB: no Galera
+		case errors.As(err, &me) && me.Number == errUnknownVariable: // not MariaDB: no Galera
 		case err != nil:
 			return nil, fmt.Errorf("mysqllock: check: %w", err)
 		case on.String == "1" || on.String == "ON":

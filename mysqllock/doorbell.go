@@ -322,7 +322,7 @@ func (p *galeraProbe) probe(ctx context.Context, db rower) error {
 	err := db.QueryRowContext(ctx, "SELECT @@wsrep_on").Scan(&on)
 	var me *mysql.MySQLError
 	switch {
-	case errors.As(err, &me) && me.Number == 1193: // unknown variable: not MariaDB/Galera
+	case errors.As(err, &me) && me.Number == errUnknownVariable: // unknown variable: not MariaDB/Galera
 	case err != nil:
 		return err
 	default:

@@ -207,12 +207,12 @@ type checker struct {
 	in     checkInput
 	rep    *RunReport
 	holds  []*hold
-	byKF   map[string]*hold       // key/fence → hold
-	leases map[string][]*lease    // key → leases in grant order
-	byLF   map[string]*lease      // key/fence → lease
-	slow   map[string][]span      // worker → its slow backend calls
-	tokens map[[16]byte]tokenCall // token of a slow or failed acquisition's request → its call
-	failed map[string][]wait      // key → acquisitions that ended in an error
+	byKF   map[string]*hold    // key/fence → hold
+	leases map[string][]*lease // key → leases in grant order
+	byLF   map[string]*lease   // key/fence → lease
+	slow   map[string][]span   // worker → its slow backend calls
+	tokens map[[16]byte]wait   // token of a slow or failed acquisition's request → its call
+	failed map[string][]wait   // key → acquisitions that ended in an error
 	// cutAcq: key → acquisitions that their caller's deadline ended
 	// (the acqdeadline client fault), which may have been granted in the
 	// store without any record before their clean-up undid it.
@@ -224,8 +224,8 @@ type checker struct {
 	modeLog   []logRow
 }
 
-// wait is an acquisition that ended in an error: the worker waited for key
-// from t0 to t.
+// wait is an acquisition call of a worker from t0 to t: one that ended in
+// an error, or (in checker.tokens) one that was slow or failed.
 type wait struct {
 	worker string
 	t0, t  int64
@@ -315,7 +315,7 @@ func (c *checker) fault(kind string) *FaultStats {
 
 // check analyses one run.
 func check(in checkInput) *RunReport {
-	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, tokens: map[[16]byte]tokenCall{}, failed: map[string][]wait{}, cutAcq: map[string][]wait{}, pool: map[string]int{}}
+	c := &checker{in: in, byKF: map[string]*hold{}, leases: map[string][]*lease{}, byLF: map[string]*lease{}, slow: map[string][]span{}, tokens: map[[16]byte]wait{}, failed: map[string][]wait{}, cutAcq: map[string][]wait{}, pool: map[string]int{}}
 	c.rep = &RunReport{
 		Name: in.Name, Strategy: in.Strategy, Fencing: !in.NoFencing, Control: in.Control,
 		DurationS: float64(in.Ended-in.Started) / 1e9, Workers: len(in.Workers), TTLms: in.TTL.Milliseconds(),
@@ -403,7 +403,7 @@ func (c *checker) buildHolds() {
 				var tok [16]byte
 				if b, err := hex.DecodeString(e.Tok); err == nil && len(b) == len(tok) {
 					copy(tok[:], b)
-					c.tokens[tok] = tokenCall{w.ID, e.T0, e.T}
+					c.tokens[tok] = wait{w.ID, e.T0, e.T}
 				}
 			case "done":
 				if h := open[kf(e.K, e.F)]; h != nil {
@@ -923,13 +923,6 @@ func (c *checker) faultFigures() {
 			fs.TargetMissed++
 		}
 	}
-}
-
-// tokenCall is a slow or failed acquisition call of a worker: when it began
-// and ended.
-type tokenCall struct {
-	worker string
-	t0, t  int64
 }
 
 // liveness checks that a key the store has let go is taken again soon when
