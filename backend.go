@@ -55,7 +55,7 @@ import (
 // Optional capabilities are separate interfaces found by type assertion:
 // Lister, ForceReleaser, Waiter, DirectWaiter, LossReporter, Sharer, Watcher,
 // HolderWatcher, MetadataSetter, SessionBound, LockDelayer, TTLExtender,
-// HoldKeeper.
+// HoldKeeper, BatchExtender.
 type Backend interface {
 	Acquire(ctx context.Context, req Request) (Result, error)
 	Extend(ctx context.Context, leases []Lease) ([]error, error)
@@ -229,6 +229,18 @@ type MetadataSetter interface {
 // ErrUnsupported.
 type TTLExtender interface {
 	ExtendsToAnyTTL()
+}
+
+// BatchExtender is implemented by backends that set how many leases one
+// Extend call may carry. The Locker renews the leases that fall due
+// together in calls of at most ExtendBatch leases (1,000 when the backend
+// is not a BatchExtender or reports less than 1); calls of one instant run
+// side by side, each on a connection of its own. A backend that renews any
+// number of leases in one round trip reports a large limit, so that many
+// held locks are renewed on one connection; one with a bound on a
+// request's size reports what fits.
+type BatchExtender interface {
+	ExtendBatch() int
 }
 
 // HoldKeeper is implemented by backends that keep a minimum hold

@@ -41,6 +41,7 @@ type Locker struct {
 	pending  map[string]*pending // store acquisitions under way with an owner, by key
 	renewing bool                // the renewal goroutine is running
 	kick     chan struct{}       // wakes the renewal goroutine
+	batch    int                 // leases per Extend call
 
 	stopLoss func() // unregisters from a LossReporter backend
 	// early holds losses reported for tokens not (yet) registered: a
@@ -72,6 +73,7 @@ func New(b Backend, opts *Options) *Locker {
 		wakers:    make(map[string]*waker),
 		pending:   make(map[string]*pending),
 		kick:      make(chan struct{}, 1),
+		batch:     extendBatch(b),
 	}
 	if l.ttl == 0 {
 		l.ttl = DefaultTTL

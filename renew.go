@@ -159,8 +159,17 @@ func (l *Locker) endLocked(ls *lease, err error) {
 	l.wakeLocked(ls.key)
 }
 
-// maxBatch bounds the leases renewed by one Backend.Extend call.
+// maxBatch bounds the leases renewed by one Backend.Extend call, unless
+// the backend sets its own bound (BatchExtender).
 const maxBatch = 1000
+
+// extendBatch is the bound on the leases of one Extend call to b.
+func extendBatch(b Backend) int {
+	if be, ok := b.(BatchExtender); ok && be.ExtendBatch() > 0 {
+		return be.ExtendBatch()
+	}
+	return maxBatch
+}
 
 // renewLoop renews due leases in batches. It runs while the Locker holds
 // anything and exits when it holds nothing or is closed.
@@ -193,7 +202,7 @@ func (l *Locker) renewLoop() {
 			if due {
 				ls.inflight = true
 				batch = append(batch, ls)
-				if len(batch) == maxBatch {
+				if len(batch) == l.batch {
 					l.wg.Add(1)
 					go l.renew(batch)
 					batch = nil

@@ -254,6 +254,14 @@ func (g *guard) SetMetadata(ctx context.Context, key string, token dlock.Token, 
 	return err
 }
 
+// ExtendBatch passes dlock.BatchExtender through (0: the Locker's default).
+func (g *guard) ExtendBatch() int {
+	if be, ok := g.b.(dlock.BatchExtender); ok {
+		return be.ExtendBatch()
+	}
+	return 0
+}
+
 // ExtendsToAnyTTL claims dlock.TTLExtender for every store: dlock run
 // refuses --at-least itself where the store's Backend cannot keep it
 // (keepsMinHold).
