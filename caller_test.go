@@ -136,16 +136,23 @@ func (b *gatedBackend) Acquire(ctx context.Context, req Request) (Result, error)
 	return Result{Acquired: true, Fence: 1}, nil
 }
 
+// tryLater runs TryAcquire(key) with a context that cannot end, on a
+// goroutine of its own, and sends its error.
+func tryLater(l *Locker, key string) <-chan error {
+	res := make(chan error, 1)
+	go func() {
+		_, err := l.TryAcquire(context.Background(), key)
+		res <- err
+	}()
+	return res
+}
+
 // TestCloseRacingAcquisition: an acquisition granted by the store while the
 // Locker closes is released, not left to its TTL.
 func TestCloseRacingAcquisition(t *testing.T) {
 	b := &gatedBackend{entered: make(chan struct{}), gate: make(chan struct{})}
 	l := New(b, nil)
-	res := make(chan error, 1)
-	go func() {
-		_, err := l.TryAcquire(context.Background(), "k")
-		res <- err
-	}()
+	res := tryLater(l, "k")
 	<-b.entered
 	closed := make(chan struct{})
 	go func() {

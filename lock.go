@@ -189,14 +189,19 @@ func (k *Lock) Release(ctx context.Context) (err error) {
 		l.mu.Unlock()
 	}
 	keep := l.keepFor(ls)
-	_, err = await(l, ctx, func() (struct{}, error) {
-		return struct{}{}, l.letGo(ctx, ls, keep)
-	}, func(_ struct{}, err error) {
-		if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
-			l.releaseLater(ls.key, ls.token)
-		}
-		wake()
-	})
+	if ctx.Done() == nil { // nothing to return early for (see await)
+		err = l.letGo(ctx, ls, keep)
+		l.wg.Done()
+	} else {
+		_, err = await(l, ctx, func() (struct{}, error) {
+			return struct{}{}, l.letGo(ctx, ls, keep)
+		}, func(_ struct{}, err error) {
+			if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
+				l.releaseLater(ls.key, ls.token)
+			}
+			wake()
+		})
+	}
 	wake()
 	switch {
 	case errors.Is(err, errAbandoned):

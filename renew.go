@@ -58,13 +58,19 @@ func (l *Locker) register(ctx context.Context, req Request, fence uint64, sent t
 	} else {
 		l.shares[req.Key] = append(l.shares[req.Key], ls)
 	}
+	// The renewal goroutine looks again at wakeAt: wake it only when the
+	// new lease falls due before that (every wake-up is a hand-off between
+	// goroutines, a fifth of an uncontended Redis acquisition's time).
+	poke := !ls.renewAt.After(l.wakeAt)
 	if !l.renewing {
-		l.renewing = true
+		l.renewing, poke = true, false
 		l.wg.Add(1)
 		go l.renewLoop()
 	}
 	l.mu.Unlock()
-	l.poke()
+	if poke {
+		l.poke()
+	}
 	return k, nil
 }
 
@@ -171,21 +177,36 @@ func extendBatch(b Backend) int {
 	return maxBatch
 }
 
+// renewLinger is how long the renewal goroutine stays once the Locker holds
+// nothing, so that a Locker that acquires and releases in turn does not
+// start one per acquisition.
+const renewLinger = 10 * time.Second
+
 // renewLoop renews due leases in batches. It runs while the Locker holds
-// anything and exits when it holds nothing or is closed.
+// anything, and exits when it is closed or has held nothing for
+// l.linger.
 func (l *Locker) renewLoop() {
 	defer l.wg.Done()
 	t := l.clock.AfterFunc(time.Hour, l.poke)
 	defer t.Stop()
+	var idleSince time.Time
 	for {
 		l.mu.Lock()
-		if l.closed || l.holdsNothingLocked() {
-			l.renewing = false
+		now := l.clock.Now()
+		next := now.Add(time.Hour)
+		if l.holdsNothingLocked() {
+			if idleSince.IsZero() {
+				idleSince = now
+			}
+			next = idleSince.Add(l.linger)
+		} else {
+			idleSince = time.Time{}
+		}
+		if l.closed || !idleSince.IsZero() && !now.Before(next) {
+			l.renewing, l.wakeAt = false, time.Time{}
 			l.mu.Unlock()
 			return
 		}
-		now := l.clock.Now()
-		next := now.Add(time.Hour)
 		var batch []*lease
 		for ls := range l.eachLeaseLocked {
 			if ls.inflight {
@@ -215,6 +236,7 @@ func (l *Locker) renewLoop() {
 			l.wg.Add(1)
 			go l.renew(batch)
 		}
+		l.wakeAt = next
 		l.mu.Unlock()
 
 		t.Reset(next.Sub(l.clock.Now()))
