@@ -115,6 +115,23 @@ func TestSessionTableCompaction(t *testing.T) {
 		if _, err := db.ExecContext(ctx, `UPDATE `+session+` SET delay_us = 3600000000 WHERE name = ?`, unreleased); err != nil {
 			t.Fatal(err)
 		}
+		// A rowlock holder whose session ended: its row goes. (A getlock
+		// session holds every key of its client.)
+		dead := p + "dead"
+		if st != "rowlock" {
+			dead = ""
+		} else if res, err := be.Acquire(ctx, dlock.Request{Key: dead, Token: dlock.NewToken(), TTL: time.Minute}); err != nil || !res.Acquired {
+			t.Fatalf("%s: acquire %s: %+v, %v", st, dead, res, err)
+		}
+		var deadConn int64
+		if dead != "" {
+			if err := db.QueryRowContext(ctx, `SELECT conn_id FROM `+session+` WHERE name = ?`, dead).Scan(&deadConn); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", deadConn)); err != nil {
+				t.Fatal(err)
+			}
+		}
 		early := p + "early"
 		f1 := grantOnce(t, be, early)
 		for i := range 100 {
@@ -128,6 +145,10 @@ func TestSessionTableCompaction(t *testing.T) {
 			if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+session+` WHERE name = ?`, key).Scan(&n); err != nil || n != 1 {
 				t.Errorf("%s: %d rows of %s (%v), want it kept", st, n, key, err)
 			}
+		}
+		var n int
+		if err := db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+session+` WHERE name = ?`, dead).Scan(&n); dead != "" && (err != nil || n != 0) {
+			t.Errorf("%s: %d rows of %s, whose holder's session ended (%v), want it deleted", st, n, dead, err)
 		}
 		hs, err := be.(dlock.Lister).List(ctx, held)
 		if err != nil || len(hs) != 1 || hs[0].Token != heldTok {

@@ -38,8 +38,9 @@ import (
 // round trip, and a refusal one more (to read what is left of the delay).
 
 // grantIfAlive is grantQuery's condition for a grant written on another
-// connection than the locking session's (rowlock): that session is alive.
-const grantIfAlive = ` AND EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`
+// connection than the locking session's (rowlock): that session is alive
+// (holds its alive mark; its id is the two parameters).
+const grantIfAlive = ` AND IS_USED_LOCK(CONCAT('` + aliveMark + `', ?)) <=> ?`
 
 // grantQuery is the statement that records a grant in the session table
 // (quoted), under the condition where (an AND clause, or ""), with the
@@ -83,7 +84,7 @@ func (s *sessions) refused(ctx context.Context, ex querier, key string, ss *sess
 	rows, err := ex.QueryContext(ctx, `SELECT (SELECT epoch FROM `+s.run+` WHERE id = 1),
   (SELECT fence FROM `+s.table+` WHERE name = ?),
   (SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), delay_until), 0) FROM `+s.table+` WHERE name = ?),
-  EXISTS (SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = ?)`, key, key, ss.id)
+  IS_USED_LOCK(CONCAT('`+aliveMark+`', ?)) <=> ?`, key, key, ss.id, ss.id)
 	if err != nil {
 		return 0, err
 	}

@@ -116,6 +116,7 @@ func NewRowLock(db *sql.DB, opts *Options) (*RowLock, error) {
 	}
 	base := strings.TrimSuffix(table, "`")
 	s := newSessions(db, table).forStrategy("rowlock", minRowLockConns, connector(opts))
+	s.marked = true
 	s.log = logger(opts)
 	if n := s.limit(); n == 1 {
 		return nil, poolTooSmall(n)
@@ -586,9 +587,10 @@ func (r *RowLock) end(key string, token dlock.Token, how rowEnd) error {
 }
 
 // rowHeld is the condition, on a row of the session table, that its last
-// holder still holds it: not released (conn_id 0) and its session alive.
+// holder still holds it: not released (conn_id 0) and its session alive
+// (holding its alive mark, see aliveMark).
 const rowHeld = `lock_name = '' AND conn_id <> 0
-  AND conn_id IN (SELECT id FROM information_schema.PROCESSLIST)`
+  AND IS_USED_LOCK(CONCAT('` + aliveMark + `', conn_id)) <=> conn_id`
 
 // SetMetadata implements dlock.MetadataSetter for a lock held here: one
 // UPDATE of the key's row in the session table, on a pool connection, that
@@ -650,9 +652,8 @@ func (r *RowLock) ForceRelease(ctx context.Context, key string) error {
 }
 
 // List implements dlock.Lister: keys whose last holder has not released them
-// and whose session still exists (information_schema.PROCESSLIST; seeing
-// other users' sessions needs the PROCESS privilege). InnoDB's own lock
-// tables are not used: INNODB_TRX is a cache that polling keeps stale.
+// and whose session still exists (it holds its alive mark). InnoDB's own
+// lock tables are not used: INNODB_TRX is a cache that polling keeps stale.
 // ExpiresAt is zero: the lock lasts as long as the holder's session.
 func (r *RowLock) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
 	hs, err := r.s.holders(ctx, `LEFT(name, ?) = ? AND `+rowHeld, len(prefix), []byte(prefix))
