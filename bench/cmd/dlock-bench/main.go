@@ -418,9 +418,9 @@ func (b *bench) everyStrategy() []strategy {
 			b.closers = append(b.closers, p.Close)
 			return p
 		}
-		out = append(out, strategy{pgLease, "", func() dlock.Backend {
+		out = append(out, strategy{pgLease, pgLeaseFloor, func() dlock.Backend {
 			return closing(pglock.New(pgPool(), &pglock.Options{Table: b.c.table}))
-		}}, strategy{pgAdvisory, "", func() dlock.Backend {
+		}}, strategy{pgAdvisory, pgAdvisoryFloor, func() dlock.Backend {
 			return closing(pglock.NewAdvisory(pgPool(), &pglock.Options{Table: b.c.table}))
 		}})
 	}
@@ -596,6 +596,7 @@ VALUES ('bench-floor', ?, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))`, make([]byte, 
 			_, err := b.pg.Exec(ctx, "SELECT 1")
 			return err
 		})
+		b.pgFloors(ctx, n)
 	}
 	if b.etcd != nil {
 		b.latency(s, etcdFloor, "", n, func(int) error {
@@ -692,6 +693,52 @@ ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, expires_at = V
 			return err
 		}
 		return release.Run(ctx, b.rdb, []string{"bench-raw"}, "tok").Err()
+	})
+}
+
+// PostgreSQL strategies' own statements for an uncontended acquire and
+// release, without dlock (the floors of pglock's BenchmarkRawSQL).
+const (
+	pgLeaseFloor    = "raw pg lease upsert + release"
+	pgAdvisoryFloor = "raw pg_try_advisory_lock + fence upsert + pg_advisory_unlock"
+)
+
+// pgFloors measures pgLeaseFloor on the pool and pgAdvisoryFloor on one
+// connection of it, on the tables setup migrated.
+func (b *bench) pgFloors(ctx context.Context, n int) {
+	table := `"` + b.c.table + `"`
+	tok := dlock.NewToken()
+	b.latency(secFloor, pgLeaseFloor, "", n, func(int) error {
+		if _, err := b.pg.Exec(ctx, `INSERT INTO `+table+` (name, token, fence, acquired_at, expires_at)
+VALUES ('bench-raw', $1, 1, clock_timestamp(), clock_timestamp() + interval '30 seconds')
+ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token, fence = `+table+`.fence + 1, expires_at = EXCLUDED.expires_at`, tok[:]); err != nil {
+			return err
+		}
+		_, err := b.pg.Exec(ctx, `UPDATE `+table+` SET expires_at = clock_timestamp() WHERE name = 'bench-raw' AND token = $1`, tok[:])
+		return err
+	})
+	c, err := b.pg.Acquire(ctx)
+	if err != nil {
+		b.rows = append(b.rows, Row{Section: secFloor, Name: pgAdvisoryFloor, Note: "error: " + err.Error()})
+		return
+	}
+	defer c.Release()
+	session := `"` + b.c.table + `_session"`
+	k1, k2 := pglock.AdvisoryKeys("bench-raw")
+	b.latency(secFloor, pgAdvisoryFloor, "", n, func(int) error {
+		var ok bool
+		if err := c.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", k1, k2).Scan(&ok); err != nil || !ok {
+			return fmt.Errorf("pg_try_advisory_lock: %v, %v", ok, err)
+		}
+		if _, err := c.Exec(ctx, `INSERT INTO `+session+` (name, lock_id, token, fence, pid, acquired_at)
+VALUES ('bench-raw', 0, $1, 1, pg_backend_pid(), clock_timestamp())
+ON CONFLICT (name) DO UPDATE SET fence = `+session+`.fence + 1, token = EXCLUDED.token`, tok[:]); err != nil {
+			return err
+		}
+		if err := c.QueryRow(ctx, "SELECT pg_advisory_unlock($1, $2)", k1, k2).Scan(&ok); err != nil || !ok {
+			return fmt.Errorf("pg_advisory_unlock: %v, %v", ok, err)
+		}
+		return nil
 	})
 }
 
