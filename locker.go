@@ -485,7 +485,6 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		// goroutine; Close ends it through cctx, or, on a store client
 		// that ignores contexts, the client's own bounds do.
 		res, err = l.b.Acquire(cctx, req)
-		stop()
 	} else {
 		l.wg.Add(1)
 		res, err = await(l, cctx, func() (Result, error) {
@@ -499,8 +498,8 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 				l.resolve(req)
 			}
 		})
-		stop()
 	}
+	stop()
 	if err == nil && res.Acquired && res.SentAfter != 0 {
 		// SentAfter is real time. Count back from now only what followed
 		// the sending (about a round trip), so that a Clock running at
@@ -850,10 +849,10 @@ var errAbandoned = errors.New("dlock: store call abandoned")
 
 // await runs call on a goroutine of its own and waits for it until ctx
 // ends, so that the caller returns by its deadline even when the store (or
-// a client that does not honour contexts) stops answering. A caller whose
-// context cannot end (Done returns nil) makes the call itself instead: the
-// goroutine's hand-offs cost an uncontended Redis acquisition about a fifth
-// of its time. If ctx ends
+// a client that does not honour contexts) stops answering. (A caller whose
+// own context cannot end, Done returning nil, makes a TryAcquire's or
+// Release's call itself instead: the goroutine's hand-offs cost an
+// uncontended Redis acquisition about a fifth of its time.) If ctx ends
 // first it returns errAbandoned at once, and late runs with the call's
 // outcome when the call returns, on that goroutine. The caller must have
 // done l.wg.Add(1) for the goroutine (Close then waits for it, or for its

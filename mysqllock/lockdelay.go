@@ -40,7 +40,7 @@ import (
 // grantIfAlive is grantQuery's condition for a grant written on another
 // connection than the locking session's (rowlock): that session is alive
 // (holds its alive mark; its id is the two parameters).
-const grantIfAlive = ` AND IS_USED_LOCK(CONCAT('` + aliveMark + `', ?)) <=> ?`
+var grantIfAlive = ` AND ` + sessionAlive("?")
 
 // grantQuery is the statement that records a grant in the session table
 // (quoted), under the condition where (an AND clause, or ""), with the
@@ -84,7 +84,7 @@ func (s *sessions) refused(ctx context.Context, ex querier, key string, ss *sess
 	rows, err := ex.QueryContext(ctx, `SELECT (SELECT epoch FROM `+s.run+` WHERE id = 1),
   (SELECT fence FROM `+s.table+` WHERE name = ?),
   (SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), delay_until), 0) FROM `+s.table+` WHERE name = ?),
-  IS_USED_LOCK(CONCAT('`+aliveMark+`', ?)) <=> ?`, key, key, ss.id, ss.id)
+  `+sessionAlive("?"), key, key, ss.id, ss.id)
 	if err != nil {
 		return 0, err
 	}

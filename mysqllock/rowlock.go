@@ -589,8 +589,8 @@ func (r *RowLock) end(key string, token dlock.Token, how rowEnd) error {
 // rowHeld is the condition, on a row of the session table, that its last
 // holder still holds it: not released (conn_id 0) and its session alive
 // (holding its alive mark, see aliveMark).
-const rowHeld = `lock_name = '' AND conn_id <> 0
-  AND IS_USED_LOCK(CONCAT('` + aliveMark + `', conn_id)) <=> conn_id`
+var rowHeld = `lock_name = '' AND conn_id <> 0
+  AND ` + sessionAlive("conn_id")
 
 // SetMetadata implements dlock.MetadataSetter for a lock held here: one
 // UPDATE of the key's row in the session table, on a pool connection, that

@@ -336,10 +336,21 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 // named locks (discard).
 const aliveMark = "dlock/session/"
 
+// sessionAlive is the SQL condition that the session whose id is the
+// expression id holds its alive mark: it lives. A placeholder (?) for id
+// takes two arguments.
+func sessionAlive(id string) string {
+	return `IS_USED_LOCK(` + aliveMarkOf(id) + `) <=> ` + id
+}
+
+// aliveMarkOf is the SQL expression of the alive mark's name of the session
+// whose id is the expression id.
+func aliveMarkOf(id string) string { return `CONCAT('` + aliveMark + `', ` + id + `)` }
+
 // takeAliveMark is the expression by which a session takes its alive mark
 // (1 if it holds it), not taking it twice on a connection that already
 // holds it.
-const takeAliveMark = `IF(IS_USED_LOCK(CONCAT('` + aliveMark + `', CONNECTION_ID())) <=> CONNECTION_ID(), 1, GET_LOCK(CONCAT('` + aliveMark + `', CONNECTION_ID()), 0))`
+var takeAliveMark = `IF(` + sessionAlive("CONNECTION_ID()") + `, 1, GET_LOCK(` + aliveMarkOf("CONNECTION_ID()") + `, 0))`
 
 // cover sets the session's wait_timeout to secs (0: leave it). The caller
 // makes sure that no lock on the session needs more.
