@@ -38,9 +38,14 @@ import (
 // round trip, and a refusal one more (to read what is left of the delay).
 
 // grantIfAlive is grantQuery's condition for a grant written on another
-// connection than the locking session's (rowlock): that session is alive
-// (holds its alive mark; its id is the two parameters).
-var grantIfAlive = ` AND ` + sessionAlive("?")
+// connection than the locking session's (rowlock): that very session is
+// alive, holding its own mark (see ownMark; the parameters are the mark's
+// name and the session's id).
+const grantIfAlive = ` AND ` + ownMarkHeld
+
+// ownMarkHeld is the SQL condition that the session whose own mark's name
+// and id are the two parameters holds that mark.
+const ownMarkHeld = `IS_USED_LOCK(?) <=> ?`
 
 // grantQuery is the statement that records a grant in the session table
 // (quoted), under the condition where (an AND clause, or ""), with the
@@ -81,10 +86,14 @@ var errNoRun = errors.New("mysqllock: the server's run has no epoch")
 // (ErrFencesExhausted), or a lock-delay refused it (what is left of it is
 // returned, at least 1 ms so that the caller knows).
 func (s *sessions) refused(ctx context.Context, ex querier, key string, ss *session, alive bool) (time.Duration, error) {
+	held, args := `FALSE`, []any{key, key}
+	if alive {
+		held, args = ownMarkHeld, append(args, ss.mark, ss.id)
+	}
 	rows, err := ex.QueryContext(ctx, `SELECT (SELECT epoch FROM `+s.run+` WHERE id = 1),
   (SELECT fence FROM `+s.table+` WHERE name = ?),
   (SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), delay_until), 0) FROM `+s.table+` WHERE name = ?),
-  `+sessionAlive("?"), key, key, ss.id, ss.id)
+  `+held, args...)
 	if err != nil {
 		return 0, err
 	}

@@ -208,12 +208,12 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		r.unpin(ss)
 		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", err)
 	}
-	// The transaction outlives this call: it is the lock. READ COMMITTED:
-	// its locking read locks the key's row and no gap, where REPEATABLE
-	// READ could also lock the gap after it (seen as the supremum of the
-	// rows table), and every insert of a new key into that gap would wait
-	// for this lock's release.
-	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	// The transaction outlives this call: it is the lock. READ COMMITTED
+	// (the session's level, see sessions.readCommitted): its locking read
+	// locks the key's row and no gap, where REPEATABLE READ could also lock
+	// the gap after it (seen as the supremum of the rows table), and every
+	// insert of a new key into that gap would wait for this lock's release.
+	tx, err := ss.conn.BeginTx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		ss.broken.Store(true)
 		r.unpin(ss)
@@ -253,11 +253,13 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	}
 	// The fence is written on another connection, so that it counts at
 	// once (it is not part of the locking transaction); it counts only if
-	// the row stayed locked across its write. The locking transaction still
-	// open after the write proves that.
-	// If its session ended before, another client may have locked the row
-	// and written a smaller fence meanwhile; the write is then not made, so
-	// that the holder's row (List, ForceRelease) stays as it wrote it.
+	// the row stayed locked across its write. The write is made only while
+	// the locking session holds its own mark (see ownMark): that session
+	// lived from the locking read to the write, and its transaction, which
+	// runs no statement meanwhile, kept the row locked. If the session
+	// ended before, another client may have locked the row and written a
+	// smaller fence meanwhile; the write is then not made, so that the
+	// holder's row (List, ForceRelease) stays as it wrote it.
 	fence, delayed, err := r.s.grant(sctx, r.db, ss, req, "", true)
 	if err != nil || fence == 0 {
 		_ = tx.Rollback()
@@ -273,12 +275,6 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		res := r.s.notAcquired(ctx, req)
 		res.Remaining = delayed
 		return res, nil
-	}
-	if err := txOpen(sctx, tx); err != nil {
-		_ = tx.Rollback()
-		ss.broken.Store(true)
-		r.unpin(ss)
-		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", fmt.Errorf("the row was not held across the fence's write: %w", err))
 	}
 	r.mu.Lock()
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}

@@ -2,8 +2,11 @@ package mysqllock_test
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,6 +215,154 @@ func TestRowLockSmallPools(t *testing.T) {
 		}
 		if inUse := db.Stats().InUse; inUse != 0 {
 			t.Errorf("pool of %d: %d connections still checked out with no lock held", n, inUse)
+		}
+	}
+}
+
+// TestRowLockGrantAcrossRestartWithReusedSessionID restarts the server
+// (SIGKILL) between a rowlock's locking read and the fence's write, then
+// has another client open sessions until one gets the locking session's
+// connection id, which a new server run hands out again, and take that
+// session's named mark as a rowlock session would. The rule: the grant
+// must still see that its locking session ended (its row lock ended with
+// the server), so it is not reported acquired.
+func TestRowLockGrantAcrossRestartWithReusedSessionID(t *testing.T) {
+	dsn, restart := startRestartableMariaDB(t)
+	ctx := t.Context()
+	admin := openDSN(t, dsn)
+	migrateTwice(t, admin, nil)
+	// Move connection ids past those that a new run gives its first
+	// clients, so that the locking session's id can be reached again.
+	for range 30 {
+		c, err := admin.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+		c.Close()
+	}
+	db := openDSN(t, dsn)
+	r, err := mysqllock.NewRowLock(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	key := locktest.UniqueKey("rowlock-reused-id")
+	var impostor *sql.Conn
+	var hookErr error
+	done := false
+	mysqllock.OnRowLocked(t, func(k string, id int64) {
+		if k != key || done {
+			return
+		}
+		done = true
+		restart()
+		other := openDSN(t, dsn)
+		for {
+			c, err := other.Conn(ctx)
+			if err != nil {
+				hookErr = err
+				return
+			}
+			var got int64
+			if err := c.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&got); err != nil {
+				hookErr = err
+				return
+			}
+			if got == id {
+				var ok sql.NullInt64
+				if err := c.QueryRowContext(ctx, "SELECT GET_LOCK(CONCAT('dlock/session/', CONNECTION_ID()), 0)").Scan(&ok); err != nil || ok.Int64 != 1 {
+					hookErr = fmt.Errorf("take the reused id's mark: %v, %v", ok, err)
+				}
+				impostor = c
+				return
+			}
+			_ = c.Raw(func(any) error { return driver.ErrBadConn })
+			c.Close()
+			if got > id {
+				hookErr = fmt.Errorf("the new run's connection ids start at %d, past the locking session's %d", got, id)
+				return
+			}
+		}
+	})
+	res, err := r.Acquire(ctx, dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second})
+	if hookErr != nil {
+		t.Fatal(hookErr)
+	}
+	if impostor == nil {
+		t.Fatal("the hook did not run")
+	}
+	defer impostor.Close()
+	if err == nil && res.Acquired {
+		t.Fatalf("acquired with fence %d, though the row lock ended with the server before the fence was written", res.Fence)
+	}
+	t.Logf("refused as it should be: %+v, %v", res, err)
+}
+
+// TestRowLockIsolation holds a rowlock on a pool whose sessions run at
+// SERIALIZABLE (set by the DSN, as a caller may): the locking transaction
+// runs at READ COMMITTED, and the session, handed back to the caller's pool
+// after the release, is at SERIALIZABLE again.
+func TestRowLockIsolation(t *testing.T) {
+	ctx := t.Context()
+	variable := "transaction_isolation"
+	var version string
+	if err := open(t, "").QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(version, "MariaDB") {
+		variable = "tx_isolation" // before 11.1 MariaDB knows only this name
+	}
+	newBackend(t, "") // migrated
+	db := open(t, variable+"=%27SERIALIZABLE%27")
+	db.SetMaxOpenConns(2) // a pool with a limit gets each session back at release
+	r, err := mysqllock.NewRowLock(db, &mysqllock.Options{Table: testTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	key := locktest.UniqueKey("rowlock-isolation")
+	var id int64
+	mysqllock.OnRowLocked(t, func(k string, connID int64) {
+		if k == key {
+			id = connID
+		}
+	})
+	for round := range 2 { // the second round may reuse the first's session
+		tok := dlock.NewToken()
+		if res, err := r.Acquire(ctx, dlock.Request{Key: key, Token: tok, TTL: 10 * time.Second}); err != nil || !res.Acquired {
+			t.Fatalf("round %d: acquire: %+v, %v", round, res, err)
+		}
+		// information_schema.INNODB_TRX is a snapshot that InnoDB renews
+		// when it has not been read for 0.1 s.
+		admin := open(t, "")
+		var level string
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+			time.Sleep(150 * time.Millisecond)
+			err = admin.QueryRowContext(ctx, "SELECT trx_isolation_level FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = ?", id).Scan(&level)
+			if !errors.Is(err, sql.ErrNoRows) {
+				break
+			}
+		}
+		if err != nil || level != "READ COMMITTED" {
+			t.Errorf("round %d: the locking transaction has isolation %q (%v), want READ COMMITTED", round, level, err)
+		}
+		if err := r.Release(ctx, key, tok); err != nil {
+			t.Fatalf("round %d: release: %v", round, err)
+		}
+		conns := make([]*sql.Conn, 2)
+		for i := range conns {
+			c, err := db.Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns[i] = c
+			if err := c.QueryRowContext(ctx, "SELECT @@SESSION."+variable).Scan(&level); err != nil || level != "SERIALIZABLE" {
+				t.Errorf("round %d: a session back in the pool is at %q (%v), want the DSN's SERIALIZABLE", round, level, err)
+			}
+		}
+		for _, c := range conns {
+			c.Close()
 		}
 	}
 }

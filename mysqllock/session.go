@@ -2,6 +2,7 @@ package mysqllock
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"database/sql"
 	"database/sql/driver"
@@ -38,6 +39,7 @@ type session struct {
 	idleSince   time.Time // when it was parked in sessions.idle
 	conn        *sql.Conn
 	id          int64              // CONNECTION_ID()
+	mark        string             // rowlock: the name of its own mark (see ownMark)
 	keys        map[string]keyHold // getlock: keys held or being taken on this session
 	secs        map[int]int        // getlock: how many of keys need each wait_timeout
 	waitTimeout atomic.Int64       // seconds, as set on the session
@@ -163,6 +165,9 @@ type sessions struct {
 	// marked: each session holds its alive mark (see aliveMark) from its
 	// opening (rowlock).
 	marked bool
+	// isolationVar is the name of the server's variable for the session's
+	// isolation level, once read (see readCommitted).
+	isolationVar atomic.Pointer[string]
 	// galeraOK: a Galera node is no reason to refuse a session (the lease
 	// strategy's doorbells on Options.Connector, whose named locks on that
 	// one node serve the waiters of every node).
@@ -300,12 +305,16 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		return nil, err
 	}
 	var autocommit bool
-	var mark sql.NullInt64
-	q := "SELECT CONNECTION_ID(), @@autocommit, 1"
+	var mark, own sql.NullInt64
 	if s.marked {
-		q = "SELECT CONNECTION_ID(), @@autocommit, " + takeAliveMark
+		n := newNonce()
+		err = c.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@autocommit, "+takeAliveMark+", GET_LOCK("+ownMark+", 0), "+ownMark,
+			n, n).Scan(&ss.id, &autocommit, &mark, &own, &ss.mark)
+	} else {
+		err = c.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@autocommit").Scan(&ss.id, &autocommit)
+		mark.Int64, own.Int64 = 1, 1
 	}
-	if err := c.QueryRowContext(ctx, q).Scan(&ss.id, &autocommit, &mark); err != nil {
+	if err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -313,9 +322,18 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		c.Close()
 		return nil, errAutocommitOff
 	}
-	if mark.Int64 != 1 {
+	if mark.Int64 != 1 || own.Int64 != 1 {
+		// Do not hand a session that may hold one of the marks back.
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
 		c.Close()
-		return nil, fmt.Errorf("mysqllock: session %d could not take its named lock %s%d", ss.id, aliveMark, ss.id)
+		return nil, fmt.Errorf("mysqllock: session %d could not take its named locks %s%d and %s", ss.id, aliveMark, ss.id, ss.mark)
+	}
+	if s.marked {
+		if err := s.readCommitted(ctx, ss); err != nil {
+			_ = c.Raw(func(any) error { return driver.ErrBadConn })
+			c.Close()
+			return nil, err
+		}
 	}
 	if err := s.cover(ctx, ss, waitSecs(ttl)); err != nil {
 		c.Close()
@@ -347,10 +365,55 @@ func sessionAlive(id string) string {
 // whose id is the expression id.
 func aliveMarkOf(id string) string { return `CONCAT('` + aliveMark + `', ` + id + `)` }
 
+// ownMark is the SQL expression of the name of a rowlock session's own
+// mark, taken with its alive mark and held as long: the alive mark's name
+// followed by a random part (the placeholder: newNonce), so that no other
+// session ever holds it. The alive mark tells of a session by its
+// CONNECTION_ID(), which a server hands out again after a restart; the
+// own mark tells of this session only, which a grant written on another
+// connection needs (see RowLock.take).
+const ownMark = `CONCAT('` + aliveMark + `', CONNECTION_ID(), '/', ?)`
+
+// newNonce returns 16 random characters (80 bits, base32).
+func newNonce() string { return rand.Text()[:16] }
+
 // takeAliveMark is the expression by which a session takes its alive mark
 // (1 if it holds it), not taking it twice on a connection that already
 // holds it.
 var takeAliveMark = `IF(` + sessionAlive("CONNECTION_ID()") + `, 1, GET_LOCK(` + aliveMarkOf("CONNECTION_ID()") + `, 0))`
+
+// readCommitted makes READ COMMITTED the isolation level of the session's
+// transactions (rowlock's; see RowLock.take), once for the session rather
+// than before each transaction, which costs a statement (database/sql's
+// BeginTx with a level). The session's own level is kept in
+// @dlock_isolation, which discard restores. The level's variable is
+// transaction_isolation (MySQL, MariaDB 11.1+) or tx_isolation (MariaDB
+// before 11.1), whichever the server knows.
+func (s *sessions) readCommitted(ctx context.Context, ss *session) error {
+	v := s.isolationVar.Load()
+	if v == nil {
+		name := "transaction_isolation"
+		var level string
+		err := ss.conn.QueryRowContext(ctx, "SELECT @@SESSION.transaction_isolation").Scan(&level)
+		if unknownVariable(err) {
+			name, err = "tx_isolation", nil
+		}
+		if err != nil {
+			return err
+		}
+		v = &name
+		s.isolationVar.Store(v)
+	}
+	_, err := ss.ExecContext(ctx, "SET @dlock_isolation = @@SESSION."+*v+", SESSION "+*v+" = 'READ-COMMITTED'")
+	return err
+}
+
+// unknownVariable reports whether err is the server's error for a system
+// variable that it does not have.
+func unknownVariable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errUnknownVariable
+}
 
 // cover sets the session's wait_timeout to secs (0: leave it). The caller
 // makes sure that no lock on the session needs more.
@@ -432,8 +495,13 @@ func (s *sessions) discard(ss *session) {
 		defer cancel()
 		_, err = ss.ExecContext(ctx, "DO RELEASE_ALL_LOCKS()")
 		if err == nil {
-			// rowlock also sets innodb_lock_wait_timeout for its waits.
-			_, err = ss.ExecContext(ctx, "SET SESSION wait_timeout = @@GLOBAL.wait_timeout, innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout")
+			// rowlock also sets innodb_lock_wait_timeout for its waits, and
+			// its isolation level (readCommitted).
+			q := "SET SESSION wait_timeout = @@GLOBAL.wait_timeout, innodb_lock_wait_timeout = @@GLOBAL.innodb_lock_wait_timeout"
+			if v := s.isolationVar.Load(); s.marked && v != nil {
+				q += ", SESSION " + *v + " = @dlock_isolation, @dlock_isolation = NULL"
+			}
+			_, err = ss.ExecContext(ctx, q)
 		}
 	}
 	if err != nil { // do not hand a dubious session back to the pool
@@ -654,7 +722,7 @@ func (s *sessions) grant(ctx context.Context, ex querier, ss *session, req dlock
 	q, args := s.grantQuery, []any{req.Key, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds()}
 	if alive {
 		q = s.grantAliveQuery
-		args = append(args, ss.id, ss.id)
+		args = append(args, ss.mark, ss.id)
 	}
 	args = append(args, req.Token[:], req.Owner, ss.id, lockName, req.Metadata, req.LockDelay.Microseconds())
 	// Each of the two remedies is tried once: a compaction of a full
