@@ -421,10 +421,14 @@ gone AS (
   THEN '%d' ELSE '%d' END, true) AS lt`, waitBound.Milliseconds(), waitAlone.Milliseconds())
 		}
 		if marks {
+			// m reads l's answer in a subquery, which the plan evaluates
+			// before it reads pg_locks: a try that got the lock reads no
+			// pg_locks (a join with l read it first, about 40 µs of the
+			// server's time per grant).
 			extra = `,
 m AS (
   UPDATE ` + s + ` AS s SET writer_until = clock_timestamp() + $9::bigint * interval '1 microsecond'
-  FROM l WHERE s.name = $3 AND NOT l.ok
+  WHERE s.name = $3 AND NOT (SELECT ok FROM l)
     AND EXISTS (SELECT FROM pg_locks l WHERE ` + ours + ` AND l.mode = 'ShareLock' AND ` + keyLock + `)
 )`
 		}
