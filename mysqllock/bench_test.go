@@ -2,6 +2,7 @@ package mysqllock_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -78,6 +79,39 @@ func BenchmarkRowLockAcquireRelease(b *testing.B) {
 	locktest.BenchmarkAcquireRelease(b, newRowLock(b, "interpolateParams=true"))
 }
 
+// BenchmarkRawRowLock is rowlock's floor, the statements of dlock-bench's
+// "raw BEGIN + FOR UPDATE NOWAIT + fence upsert + COMMIT": a locking read in
+// a transaction, the fence's upsert on another connection, the release's
+// mark in the transaction and its COMMIT.
+func BenchmarkRawRowLock(b *testing.B) {
+	db, conn := rawConn(b)
+	ctx := context.Background()
+	key := fmt.Sprintf("benchraw/%p", b)
+	tok := dlock.NewToken()
+	if _, err := db.ExecContext(ctx, "INSERT IGNORE INTO "+testTable+"_rows (name) VALUES (?)", key); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var name []byte
+		if err := tx.QueryRowContext(ctx, "SELECT name FROM "+testTable+"_rows WHERE name = ? FOR UPDATE NOWAIT", key).Scan(&name); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := db.ExecContext(ctx, rawFenceUpsert, key, tok[:], ""); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE "+testTable+"_session SET conn_id = 0 WHERE name = ? AND token = ?", key, tok[:]); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkLeaseNoDoorbellContended8(b *testing.B) {
 	locktest.BenchmarkContention(b, 8, func(tb testing.TB) dlock.Backend {
 		return newLease(tb, "interpolateParams=true", &mysqllock.Options{Table: testTable, NoDoorbell: true})
@@ -137,28 +171,38 @@ func BenchmarkGaleraContended8(b *testing.B) {
 // upsert into the session table and RELEASE_LOCK on one connection,
 // without dlock (the dlock-bench floor of the same name).
 func BenchmarkRawGetLockFenceRelease(b *testing.B) {
-	newBackend(b, "") // migrated
-	db := open(b, "interpolateParams=true")
+	_, conn := rawConn(b)
 	ctx := context.Background()
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
 	name := fmt.Sprintf("benchraw/%p", b)
 	tok := dlock.NewToken()
-	upsert := `INSERT INTO ` + testTable + `_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
-VALUES (?, ?, '', 1, CONNECTION_ID(), ?, UTC_TIMESTAMP(6), '')
-ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALUES(conn_id), acquired_at = VALUES(acquired_at)`
 	for b.Loop() {
 		if _, err := conn.ExecContext(ctx, "DO GET_LOCK(?, 0)", name); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := conn.ExecContext(ctx, upsert, name, tok[:], name); err != nil {
+		if _, err := conn.ExecContext(ctx, rawFenceUpsert, name, tok[:], name); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", name); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// rawFenceUpsert is the session strategies' floors' fence write: the key,
+// the token and the named lock's name are its parameters.
+var rawFenceUpsert = `INSERT INTO ` + testTable + `_session (name, token, owner, fence, conn_id, lock_name, acquired_at, metadata)
+VALUES (?, ?, '', 1, CONNECTION_ID(), ?, UTC_TIMESTAMP(6), '')
+ON DUPLICATE KEY UPDATE token = VALUES(token), fence = fence + 1, conn_id = VALUES(conn_id), acquired_at = VALUES(acquired_at)`
+
+// rawConn migrates the test table and returns a pool with interpolated
+// parameters and one of its connections, closed with the benchmark.
+func rawConn(b *testing.B) (*sql.DB, *sql.Conn) {
+	newBackend(b, "") // migrated
+	db := open(b, "interpolateParams=true")
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return db, conn
 }
