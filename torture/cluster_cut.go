@@ -25,15 +25,26 @@ import (
 // so that its clients still reach it while the ensemble does not. Nothing
 // else on the machine is touched: the rules match the member's user, its
 // ports and the marks they set.
+//
+// A cluster is told apart from every other one running at the same time,
+// in this harness or another, by its id: the first port it took, which no
+// other running cluster holds. Its members' users, their connections'
+// marks and the cuts' tables are all made from it, so that the cut of one
+// cluster's member never touches a member of another (an etcd and a
+// ZooKeeper ensemble of one test run fail over side by side).
 
-// cutMark marks the connections of a cut member ("dlk" and the member).
-const cutMark = 0x646c6b00
+// cutMark marks the connections of a cut member: "d" in the top byte, then
+// the cluster's id and the member (cutSlot).
+const cutMark = 0x64000000
 
-// cutCred is the user and group that member i of a cluster of this
-// harness runs as: unused ids, apart for concurrent harnesses.
-func cutCred(i int) *syscall.Credential {
-	id := uint32(2_000_000 + (os.Getpid()%100_000)*4 + i)
-	return &syscall.Credential{Uid: id, Gid: id}
+// cutSlot is member i of cluster id (a port) as a small number: 4 per port.
+func cutSlot(id, i int) int { return id<<2 | i }
+
+// cutCred is the user and group that member i of cluster id runs as:
+// unused ids, apart for every cluster and member.
+func cutCred(id, i int) *syscall.Credential {
+	u := uint32(2_000_000 + cutSlot(id, i))
+	return &syscall.Credential{Uid: u, Gid: u}
 }
 
 // cutAvailable reports why cuts cannot be made here (nil: they can). It
@@ -51,8 +62,8 @@ func cutAvailable() error {
 		return fmt.Errorf("%w: nft list tables: %v", ErrNoServer, err)
 	}
 	for _, f := range strings.Fields(string(out)) {
-		var pid, i int
-		if n, _ := fmt.Sscanf(f, "dlock-cut-%d-%d", &pid, &i); n == 2 && syscall.Kill(pid, 0) == syscall.ESRCH {
+		var pid int
+		if n, _ := fmt.Sscanf(f, "dlock-cut-%d", &pid); n == 1 && syscall.Kill(pid, 0) == syscall.ESRCH {
 			_ = runCmd("nft", nil, "delete", "table", "inet", f)
 		}
 	}
@@ -72,15 +83,15 @@ func chownTree(dir string, cred *syscall.Credential) error {
 // memberCut is the cut of one member, until heal.
 type memberCut struct{ table string }
 
-// cutMember cuts member i (running as cutCred(i)) off from its peers: it
-// keeps clientPort, loses peerPorts (see above).
-func cutMember(i, clientPort int, peerPorts []int) (*memberCut, error) {
-	c := &memberCut{table: fmt.Sprintf("dlock-cut-%d-%d", os.Getpid(), i)}
+// cutMember cuts member i of cluster id (running as cutCred(id, i)) off
+// from its peers: it keeps clientPort, loses peerPorts (see above).
+func cutMember(id, i, clientPort int, peerPorts []int) (*memberCut, error) {
+	c := &memberCut{table: fmt.Sprintf("dlock-cut-%d-%d-%d", os.Getpid(), id, i)}
 	ports := make([]string, len(peerPorts))
 	for k, p := range peerPorts {
 		ports[k] = strconv.Itoa(p)
 	}
-	mark := fmt.Sprintf("%#x", cutMark+i)
+	mark := fmt.Sprintf("%#x", cutMark|cutSlot(id, i))
 	rules := fmt.Sprintf(`table inet %s {
   chain out {
     type filter hook output priority 0;
@@ -92,7 +103,7 @@ func cutMember(i, clientPort int, peerPorts []int) (*memberCut, error) {
     ct mark %s drop
   }
 }
-`, c.table, cutCred(i).Uid, clientPort, mark, strings.Join(ports, ", "), mark)
+`, c.table, cutCred(id, i).Uid, clientPort, mark, strings.Join(ports, ", "), mark)
 	if err := runCmd("nft", []byte(rules), "-f", "-"); err != nil {
 		return nil, fmt.Errorf("cut member %d: %w", i, err)
 	}

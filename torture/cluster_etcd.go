@@ -76,8 +76,11 @@ func newEtcdCluster(ctx context.Context, dir string, pause, cut bool) (Cluster, 
 		initial = append(initial, fmt.Sprintf("etcd%d=%s", i, peers[i]))
 		c.peers = append(c.peers, []int{peer})
 		if cut {
+			if i == 0 {
+				c.cutID = client
+			}
 			n := c.nodes[i]
-			n.cred = cutCred(i)
+			n.cred = cutCred(c.cutID, i)
 			data := filepath.Join(dir, n.name)
 			if err := os.Mkdir(data, 0o700); err != nil {
 				return nil, err

@@ -26,8 +26,9 @@ type quorumCluster struct {
 	// cut: the clients spread over the nodes (Spread), and a failover cuts
 	// the leader off from the others for pauseFor (cutMember), its clients
 	// still on it; peers are each node's peer ports, and each node runs as
-	// cutCred of its index.
+	// cutCred of cutID (the cluster's first port) and its index.
 	cut   bool
+	cutID int
 	peers [][]int
 	cuts  []*memberCut // cuts in force (healed by Failover and Close)
 	// leader returns the node that leads, asking the nodes but skip.
@@ -126,7 +127,7 @@ func (c *quorumCluster) cutLeader(ctx context.Context, old *clusterNode, log io.
 	i := slices.Index(c.nodes, old)
 	return c.holdLeader(ctx, old, log, "cut off from the others, its clients still on it",
 		func() error {
-			cut, err := cutMember(i, portOf(old.addr), c.peers[i])
+			cut, err := cutMember(c.cutID, i, portOf(old.addr), c.peers[i])
 			if err == nil {
 				c.cuts = append(c.cuts, cut)
 			}

@@ -60,6 +60,7 @@ func newZKCluster(ctx context.Context, dir string, pause, cut bool) (Cluster, er
 			return nil, err
 		}
 	}
+	c.cutID = ports[0]
 	for i := range 3 {
 		fmt.Fprintf(&ensemble, "server.%d=127.0.0.1:%d:%d\n", i+1, ports[3*i+1], ports[3*i+2])
 	}
@@ -81,7 +82,7 @@ func newZKCluster(ctx context.Context, dir string, pause, cut bool) (Cluster, er
 		c.nodes = append(c.nodes, n)
 		c.peers = append(c.peers, []int{ports[3*i+1], ports[3*i+2]})
 		if cut {
-			n.cred = cutCred(i)
+			n.cred = cutCred(c.cutID, i)
 			// No per-user JVM files in /tmp for a user without a name.
 			n.args = append([]string{"-XX:-UsePerfData"}, n.args...)
 			if err := chownTree(filepath.Join(dir, n.name), n.cred); err != nil {
