@@ -38,9 +38,9 @@ import (
 // round trip, and a refusal one more (to read what is left of the delay).
 
 // grantIfAlive is grantQuery's condition for a grant written on another
-// connection than the locking session's (rowlock): that very session is
-// alive, holding its own mark (see ownMark; the parameters are the mark's
-// name and the session's id).
+// connection than the locking session's (rowlock): that very session holds
+// its own mark (see ownMark; the parameters are the mark's name and the
+// session's id).
 const grantIfAlive = ` AND ` + ownMarkHeld
 
 // ownMarkHeld is the SQL condition that the session whose own mark's name

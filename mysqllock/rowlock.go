@@ -254,12 +254,13 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	// The fence is written on another connection, so that it counts at
 	// once (it is not part of the locking transaction); it counts only if
 	// the row stayed locked across its write. The write is made only while
-	// the locking session holds its own mark (see ownMark): that session
-	// lived from the locking read to the write, and its transaction, which
-	// runs no statement meanwhile, kept the row locked. If the session
+	// the locking session holds its own mark (see ownMark): if the session
 	// ended before, another client may have locked the row and written a
-	// smaller fence meanwhile; the write is then not made, so that the
-	// holder's row (List, ForceRelease) stays as it wrote it.
+	// smaller fence meanwhile, and the holder's row (List, ForceRelease)
+	// stays as it wrote it. That is not proof enough: a server ending a
+	// session rolls its transaction back (freeing the row) before it frees
+	// its named locks. The locking transaction still open after the write
+	// proves it.
 	fence, delayed, err := r.s.grant(sctx, r.db, ss, req, "", true)
 	if err != nil || fence == 0 {
 		_ = tx.Rollback()
@@ -275,6 +276,12 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 		res := r.s.notAcquired(ctx, req)
 		res.Remaining = delayed
 		return res, nil
+	}
+	if err := txOpen(sctx, tx); err != nil {
+		_ = tx.Rollback()
+		ss.broken.Store(true)
+		r.unpin(ss)
+		return dlock.Result{}, wrapErr(r.rows, "rowlock acquire", fmt.Errorf("the row was not held across the fence's write: %w", err))
 	}
 	r.mu.Lock()
 	r.held[req.Key] = &rowHold{ss: ss, tx: tx, token: req.Token}

@@ -304,6 +304,13 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		c.Close()
 		return nil, err
 	}
+	// From here on the session may hold its marks and its own settings: a
+	// failure closes it rather than hand it back to the pool so.
+	drop := func(err error) (*session, error) {
+		_ = c.Raw(func(any) error { return driver.ErrBadConn })
+		c.Close()
+		return nil, err
+	}
 	var autocommit bool
 	var mark, own sql.NullInt64
 	if s.marked {
@@ -315,29 +322,21 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 		mark.Int64, own.Int64 = 1, 1
 	}
 	if err != nil {
-		c.Close()
-		return nil, err
+		return drop(err)
 	}
 	if !autocommit {
-		c.Close()
-		return nil, errAutocommitOff
+		return drop(errAutocommitOff)
 	}
 	if mark.Int64 != 1 || own.Int64 != 1 {
-		// Do not hand a session that may hold one of the marks back.
-		_ = c.Raw(func(any) error { return driver.ErrBadConn })
-		c.Close()
-		return nil, fmt.Errorf("mysqllock: session %d could not take its named locks %s%d and %s", ss.id, aliveMark, ss.id, ss.mark)
+		return drop(fmt.Errorf("mysqllock: session %d could not take its named locks %s%d and %s", ss.id, aliveMark, ss.id, ss.mark))
 	}
 	if s.marked {
 		if err := s.readCommitted(ctx, ss); err != nil {
-			_ = c.Raw(func(any) error { return driver.ErrBadConn })
-			c.Close()
-			return nil, err
+			return drop(err)
 		}
 	}
 	if err := s.cover(ctx, ss, waitSecs(ttl)); err != nil {
-		c.Close()
-		return nil, err
+		return drop(err)
 	}
 	s.mu.Lock()
 	s.all[ss] = struct{}{}
@@ -371,7 +370,7 @@ func aliveMarkOf(id string) string { return `CONCAT('` + aliveMark + `', ` + id 
 // session ever holds it. The alive mark tells of a session by its
 // CONNECTION_ID(), which a server hands out again after a restart; the
 // own mark tells of this session only, which a grant written on another
-// connection needs (see RowLock.take).
+// connection checks (see RowLock.take).
 const ownMark = `CONCAT('` + aliveMark + `', CONNECTION_ID(), '/', ?)`
 
 // newNonce returns 16 random characters (80 bits, base32).
