@@ -379,11 +379,10 @@ func (r *RowLock) waitQuery(ctx context.Context, tx *sql.Tx, secs int) (string, 
 	if r.flavor.Load() == flavorUnknown {
 		var v sql.NullString
 		err := tx.QueryRowContext(ctx, "SELECT @@max_statement_time").Scan(&v)
-		var me *mysql.MySQLError
 		switch {
 		case err == nil:
 			r.flavor.Store(flavorMariaDB)
-		case errors.As(err, &me) && me.Number == 1193: // unknown variable
+		case unknownVariable(err):
 			r.flavor.Store(flavorMySQL)
 		default:
 			return "", err
@@ -560,8 +559,7 @@ var errTxEnded = errors.New("the transaction holding the row ended")
 func txOpen(ctx context.Context, tx *sql.Tx) error {
 	var open int
 	err := tx.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&open)
-	var me *mysql.MySQLError
-	if errors.As(err, &me) && me.Number == 1193 { // MySQL: no such variable
+	if unknownVariable(err) { // MySQL
 		err = tx.QueryRowContext(ctx, "SELECT 1").Scan(&open)
 	}
 	if err == nil && open != 1 {

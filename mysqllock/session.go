@@ -319,7 +319,6 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 			n, n).Scan(&ss.id, &autocommit, &mark, &own, &ss.mark)
 	} else {
 		err = c.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@autocommit").Scan(&ss.id, &autocommit)
-		mark.Int64, own.Int64 = 1, 1
 	}
 	if err != nil {
 		return drop(err)
@@ -327,7 +326,7 @@ func (s *sessions) open(ctx context.Context, ttl time.Duration) (*session, error
 	if !autocommit {
 		return drop(errAutocommitOff)
 	}
-	if mark.Int64 != 1 || own.Int64 != 1 {
+	if s.marked && (mark.Int64 != 1 || own.Int64 != 1) {
 		return drop(fmt.Errorf("mysqllock: session %d could not take its named locks %s%d and %s", ss.id, aliveMark, ss.id, ss.mark))
 	}
 	if s.marked {
