@@ -104,3 +104,20 @@ func SkipSessionResize(t testing.TB) {
 
 // BarrierName exposes the commit barrier's named lock of a key.
 var BarrierName = barrierName
+
+// AcquireOnOwnSession is g's blocking acquisition on a session of its
+// own, without AcquireWait's first try on the shared session.
+func AcquireOnOwnSession(ctx context.Context, g *GetLock, req dlock.Request) (dlock.Result, error) {
+	return g.acquireWait(ctx, req, maxWait, nil)
+}
+
+// OnMainSession reports whether tok holds its key on g's shared session.
+func OnMainSession(g *GetLock, tok dlock.Token) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ss := g.byToken[tok]
+	return ss != nil && ss == g.main
+}
+
+// HeldFor is how long a refused try makes AcquireWait wait at once.
+const HeldFor = heldFor

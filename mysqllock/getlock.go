@@ -77,11 +77,13 @@ type GetLock struct {
 	noProc   atomic.Bool              // the server has no grant procedure: use two statements
 	byToken  map[dlock.Token]*session // where each held or pending token is
 	watching bool                     // the liveness watch runs
+	held     map[string]time.Time     // keys refused lately, when (see WaitsDirectly)
 }
 
 var (
 	_ dlock.Backend        = (*GetLock)(nil)
 	_ dlock.Waiter         = (*GetLock)(nil)
+	_ dlock.DirectWaiter   = (*GetLock)(nil)
 	_ dlock.Lister         = (*GetLock)(nil)
 	_ dlock.ForceReleaser  = (*GetLock)(nil)
 	_ dlock.LossReporter   = (*GetLock)(nil)
@@ -436,8 +438,53 @@ func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 		if try == 0 && ss.broken.Load() && !res.Acquired && ctxErr(ctx) == nil {
 			continue
 		}
+		if err == nil && !res.Acquired {
+			g.refusedAt(req.Key, began)
+		}
 		return res, err
 	}
+}
+
+// Keys refused lately. A blocking acquisition of a key that a try here
+// found held within heldFor waits at once on a session of its own, where
+// a try would cost a statement that, under contention, is refused; any
+// other first tries on the shared session, where a free key costs no
+// session of its own. At most maxHeld keys are remembered.
+const (
+	heldFor = time.Second
+	maxHeld = 1024
+)
+
+// refusedAt notes that a try for key sent at t was refused.
+func (g *GetLock) refusedAt(key string, t time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.held == nil {
+		g.held = make(map[string]time.Time)
+	}
+	if _, ok := g.held[key]; !ok && len(g.held) >= maxHeld {
+		for k, at := range g.held {
+			if time.Since(at) >= heldFor {
+				delete(g.held, k)
+			}
+		}
+		if len(g.held) >= maxHeld {
+			clear(g.held)
+		}
+	}
+	g.held[key] = t
+}
+
+// heldLately reports whether a try for key was refused within heldFor.
+func (g *GetLock) heldLately(key string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	at, ok := g.held[key]
+	if ok && time.Since(at) >= heldFor {
+		delete(g.held, key)
+		return false
+	}
+	return ok
 }
 
 // cover sets ss's wait_timeout to what its locks need (the largest TTL), on
@@ -546,12 +593,29 @@ const maxWait = 30 * time.Second
 const quickShare = 5
 
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
-// its own, killed with KILL QUERY when ctx ends. In a caller's pool with a
-// limit, when no connection can be spared for a session of its own, it
-// returns dlock.ErrUnsupported and the Locker polls with Acquire instead.
+// its own, killed with KILL QUERY when ctx ends. A key that no try of this
+// GetLock found held in the last second is tried first, as Acquire does, on
+// the shared session (see WaitsDirectly). In a caller's pool with a limit,
+// when no connection can be spared for a session of its own, it returns
+// dlock.ErrUnsupported, having taken nothing, and the Locker polls with
+// Acquire instead.
 func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
+	if !g.heldLately(req.Key) {
+		try := req
+		try.NoHolder = true // a wait follows a refusal
+		res, err := g.Acquire(ctx, try)
+		if err != nil || res.Acquired || ctxErr(ctx) != nil {
+			return res, err
+		}
+	}
 	return g.acquireWait(ctx, req, maxWait, nil)
 }
+
+// WaitsDirectly implements dlock.DirectWaiter: a blocking acquisition
+// calls AcquireWait at once, which tries first unless a try found the key
+// held lately, so that a contended acquisition costs one statement before
+// its wait, not two.
+func (g *GetLock) WaitsDirectly() bool { return !g.bell }
 
 // acquireWait is AcquireWait bounded by bound in the server: GET_LOCK's own
 // timeout ends the wait and returns 0, and the session is kept for reuse
