@@ -78,6 +78,7 @@ type rowHold struct {
 var (
 	_ dlock.Backend        = (*RowLock)(nil)
 	_ dlock.Waiter         = (*RowLock)(nil)
+	_ dlock.DirectWaiter   = (*RowLock)(nil)
 	_ dlock.Lister         = (*RowLock)(nil)
 	_ dlock.ForceReleaser  = (*RowLock)(nil)
 	_ dlock.Sharer         = (*RowLock)(nil)
@@ -153,7 +154,9 @@ func (r *RowLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 }
 
 // AcquireWait implements dlock.Waiter: a blocking FOR UPDATE bounded by
-// innodb_lock_wait_timeout, killed with KILL QUERY when ctx ends.
+// innodb_lock_wait_timeout, killed with KILL QUERY when ctx ends. In a
+// caller's pool with a limit, it waits for a connection to pin when every
+// one it may pin holds a lock.
 func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	began := time.Now()
 	wait := maxWait
@@ -162,6 +165,13 @@ func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 	}
 	return r.take(ctx, req, max(wait, time.Second), began)
 }
+
+// WaitsDirectly implements dlock.DirectWaiter: every acquisition pins a
+// session of its own, so a blocking acquisition calls AcquireWait at once,
+// whose locking read takes a free key as a try does, and under contention
+// saves the try's transaction. On MySQL, where a wait also sets the
+// session's innodb_lock_wait_timeout first (see waitQuery), it tries first.
+func (r *RowLock) WaitsDirectly() bool { return r.flavor.Load() != flavorMySQL }
 
 // A grant's SentAfter (relative to began) is when the locking read returned:
 // the session's wait_timeout counts from its last statement's reply, which
