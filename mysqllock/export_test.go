@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/refusals"
 )
 
 // ReleaseQuery exposes the lease release statement (arguments: key, token),
@@ -120,4 +121,4 @@ func OnMainSession(g *GetLock, tok dlock.Token) bool {
 }
 
 // HeldFor is how long a refused try makes AcquireWait wait at once.
-const HeldFor = heldFor
+const HeldFor = refusals.For

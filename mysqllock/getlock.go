@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
+	"github.com/dlock-dev/dlock/internal/refusals"
 )
 
 // GetLock is the getlock strategy: MySQL named locks (GET_LOCK /
@@ -77,7 +78,7 @@ type GetLock struct {
 	noProc   atomic.Bool              // the server has no grant procedure: use two statements
 	byToken  map[dlock.Token]*session // where each held or pending token is
 	watching bool                     // the liveness watch runs
-	held     map[string]time.Time     // keys refused lately, when (see WaitsDirectly)
+	refused  refusals.Set             // keys a try found held lately (see WaitsDirectly)
 }
 
 var (
@@ -439,52 +440,10 @@ func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 			continue
 		}
 		if err == nil && !res.Acquired {
-			g.refusedAt(req.Key, began)
+			g.refused.Refused(req.Key, began)
 		}
 		return res, err
 	}
-}
-
-// Keys refused lately. A blocking acquisition of a key that a try here
-// found held within heldFor waits at once on a session of its own, where
-// a try would cost a statement that, under contention, is refused; any
-// other first tries on the shared session, where a free key costs no
-// session of its own. At most maxHeld keys are remembered.
-const (
-	heldFor = time.Second
-	maxHeld = 1024
-)
-
-// refusedAt notes that a try for key sent at t was refused.
-func (g *GetLock) refusedAt(key string, t time.Time) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.held == nil {
-		g.held = make(map[string]time.Time)
-	}
-	if _, ok := g.held[key]; !ok && len(g.held) >= maxHeld {
-		for k, at := range g.held {
-			if time.Since(at) >= heldFor {
-				delete(g.held, k)
-			}
-		}
-		if len(g.held) >= maxHeld {
-			clear(g.held)
-		}
-	}
-	g.held[key] = t
-}
-
-// heldLately reports whether a try for key was refused within heldFor.
-func (g *GetLock) heldLately(key string) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	at, ok := g.held[key]
-	if ok && time.Since(at) >= heldFor {
-		delete(g.held, key)
-		return false
-	}
-	return ok
 }
 
 // cover sets ss's wait_timeout to what its locks need (the largest TTL), on
@@ -600,13 +559,8 @@ const quickShare = 5
 // dlock.ErrUnsupported, having taken nothing, and the Locker polls with
 // Acquire instead.
 func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if !g.heldLately(req.Key) {
-		try := req
-		try.NoHolder = true // a wait follows a refusal
-		res, err := g.Acquire(ctx, try)
-		if err != nil || res.Acquired || ctxErr(ctx) != nil {
-			return res, err
-		}
+	if res, done, err := g.refused.TryFirst(ctx, req, g.Acquire); done {
+		return res, err
 	}
 	return g.acquireWait(ctx, req, maxWait, nil)
 }

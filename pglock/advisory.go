@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
+	"github.com/dlock-dev/dlock/internal/refusals"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -157,6 +158,7 @@ type Advisory struct {
 	all     map[*session]bool  // every open session
 	closed  bool
 	wg      sync.WaitGroup // the sessions' goroutines
+	refused refusals.Set   // keys a try found held lately (see WaitsDirectly)
 
 	// durable is the epoch of the last grant returned to a caller (0:
 	// none yet). A grant in any other epoch writes the epoch's row of
@@ -194,6 +196,7 @@ type hold struct {
 var (
 	_ dlock.Backend        = (*Advisory)(nil)
 	_ dlock.Waiter         = (*Advisory)(nil)
+	_ dlock.DirectWaiter   = (*Advisory)(nil)
 	_ dlock.Lister         = (*Advisory)(nil)
 	_ dlock.ForceReleaser  = (*Advisory)(nil)
 	_ dlock.LossReporter   = (*Advisory)(nil)
@@ -945,6 +948,7 @@ func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result
 	if err := a.claims.Check(ctx, req.Key); err != nil {
 		return dlock.Result{}, wrapErr(a.tb, "advisory acquire", err)
 	}
+	began := time.Now()
 	id := hashKey(req.Key)
 	shared := req.Mode == dlock.ModeShared
 	q := a.q.try
@@ -994,6 +998,7 @@ func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result
 		case err != nil:
 			return dlock.Result{}, a.wrap("advisory acquire", err)
 		case res.holder != nil || !res.ok:
+			a.refused.Refused(req.Key, began)
 			out := a.notAcquired(ctx, req, res.holder, res.mark)
 			out.Remaining = max(out.Remaining, res.delayed)
 			return out, nil
@@ -1192,7 +1197,9 @@ const markRecheck = 100 * time.Millisecond
 // renews the writer mark and returns without the key, nor an error, for
 // the caller to wait again. A shared request that meets the writer mark of
 // an exclusive attempt sleeps until the mark ends, or markRecheck at most
-// (or until ctx ends), and returns without the key.
+// (or until ctx ends), and returns without the key. A key that no try of
+// this Advisory found held in the last second is tried first, as Acquire
+// does, on the main session (see WaitsDirectly).
 func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	began := time.Now()
 	if err := checkAdvisoryMode(req); err != nil {
@@ -1200,6 +1207,9 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	}
 	if ended(ctx) != nil {
 		return dlock.Result{}, nil
+	}
+	if res, done, err := a.refused.TryFirst(ctx, req, a.Acquire); done {
+		return res, err
 	}
 	if err := a.claims.Check(ctx, req.Key); err != nil {
 		if ctx.Err() != nil {
@@ -1305,6 +1315,12 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 		return dlock.Result{}, a.wrap("advisory acquire", dlock.Join(err, rerr))
 	}
 }
+
+// WaitsDirectly implements dlock.DirectWaiter: a blocking acquisition
+// calls AcquireWait at once, which tries first unless a try found the key
+// held lately, so that a contended acquisition costs one statement before
+// its wait, not two, and a free key costs no session of its own.
+func (a *Advisory) WaitsDirectly() bool { return true }
 
 // holding returns the session where token holds key.
 func (a *Advisory) holding(key string, token dlock.Token) *session {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/refusals"
 )
 
 // GrantAfterSessionLoss runs Acquire's steps for req with the main
@@ -54,3 +55,14 @@ type Standby = standby
 
 // ReplicationFindings decides Check's replication findings.
 var ReplicationFindings = replicationFindings
+
+// OnMainSession reports whether token holds key on a's main session.
+func OnMainSession(a *Advisory, key string, token dlock.Token) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	h := a.find(key, token)
+	return h != nil && h.ss == a.main
+}
+
+// RefusalsLast is how long a refused try makes AcquireWait wait at once.
+const RefusalsLast = refusals.For

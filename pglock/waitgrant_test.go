@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/locktest"
+	"github.com/dlock-dev/dlock/pglock"
 )
 
 // TestAdvisoryWaitsShortAndLong: an exclusive waiter is granted the key
@@ -46,6 +48,57 @@ func TestAdvisoryWaitsShortAndLong(t *testing.T) {
 		}
 		if err := w.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestAdvisoryWaitsAtOnceOnAKeyHeldLately: a blocking acquisition of a
+// free key takes it on the main session, as a try does; one of a key that
+// a try found held within the last second waits on a session of its own at
+// once, with no try first, and takes it there when it is free; a second
+// later the key is tried first again.
+func TestAdvisoryWaitsAtOnceOnAKeyHeldLately(t *testing.T) {
+	ctx := t.Context()
+	a, other := newAdvisory(t, nil), newAdvisory(t, nil)
+	req := func(key string) dlock.Request {
+		return dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeExclusive}
+	}
+	cold, held := locktest.UniqueKey("advisory-direct"), locktest.UniqueKey("advisory-direct")
+	cases := []struct {
+		what   string
+		key    string
+		onMain bool
+	}{
+		{"a free key", cold, true},
+		{"a free key held lately", held, false},
+		{"the same key a second later", held, true},
+	}
+	for i, c := range cases {
+		switch i {
+		case 1:
+			h := req(c.key)
+			if res, err := other.Acquire(ctx, h); err != nil || !res.Acquired {
+				t.Fatalf("other: %+v, %v", res, err)
+			}
+			if res, err := a.Acquire(ctx, req(c.key)); err != nil || res.Acquired {
+				t.Fatalf("a try of a held key: %+v, %v", res, err)
+			}
+			if err := other.Release(ctx, c.key, h.Token); err != nil {
+				t.Fatal(err)
+			}
+		case 2:
+			time.Sleep(pglock.RefusalsLast)
+		}
+		r := req(c.key)
+		res, err := a.AcquireWait(ctx, r)
+		if err != nil || !res.Acquired || res.Fence == 0 {
+			t.Fatalf("%s: %+v, %v", c.what, res, err)
+		}
+		if got := pglock.OnMainSession(a, r.Key, r.Token); got != c.onMain {
+			t.Errorf("%s: on the main session: %v, want %v", c.what, got, c.onMain)
+		}
+		if err := a.Release(ctx, r.Key, r.Token); err != nil {
+			t.Fatalf("%s: release: %v", c.what, err)
 		}
 	}
 }
