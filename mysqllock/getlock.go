@@ -552,14 +552,17 @@ const maxWait = 30 * time.Second
 const quickShare = 5
 
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
-// its own, killed with KILL QUERY when ctx ends. A key that no try of this
-// GetLock found held in the last second is tried first, as Acquire does, on
-// the shared session (see WaitsDirectly). In a caller's pool with a limit,
+// its own, killed with KILL QUERY when ctx ends. A key is tried first, as
+// Acquire does, on the shared session, unless a try of this GetLock found
+// it held in the last second and the caller's pool has no limit (see
+// WaitsDirectly). In a caller's pool with a limit,
 // when no connection can be spared for a session of its own, it returns
 // dlock.ErrUnsupported, having taken nothing, and the Locker polls with
 // Acquire instead.
 func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
-	if res, done, err := g.refused.TryFirst(ctx, req, g.Acquire); done {
+	// In a caller's pool with a limit a session of its own takes one of
+	// few slots (see openOwn): a free key is always tried first there.
+	if res, done, err := g.refused.TryFirst(ctx, req, g.s.limit() == 0, g.Acquire); done {
 		return res, err
 	}
 	return g.acquireWait(ctx, req, maxWait, nil)

@@ -62,20 +62,37 @@ func TestGetLockWaitsAtOnceOnAKeyHeldLately(t *testing.T) {
 			t.Fatalf("%s: release: %v", what, err)
 		}
 	}
+	// refuse has g's try refused while other holds key, which it then
+	// releases.
+	refuse := func(key string) {
+		t.Helper()
+		held := req(key)
+		if res, err := other.Acquire(ctx, held); err != nil || !res.Acquired {
+			t.Fatalf("other: %+v, %v", res, err)
+		}
+		if res, err := g.Acquire(ctx, req(key)); err != nil || res.Acquired {
+			t.Fatalf("a try of a held key: %+v, %v", res, err)
+		}
+		if err := other.Release(ctx, key, held.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
 	take("a free key", req(locktest.UniqueKey("cold")), true)
-
 	key := locktest.UniqueKey("held-lately")
-	held := req(key)
-	if res, err := other.Acquire(ctx, held); err != nil || !res.Acquired {
-		t.Fatalf("other: %+v, %v", res, err)
-	}
-	if res, err := g.Acquire(ctx, req(key)); err != nil || res.Acquired {
-		t.Fatalf("a try of a held key: %+v, %v", res, err)
-	}
-	if err := other.Release(ctx, key, held.Token); err != nil {
-		t.Fatal(err)
-	}
+	refuse(key)
 	take("a free key held lately", req(key), false)
 	time.Sleep(mysqllock.HeldFor)
 	take("the same key a second later", req(key), true)
+
+	// In a pool with a limit a session of its own takes one of few
+	// slots: a free key held lately is tried first there.
+	db := open(t, "")
+	db.SetMaxOpenConns(4)
+	var err error
+	if g, err = mysqllock.NewGetLock(db, &mysqllock.Options{Table: testTable}); err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	refuse(key)
+	take("a free key held lately, in a pool with a limit", req(key), true)
 }

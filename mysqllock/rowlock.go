@@ -169,9 +169,14 @@ func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 // WaitsDirectly implements dlock.DirectWaiter: every acquisition pins a
 // session of its own, so a blocking acquisition calls AcquireWait at once,
 // whose locking read takes a free key as a try does, and under contention
-// saves the try's transaction. On MySQL, where a wait also sets the
-// session's innodb_lock_wait_timeout first (see waitQuery), it tries first.
-func (r *RowLock) WaitsDirectly() bool { return r.flavor.Load() != flavorMySQL }
+// saves the try's transaction. A blocking acquisition tries first on MySQL,
+// where a wait also sets the session's innodb_lock_wait_timeout first (see
+// waitQuery), and in a caller's pool with a limit, where a try fails at once
+// when every connection it may pin holds a lock (AcquireWait would wait for
+// one, for ever if the caller holds them all).
+func (r *RowLock) WaitsDirectly() bool {
+	return r.flavor.Load() != flavorMySQL && r.s.limit() == 0
+}
 
 // A grant's SentAfter (relative to began) is when the locking read returned:
 // the session's wait_timeout counts from its last statement's reply, which

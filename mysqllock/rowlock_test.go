@@ -188,6 +188,17 @@ func TestRowLockSmallPools(t *testing.T) {
 		if err == nil || errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("pool of %d with %d locks held: an attempt at another key: %+v, %v; want an error at once", n, n-1, res, err)
 		}
+		// A blocking acquisition through a Locker fails at once too: its
+		// caller may hold the locks that fill the pool.
+		l := dlock.New(r, nil)
+		c, cancel = context.WithTimeout(ctx, 5*time.Second)
+		if k, err := l.Acquire(c, locktest.UniqueKey("rowlock-pool")); err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("pool of %d with %d locks held: a blocking acquisition of another key: %v, %v; want an error at once", n, n-1, k, err)
+		}
+		cancel()
+		if err := l.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
 		// A wait for another key is served by the first release.
 		waited := make(chan error, 1)
 		w := req()

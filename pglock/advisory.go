@@ -1208,7 +1208,7 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	if ended(ctx) != nil {
 		return dlock.Result{}, nil
 	}
-	if res, done, err := a.refused.TryFirst(ctx, req, a.Acquire); done {
+	if res, done, err := a.refused.TryFirst(ctx, req, true, a.Acquire); done {
 		return res, err
 	}
 	if err := a.claims.Check(ctx, req.Key); err != nil {

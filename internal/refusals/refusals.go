@@ -65,12 +65,12 @@ func (s *Set) Len() int {
 	return len(s.at)
 }
 
-// TryFirst is a blocking acquisition's first step: unless a try for
-// req.Key was refused lately, it tries with try (req with NoHolder: a wait
-// follows a refusal) and reports done, with that try's outcome, when the
-// try took the key or failed, or ctx has ended.
-func (s *Set) TryFirst(ctx context.Context, req dlock.Request, try func(context.Context, dlock.Request) (dlock.Result, error)) (res dlock.Result, done bool, err error) {
-	if s.Lately(req.Key) {
+// TryFirst is a blocking acquisition's first step: unless skip allows it
+// and a try for req.Key was refused lately, it tries with try (req with
+// NoHolder: a wait follows a refusal) and reports done, with that try's
+// outcome, when the try took the key or failed, or ctx has ended.
+func (s *Set) TryFirst(ctx context.Context, req dlock.Request, skip bool, try func(context.Context, dlock.Request) (dlock.Result, error)) (res dlock.Result, done bool, err error) {
+	if skip && s.Lately(req.Key) {
 		return dlock.Result{}, false, nil
 	}
 	req.NoHolder = true

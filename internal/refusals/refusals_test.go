@@ -59,20 +59,23 @@ func TestTryFirst(t *testing.T) {
 		return dlock.Result{}, nil
 	}
 	req := dlock.Request{Key: "k"}
-	if _, done, err := s.TryFirst(t.Context(), req, try); err != nil || done || tries != 1 {
+	if _, done, err := s.TryFirst(t.Context(), req, true, try); err != nil || done || tries != 1 {
 		t.Fatalf("a refused try: done %v, err %v, %d tries; want a wait to follow one try", done, err, tries)
 	}
 	s.Refused("k", time.Now())
-	if _, done, _ := s.TryFirst(t.Context(), req, try); done || tries != 1 {
+	if _, done, _ := s.TryFirst(t.Context(), req, true, try); done || tries != 1 {
 		t.Fatalf("a key refused lately: done %v, %d tries; want no try", done, tries)
+	}
+	if _, done, _ := s.TryFirst(t.Context(), req, false, try); done || tries != 2 {
+		t.Fatalf("a key refused lately, no skipping: done %v, %d tries; want a try", done, tries)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if _, done, _ := s.TryFirst(ctx, dlock.Request{Key: "other"}, try); !done {
+	if _, done, _ := s.TryFirst(ctx, dlock.Request{Key: "other"}, true, try); !done {
 		t.Fatal("a refused try after ctx ended: not done")
 	}
 	took := func(context.Context, dlock.Request) (dlock.Result, error) { return dlock.Result{Acquired: true}, nil }
-	if res, done, _ := s.TryFirst(t.Context(), dlock.Request{Key: "free"}, took); !done || !res.Acquired {
+	if res, done, _ := s.TryFirst(t.Context(), dlock.Request{Key: "free"}, true, took); !done || !res.Acquired {
 		t.Fatal("a try that took the key: not done")
 	}
 }
