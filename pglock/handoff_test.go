@@ -146,3 +146,99 @@ func TestHandoffFoundLateIsRenewed(t *testing.T) {
 		})
 	}
 }
+
+// sentSQL records the statements a pool sends.
+type sentSQL struct {
+	mu   sync.Mutex
+	sent []string
+}
+
+func (s *sentSQL) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sent = append(s.sent, d.SQL)
+	return ctx
+}
+
+func (s *sentSQL) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// count returns how many statements sent so far contain each of parts.
+func (s *sentSQL) count(parts ...string) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := make([]int, len(parts))
+	for _, q := range s.sent {
+		for i, p := range parts {
+			if strings.Contains(q, p) {
+				n[i]++
+			}
+		}
+	}
+	return n
+}
+
+// TestLeaseWaiterJoinsBehindALiveHolder: a blocking acquisition of a key
+// that an attempt found held lately joins the queue with the small join
+// statement, not the acquisition statement, and is handed the key by the
+// holder's release, with the next fence; on a key that is free by then
+// the join takes nothing and the acquisition statement takes the key.
+func TestLeaseWaiterJoinsBehindALiveHolder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	holder := newLease(t, open(t, ""))
+	cfg := openConfig(t)
+	trace := &sentSQL{}
+	cfg.ConnConfig.Tracer = trace
+	waiter := newLease(t, openWith(t, cfg))
+	const join, acquire = "l.token <> $2", "acq AS ("
+	req := func(key string) dlock.Request {
+		return dlock.Request{Key: key, Token: dlock.NewToken(), TTL: 10 * time.Second, Mode: dlock.ModeExclusive}
+	}
+	key := locktest.UniqueKey("join")
+	held := req(key)
+	first, err := holder.Acquire(ctx, held)
+	if err != nil || !first.Acquired {
+		t.Fatalf("holder: %+v, %v", first, err)
+	}
+	if res, err := waiter.Acquire(ctx, req(key)); err != nil || res.Acquired {
+		t.Fatalf("a try of the held key: %+v, %v", res, err)
+	}
+	before := trace.count(join, acquire)
+	w := req(key)
+	got := make(chan dlock.Result, 1)
+	go func() {
+		res, err := waiter.AcquireWait(ctx, w)
+		if err != nil {
+			t.Errorf("wait: %v", err)
+		}
+		got <- res
+	}()
+	for n := trace.count(join, acquire); n[0] == before[0] && n[1] == before[1] && ctx.Err() == nil; n = trace.count(join, acquire) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the statement's reply, and the wait begins
+	if err := holder.Release(ctx, key, held.Token); err != nil {
+		t.Fatal(err)
+	}
+	res := <-got
+	if !res.Acquired || res.Fence != first.Fence+1 {
+		t.Fatalf("the waiter got %+v, want the key with fence %d", res, first.Fence+1)
+	}
+	after := trace.count(join, acquire)
+	if after[0] != before[0]+1 || after[1] != before[1] {
+		t.Errorf("the wait sent %d join and %d acquisition statements, want 1 and 0", after[0]-before[0], after[1]-before[1])
+	}
+	if err := waiter.Release(ctx, key, w.Token); err != nil {
+		t.Fatal(err)
+	}
+
+	// Refused lately, but free now: the join takes nothing, acquire does.
+	free := req(key)
+	if res, err := waiter.AcquireWait(ctx, free); err != nil || !res.Acquired || res.Fence != first.Fence+2 {
+		t.Fatalf("a wait on the free key: %+v, %v; want the key with fence %d", res, err, first.Fence+2)
+	}
+	last := trace.count(join, acquire)
+	if last[1] != after[1]+1 {
+		t.Errorf("the wait on the free key sent %d acquisition statements, want 1", last[1]-after[1])
+	}
+}

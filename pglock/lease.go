@@ -11,6 +11,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
+	"github.com/dlock-dev/dlock/internal/refusals"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -25,6 +26,8 @@ type Backend struct {
 	log    *slog.Logger
 	ln     *listener
 	q      leaseQueries
+
+	refused refusals.Set // keys an exclusive attempt found held lately (see join)
 
 	bg    context.Context // ended by Close: stops the resolutions under way
 	stop  context.CancelFunc
@@ -99,7 +102,7 @@ func (b *Backend) Check(ctx context.Context) ([]Finding, error) { return Check(c
 
 type leaseQueries struct {
 	acquire, unregister, extend, release, forceRelease, list, setMetadata string
-	handed                                                                string
+	handed, join                                                          string
 	listWaiters, listKeys, watchHolders                                   string
 	// lockKey, lockShared and lockMany lock the lease rows that a
 	// statement on shared or limited holders is about to read, first,
@@ -364,6 +367,29 @@ FROM v CROSS JOIN c LEFT JOIN s ON true`,
 
 		unregister: `DELETE FROM ` + w + ` WHERE name = $1 AND token = $2`,
 
+		// An exclusive waiter's first statement on a key that is likely
+		// held: it joins the queue only if the key has a live exclusive
+		// lease of another token ($2), and returns that holder; no row if
+		// not (the caller then runs acquire). Where it joins, acquire would
+		// take nothing and do only the same insert. Not waiting for the
+		// flush: a queue entry that a crash forgets leaves its waiter to
+		// its next look, and a release that grants to it commits durably
+		// after it.
+		join: `WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true) AS sc),
+h AS MATERIALIZED (
+  SELECT l.token, l.owner, l.fence, l.metadata, l.acquired_at, l.expires_at FROM ` + l + ` l, c
+  WHERE l.name = $1 AND l.expires_at > c.now AND l.token <> $2
+),
+reg AS (
+  INSERT INTO ` + w + ` AS q (name, token, since, until, lim, owner, metadata, ttl_us)
+  SELECT $1, $2, c.now, c.now + $6::bigint * interval '1 microsecond', -1, $3, $5, $4::bigint FROM c
+  WHERE EXISTS (SELECT FROM h)
+  ON CONFLICT (name, token) DO UPDATE SET until = EXCLUDED.until WHERE q.ttl_us >= 0
+  RETURNING q.since
+)
+SELECT (SELECT since FROM reg), h.token, h.owner, h.fence, h.metadata, h.acquired_at, ` + rem("h.expires_at") + `
+FROM h, c`,
+
 		// The lease a release handed to $2, if it holds: its fence and
 		// the microseconds left. It deletes $2's tombstone in the queue
 		// (no statement of that wait runs meanwhile, so none can race
@@ -595,6 +621,11 @@ type attemptOutcome struct {
 
 // acquireExclusive runs the exclusive acquisition statement on c.
 func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlock.Request, grace int64, since *time.Time, register time.Duration, out *attemptOutcome) error {
+	if since == nil && register > 0 && b.refused.Lately(req.Key) {
+		if joined, err := b.join(ctx, c, req, register, out); joined || err != nil {
+			return err
+		}
+	}
 	var h, s holderRow
 	var lim *int32
 	var marked bool
@@ -619,6 +650,9 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 	case h.remainingUs != nil && *h.remainingUs > 0 || lim == nil: // held exclusive (or free, and queued)
 		info, rem := h.info(req.Key, now)
 		out.res = dlock.Result{Holder: info, Remaining: rem}
+		if rem > 0 {
+			b.refused.Refused(req.Key, now)
+		}
 	case *lim > 0:
 		out.mismatch = dlock.DescribeMode(dlock.ModeLimited, int(*lim))
 	default: // held shared
@@ -631,6 +665,30 @@ func (b *Backend) acquireExclusive(ctx context.Context, c *pgxpool.Conn, req dlo
 		out.again = !marked
 	}
 	return nil
+}
+
+// join runs the join statement for an exclusive wait's first attempt
+// (register > 0) on a key whose attempts were refused lately, so that it
+// joins the queue behind the key's live exclusive holder with a statement
+// much smaller than acquire. It reports whether it joined, with out set as
+// acquire's refusal would set it; otherwise (the key is free, or held in
+// another mode) the caller runs acquire.
+func (b *Backend) join(ctx context.Context, c *pgxpool.Conn, req dlock.Request, register time.Duration, out *attemptOutcome) (bool, error) {
+	var h holderRow
+	h.name = []byte(req.Key)
+	err := c.QueryRow(ctx, b.q.join, []byte(req.Key), req.Token[:], req.Owner, us(req.TTL), req.Metadata, us(register)).
+		Scan(&out.place, &h.token, &h.owner, &h.fence, &h.metadata, &h.acquiredAt, &h.remainingUs)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, err
+	case out.place == nil:
+		return false, nil
+	}
+	info, rem := h.info(req.Key, time.Now())
+	out.res = dlock.Result{Holder: info, Remaining: rem}
+	return true, nil
 }
 
 // detached runs stmt on a connection of the pool, detached from ctx (bounded
@@ -818,9 +876,10 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		return dlock.Result{}, wrapErr(b.tb, "acquire", err)
 	}
 	began := time.Now()
-	if !b.ln.running() {
+	if !b.ln.running() && !b.refused.Lately(req.Key) {
 		// No wait of this Backend listens: try first, so that a free key
-		// costs no LISTEN connection (see WaitsDirectly).
+		// costs no LISTEN connection (see WaitsDirectly), unless the key
+		// was found held lately.
 		out, err := b.attempt(ctx, req, nil, 0)
 		switch {
 		case errors.Is(err, errLeft) || err != nil && ended(ctx) != nil:
