@@ -101,3 +101,45 @@ func TestRenewalBatches(t *testing.T) {
 		}
 	})
 }
+
+// slowExtender is a batchExtender whose renewal calls take took.
+type slowExtender struct {
+	batchExtender
+	took time.Duration
+}
+
+func (b *slowExtender) Extend(ctx context.Context, leases []Lease) ([]error, error) {
+	time.Sleep(b.took)
+	return b.batchExtender.Extend(ctx, leases)
+}
+
+// TestRenewalsStayBatchedWhenAcquisitionsAreSpread: leases taken one after
+// the other over longer than the renewal window are renewed in a few calls
+// a period, from the first period on, not in calls that split further at
+// every look.
+func TestRenewalsStayBatchedWhenAcquisitionsAreSpread(t *testing.T) {
+	const (
+		n   = 200
+		ttl = 3 * time.Second // renewed every second, window half a second
+	)
+	b := &slowExtender{batchExtender: batchExtender{limit: 10000}, took: 20 * time.Millisecond}
+	l := New(b, nil)
+	defer l.Close(context.Background())
+	for i := range n {
+		if _, err := l.TryAcquire(context.Background(), "k"+strconv.Itoa(i), WithTTL(ttl)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(ttl / 3 / n) // the acquisitions span a whole period
+	}
+	time.Sleep(ttl / 3) // the first renewals
+	b.mu.Lock()
+	before := len(b.sizes)
+	b.mu.Unlock()
+	time.Sleep(2 * ttl / 3) // two periods
+	b.mu.Lock()
+	calls := len(b.sizes) - before
+	b.mu.Unlock()
+	if calls > 6 {
+		t.Errorf("%d renewal calls in two periods for %d leases taken over one period, want at most 6", calls, n)
+	}
+}

@@ -207,16 +207,27 @@ func (l *Locker) renewLoop() {
 			l.mu.Unlock()
 			return
 		}
+		// Renew what falls due soon together with what is due now, so
+		// that leases taken at similar times share a round trip; only
+		// when something is due now: a look made for another reason (a
+		// renewal's answer, a new lease) would otherwise take the few
+		// leases that just came within the window, and renewals would
+		// split into ever smaller calls. A lease retrying after a failed
+		// renewal waits for its own instant: the window would turn its
+		// backoff into a burst.
+		dueNow := false
+		for ls := range l.eachLeaseLocked {
+			if !ls.inflight && !ls.renewAt.After(now) {
+				dueNow = true
+				break
+			}
+		}
 		var batch []*lease
 		for ls := range l.eachLeaseLocked {
 			if ls.inflight {
 				continue
 			}
-			// Renew what falls due soon together with what is due now, so
-			// that leases taken at similar times share a round trip. A
-			// lease retrying after a failed renewal waits for its own
-			// instant: the window would turn its backoff into a burst.
-			due := ls.renewAt.Sub(now) <= ls.ttl/6
+			due := dueNow && ls.renewAt.Sub(now) <= ls.ttl/6
 			if ls.tries > 0 {
 				due = !ls.renewAt.After(now)
 			}
