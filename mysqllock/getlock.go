@@ -570,8 +570,8 @@ func (g *GetLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 
 // WaitsDirectly implements dlock.DirectWaiter: a blocking acquisition
 // calls AcquireWait at once, which tries first unless a try found the key
-// held lately, so that a contended acquisition costs one statement before
-// its wait, not two.
+// held lately and the caller's pool has no limit, so that a contended
+// acquisition costs one statement before its wait, not two.
 func (g *GetLock) WaitsDirectly() bool { return !g.bell }
 
 // acquireWait is AcquireWait bounded by bound in the server: GET_LOCK's own

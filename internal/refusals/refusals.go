@@ -58,13 +58,6 @@ func (s *Set) Lately(key string) bool {
 	return ok
 }
 
-// Len is the number of keys remembered.
-func (s *Set) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.at)
-}
-
 // TryFirst is a blocking acquisition's first step: unless skip allows it
 // and a try for req.Key was refused lately, it tries with try (req with
 // NoHolder: a wait follows a refusal) and reports done, with that try's
