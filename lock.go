@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/dlock-dev/dlock/internal/ctxend"
 )
 
 // A Lock is one acquisition of a key. Its methods are safe for concurrent use.
@@ -206,7 +208,7 @@ func (k *Lock) Release(ctx context.Context) (err error) {
 	switch {
 	case errors.Is(err, errAbandoned):
 		err = ctx.Err()
-	case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil && keep == 0:
+	case err != nil && !errors.Is(err, ErrNotHeld) && ctxend.Err(ctx) != nil && keep == 0:
 		l.releaseLater(ls.key, ls.token)
 	}
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/dlock-dev/dlock/internal/ctxend"
 )
 
 // cleanupTimeout bounds the background releases the Locker makes to resolve
@@ -288,7 +290,7 @@ func (l *Locker) closeLease(ctx context.Context, ls *lease) (err error) {
 	switch {
 	case errors.Is(err, errAbandoned):
 		err = ctx.Err()
-	case err != nil && !errors.Is(err, ErrNotHeld) && ctxErr(ctx) != nil && keep == 0:
+	case err != nil && !errors.Is(err, ErrNotHeld) && ctxend.Err(ctx) != nil && keep == 0:
 		// Cut short by ctx: release in the background all the same,
 		// rather than leave the key to its TTL.
 		l.wg.Add(1)
@@ -508,7 +510,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	}
 	switch {
 	case errors.Is(err, errAbandoned):
-		if cerr := ctxErr(ctx); cerr != nil {
+		if cerr := ctxend.Err(ctx); cerr != nil {
 			return nil, out, fmt.Errorf("%w: %w", ErrNotAcquired, cerr)
 		}
 		return nil, out, ErrClosed
@@ -518,7 +520,7 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		return nil, out, fmt.Errorf("dlock: acquire %q: %w", key, err)
 	case err != nil:
 		l.resolveLater(ctx, req)
-		if cerr := ctxErr(ctx); cerr != nil {
+		if cerr := ctxend.Err(ctx); cerr != nil {
 			return nil, out, fmt.Errorf("%w: %w", ErrNotAcquired, cerr)
 		}
 		if l.isClosed() {
@@ -544,19 +546,6 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 	res.Holder.Key = key
 	out.held, out.remaining = &HeldError{Holder: res.Holder}, res.Remaining
 	return nil, out, nil
-}
-
-// ctxErr is ctx.Err(), also reporting a deadline that has passed but whose
-// timer has not fired yet (a backend's own timer for the same instant may
-// fire first and fail a statement).
-func ctxErr(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-		return context.DeadlineExceeded
-	}
-	return nil
 }
 
 // withClosing returns ctx, also cancelled when the Locker closes.

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/dlock-dev/dlock/internal/refusals"
@@ -172,7 +174,7 @@ func (g *GetLock) checkRequest(ctx context.Context, req dlock.Request) error {
 			return fmt.Errorf("%w: mysqllock: getlock: ttl %s is above the maximum %s (the server caps wait_timeout at one year)", dlock.ErrInvalidOption, ttl, MaxSessionTTL)
 		}
 	}
-	if err := ctxErr(ctx); err != nil {
+	if err := ctxend.Err(ctx); err != nil {
 		return err
 	}
 	if g.claims != nil {
@@ -436,7 +438,7 @@ func (g *GetLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 			return g.notAcquired(ctx, req), nil
 		}
 		res, err := g.takeShared(ctx, ss, req, began)
-		if try == 0 && ss.broken.Load() && !res.Acquired && ctxErr(ctx) == nil {
+		if try == 0 && ss.broken.Load() && !res.Acquired && ctxend.Err(ctx) == nil {
 			continue
 		}
 		if err == nil && !res.Acquired {

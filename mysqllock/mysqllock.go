@@ -89,6 +89,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/go-sql-driver/mysql"
@@ -590,7 +592,7 @@ func isDeadlock(err error) bool {
 // call before any I/O.
 func (b *Backend) acquireLease(ctx context.Context, req dlock.Request, inLine int64) (dlock.Result, error) {
 	b.warn.warnOnce(ctx, b.Check)
-	if err := ctxErr(ctx); err != nil {
+	if err := ctxend.Err(ctx); err != nil {
 		return dlock.Result{}, b.wrap("acquire", err)
 	}
 	res, err := outlive(ctx, func(ctx context.Context) (dlock.Result, error) {
@@ -644,7 +646,7 @@ func outlive[T any](ctx context.Context, f func(context.Context) (T, error), lef
 		}
 	}()
 	var zero T
-	if err := ctxErr(ctx); err != nil {
+	if err := ctxend.Err(ctx); err != nil {
 		mu.Lock()
 		defer mu.Unlock()
 		select {

@@ -17,6 +17,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 	"github.com/go-sql-driver/mysql"
 )
@@ -568,7 +570,7 @@ func (ss *session) run(ctx context.Context, bound time.Duration, skip bool, f fu
 		defer cancel()
 		return f(sctx)
 	}
-	cerr := ctxErr(ctx)
+	cerr := ctxend.Err(ctx)
 	if cerr != nil && skip {
 		return leftError{cerr}
 	}
@@ -628,18 +630,6 @@ func (e leftError) Unwrap() error { return e.err }
 func callerLeft(err error) bool {
 	var l leftError
 	return errors.As(err, &l)
-}
-
-// ctxErr is ctx.Err(), also reporting a deadline that has passed but whose
-// timer has not fired yet.
-func ctxErr(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-		return context.DeadlineExceeded
-	}
-	return nil
 }
 
 // statementTimeout bounds a statement on a pinned session: a server that

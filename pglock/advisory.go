@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/dlock-dev/dlock/internal/refusals"
@@ -618,18 +620,6 @@ ORDER BY 1, a.query_start, l.pid`,
 	}
 }
 
-// ended reports an error matching ctx.Err() if ctx has ended or its
-// deadline has passed (before its timer fired).
-func ended(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
-		return context.DeadlineExceeded
-	}
-	return nil
-}
-
 // connect opens a session outside the pool, with the pool's configuration.
 // A failure or an ended ctx loses nothing: the session holds nothing yet.
 func (a *Advisory) connect(ctx context.Context) (*session, error) {
@@ -959,7 +949,7 @@ func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result
 		if h := a.heldLocally(id, nil, shared); h != nil {
 			return a.notAcquired(ctx, req, h, 0), nil
 		}
-		if err := ended(ctx); err != nil {
+		if err := ctxend.Err(ctx); err != nil {
 			return dlock.Result{}, err
 		}
 		ss, err := a.mainSession(ctx)
@@ -1156,7 +1146,7 @@ func (a *Advisory) notAcquired(ctx context.Context, req dlock.Request, h *hold, 
 	if mark > 0 {
 		return dlock.Result{Holder: dlock.LockInfo{Key: key}, Remaining: mark}
 	}
-	if h != nil && h.shared && req.Mode == dlock.ModeExclusive && ended(ctx) == nil {
+	if h != nil && h.shared && req.Mode == dlock.ModeExclusive && ctxend.Err(ctx) == nil {
 		if _, err := a.pool.Exec(ctx, a.q.mark, []byte(key), us(dlock.WriterMark)); err != nil {
 			a.log.Warn("pglock: could not leave the writer mark", "key", key, "err", err)
 		}
@@ -1168,7 +1158,7 @@ func (a *Advisory) notAcquired(ctx context.Context, req dlock.Request, h *hold, 
 		}
 		return dlock.Result{Holder: info}
 	}
-	if req.NoHolder || ended(ctx) != nil {
+	if req.NoHolder || ctxend.Err(ctx) != nil {
 		return dlock.Result{Holder: dlock.LockInfo{Key: key}}
 	}
 	var r holderRow
@@ -1205,7 +1195,7 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 	if err := checkAdvisoryMode(req); err != nil {
 		return dlock.Result{}, err
 	}
-	if ended(ctx) != nil {
+	if ctxend.Err(ctx) != nil {
 		return dlock.Result{}, nil
 	}
 	if res, done, err := a.refused.TryFirst(ctx, req, true, a.Acquire); done {
@@ -1390,7 +1380,7 @@ func (a *Advisory) Extend(ctx context.Context, leases []dlock.Lease) ([]error, e
 			k1s[j], k2s[j] = AdvisoryKeys(leases[i].Key)
 		}
 		gone := make(map[int]bool)
-		err := ended(ctx)
+		err := ctxend.Err(ctx)
 		if err == nil {
 			err = ss.do(ctx, statementBound, false, func(jctx context.Context, _ *job) error {
 				var pid uint32
@@ -1551,7 +1541,7 @@ func (a *Advisory) ForceRelease(ctx context.Context, key string) error {
 // an error if it cannot (dlock.ErrClosed after Close).
 func (a *Advisory) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
 	ch, err := a.ln.watchKey(ctx, key)
-	if err != nil && !errors.Is(err, dlock.ErrClosed) && ended(ctx) == nil {
+	if err != nil && !errors.Is(err, dlock.ErrClosed) && ctxend.Err(ctx) == nil {
 		return nil, wrapErr(a.tb, "advisory watch", err)
 	}
 	return ch, err

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
 	"github.com/dlock-dev/dlock/internal/refusals"
@@ -565,7 +567,7 @@ func (b *Backend) attempt(ctx context.Context, req dlock.Request, since *time.Ti
 	if b.grace < 0 {
 		register = 0
 	}
-	if err := ended(ctx); err != nil {
+	if err := ctxend.Err(ctx); err != nil {
 		return attemptOutcome{}, err
 	}
 	var out attemptOutcome
@@ -702,7 +704,7 @@ func (b *Backend) join(ctx context.Context, c *pgxpool.Conn, req dlock.Request, 
 func (b *Backend) detached(ctx context.Context, stmt func(ctx context.Context, c *pgxpool.Conn) error, abandoned func(c *pgxpool.Conn, err error)) (ran bool, err error) {
 	c, err := b.pool.Acquire(ctx)
 	if err != nil {
-		if ended(ctx) != nil {
+		if ctxend.Err(ctx) != nil {
 			return false, dlock.Join(errLeft, context.Cause(ctx))
 		}
 		return false, err
@@ -882,7 +884,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		// was found held lately.
 		out, err := b.attempt(ctx, req, nil, 0)
 		switch {
-		case errors.Is(err, errLeft) || err != nil && ended(ctx) != nil:
+		case errors.Is(err, errLeft) || err != nil && ctxend.Err(ctx) != nil:
 			return dlock.Result{}, nil
 		case err != nil || out.res.Acquired:
 			out.res.SentAfter = -out.short
@@ -939,7 +941,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		}
 		sending := time.Now()
 		out, err := b.attempt(ctx, req, since, waitStep+waitSlack)
-		if errors.Is(err, errLeft) || err != nil && ended(ctx) != nil {
+		if errors.Is(err, errLeft) || err != nil && ctxend.Err(ctx) != nil {
 			return dlock.Result{}, nil
 		}
 		if err != nil {
@@ -1165,7 +1167,7 @@ func pipeline(ctx context.Context, c batcher, lock string, lockArgs []any, q str
 // error if it cannot (dlock.ErrClosed after Close).
 func (b *Backend) Watch(ctx context.Context, key string) (<-chan struct{}, error) {
 	ch, err := b.ln.watchKey(ctx, key)
-	if err != nil && !errors.Is(err, dlock.ErrClosed) && ended(ctx) == nil {
+	if err != nil && !errors.Is(err, dlock.ErrClosed) && ctxend.Err(ctx) == nil {
 		return nil, wrapErr(b.tb, "watch", err)
 	}
 	return ch, err

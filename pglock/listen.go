@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -226,7 +228,7 @@ func (l *listener) feedKey(ctx context.Context, key string) (*feed, error) {
 // the listener is closed. An error after add means the caller must remove
 // what add registered.
 func (l *listener) join(ctx context.Context, add func(r *listenRun)) error {
-	if err := ended(ctx); err != nil {
+	if err := ctxend.Err(ctx); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -247,7 +249,7 @@ func (l *listener) join(ctx context.Context, add func(r *listenRun)) error {
 		if r.err != nil {
 			return r.err
 		}
-		return ended(ctx)
+		return ctxend.Err(ctx)
 	case <-ctx.Done():
 		return ctx.Err()
 	}

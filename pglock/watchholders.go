@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -59,7 +61,7 @@ type snapshot struct {
 func watchHolders(ctx context.Context, ln *listener, pool *pgxpool.Pool, q string, tb tables, op, key string) ([]dlock.LockInfo, <-chan []dlock.LockInfo, error) {
 	f, err := ln.feedKey(ctx, key)
 	if err != nil {
-		if !errors.Is(err, dlock.ErrClosed) && ended(ctx) == nil {
+		if !errors.Is(err, dlock.ErrClosed) && ctxend.Err(ctx) == nil {
 			err = wrapErr(tb, op, err)
 		}
 		return nil, nil, err
@@ -67,7 +69,7 @@ func watchHolders(ctx context.Context, ln *listener, pool *pgxpool.Pool, q strin
 	s, err := readSnapshot(ctx, pool, q, key)
 	if err != nil {
 		ln.stopFeed(f)
-		if ended(ctx) == nil {
+		if ctxend.Err(ctx) == nil {
 			err = wrapErr(tb, op, err)
 		}
 		return nil, nil, err

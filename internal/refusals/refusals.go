@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dlock-dev/dlock/internal/ctxend"
+
 	"github.com/dlock-dev/dlock"
 )
 
@@ -68,14 +70,5 @@ func (s *Set) TryFirst(ctx context.Context, req dlock.Request, skip bool, try fu
 	}
 	req.NoHolder = true
 	res, err = try(ctx, req)
-	return res, err != nil || res.Acquired || ended(ctx), err
-}
-
-// ended reports whether ctx has ended, or its deadline has passed.
-func ended(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
+	return res, err != nil || res.Acquired || ctxend.Err(ctx) != nil, err
 }
