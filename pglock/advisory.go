@@ -982,6 +982,9 @@ func (a *Advisory) Acquire(ctx context.Context, req dlock.Request) (dlock.Result
 		})
 		switch {
 		case errors.Is(err, errLeft):
+			if own && errors.Is(err, errNotRun) {
+				a.park(ss) // what the job would have done
+			}
 			return dlock.Result{}, ctx.Err()
 		case endsSession(err) && try == 0 && !errors.Is(err, ErrTransactionPooling):
 			continue // whatever the statement did died with the session
@@ -1065,7 +1068,7 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 		if _, uerr := a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0, 0); uerr != nil {
 			return dlock.Join(err, uerr)
 		}
-		if q != a.q.wait || !lockTimedOut(err) {
+		if q != a.q.wait || !lockTimedOut(err) || j.callerLeft() {
 			return err
 		}
 		// The wait reached its bound: not acquired yet. The mark keeps new
@@ -1093,8 +1096,22 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 	if res.ok {
 		j.waitCancel()
 		_, err = a.unlock(ctx, ss, id, req.Key, req.Token, shared, req.LockDelay > 0, 0)
+		switch {
+		case err == nil:
+			res.ok = false // the session holds nothing for the caller: it may be parked
+		case !sessionLost(err) && a.holdsNothing(ss):
+			ss.stop() // its end frees the grant that could not be unlocked
+		}
 	}
 	return err
+}
+
+// holdsNothing reports whether ss holds no lock recorded for a caller and
+// is not the main session, so that ending it costs nobody a lock.
+func (a *Advisory) holdsNothing(ss *session) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return ss.n == 0 && ss != a.main
 }
 
 // unlock runs pg_advisory_unlock (pg_advisory_unlock_shared for a shared
@@ -1226,6 +1243,9 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 				a.park(ss)
 			}
 		}()
+		if j.callerLeft() { // do not queue a wait nobody waits for
+			return nil
+		}
 		if err := a.cover(jctx, ss, holderTTL(req)); err != nil {
 			return err
 		}
@@ -1241,6 +1261,9 @@ func (a *Advisory) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Re
 		return err
 	})
 	switch {
+	case errors.Is(err, errNotRun):
+		a.park(ss) // what the job would have done
+		return dlock.Result{}, nil
 	case errors.Is(err, errLeft):
 		return dlock.Result{}, nil
 	case err != nil:

@@ -21,13 +21,18 @@ import (
 // close the connection and the server free every lock of the session.
 //
 // A caller that stops waiting for its job (its context ended) gets its
-// error at once. If the job had started, the caller sends a cancel request,
-// which ends the statement (error 57014) and leaves the session alone; the
+// error at once. If the job had started, the caller sends cancel requests,
+// which end the statement (error 57014) and leave the session alone; the
 // job settles what its statement did without the caller (a grant nobody
-// will use is unlocked). The next job starts only once the cancel request
-// has been delivered, so that a cancel can only reach the statement it was
-// meant for: a cancel that reaches an idle session is discarded by the
-// server. Every statement still treats 57014 as "outcome unknown".
+// will use is unlocked). The server discards a cancel request that reaches
+// a session between statements, so one sent just before the job's
+// statement arrives would leave a wait queued in the server for its whole
+// bound: the requests are repeated (every cancelRepeat) until the job
+// stops them, which it does before any statement that cleans up (see
+// waitCancel), and a job checks that its caller still waits before it
+// sends a wait. The next job starts only once the last cancel request has
+// been delivered, so that a cancel can only reach the job it was meant for.
+// Every statement still treats 57014 as "outcome unknown".
 //
 // Between jobs the goroutine waits on the connection, so that a session the
 // server ends (pg_terminate_backend, idle_session_timeout, a crash) is seen
@@ -58,6 +63,9 @@ type session struct {
 const (
 	statementBound = time.Minute
 	cancelTimeout  = 5 * time.Second
+	// cancelRepeat is how often a caller that left repeats its cancel
+	// request while its job runs.
+	cancelRepeat = 50 * time.Millisecond
 )
 
 // errSessionGone is the error of a job whose session ended before it ran.
@@ -76,7 +84,14 @@ type job struct {
 	started    bool
 	settled    bool
 	left       bool          // the caller stopped waiting before settle
-	cancelSent chan struct{} // non-nil once the caller sends a cancel request; closed when sent
+	cancelSent chan struct{} // non-nil once the caller sends cancel requests; closed when the last is delivered
+	hushed     bool          // no more cancel requests are to be sent
+	hush       chan struct{} // closed when hushed is set
+}
+
+// newJob returns a job that runs run, bounded by bound.
+func newJob(run func(ctx context.Context, j *job) error, bound time.Duration) *job {
+	return &job{run: run, bound: bound, done: make(chan struct{}), hush: make(chan struct{})}
 }
 
 // settle records that the job knows its outcome, and reports whether the
@@ -86,18 +101,36 @@ func (j *job) settle() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.settled = true
+	j.stopCancels()
 	return !j.left
 }
 
-// waitCancel returns when the cancel request sent for the job, if any, has
-// been delivered or given up.
+// stopCancels ends the caller's repeated cancel requests; j.mu is held.
+func (j *job) stopCancels() {
+	if !j.hushed {
+		j.hushed = true
+		close(j.hush)
+	}
+}
+
+// waitCancel stops the cancel requests sent for the job, if any, and
+// returns when the last one has been delivered or given up: a statement
+// sent after it cannot be cancelled.
 func (j *job) waitCancel() {
 	j.mu.Lock()
+	j.stopCancels()
 	c := j.cancelSent
 	j.mu.Unlock()
 	if c != nil {
 		<-c
 	}
+}
+
+// callerLeft reports whether the job's caller stopped waiting for it.
+func (j *job) callerLeft() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.left
 }
 
 // start reports whether the job is to run (its caller did not leave while
@@ -228,16 +261,21 @@ func lockTimedOut(err error) bool {
 // errLeft marks the error of a caller that stopped waiting for its job.
 var errLeft = errors.New("pglock: stopped waiting")
 
+// errNotRun marks an errLeft whose job did not run and never will: what the
+// job would have cleaned up (a session to park) is the caller's to clean.
+var errNotRun = errors.New("pglock: the job did not run")
+
 // do runs run as a job on ss, bounded by bound, and waits for it until ctx
 // ends. Then, if the job was queued it never runs; if it was running, a
 // cancel request ends its statement (unless detached: the job then runs to
 // its end). It returns the job's error, or an error matching errLeft and
-// ctx.Err() when the caller stopped waiting first.
+// ctx.Err() when the caller stopped waiting first (and errNotRun if the job
+// never ran).
 func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, run func(ctx context.Context, j *job) error) error {
 	if !detached && ctx.Err() != nil {
-		return dlock.Join(errLeft, context.Cause(ctx))
+		return dlock.Join(errLeft, errNotRun, context.Cause(ctx))
 	}
-	j := &job{run: run, bound: bound, done: make(chan struct{})}
+	j := newJob(run, bound)
 	ss.mu.Lock()
 	if ss.gone {
 		ss.mu.Unlock()
@@ -271,13 +309,29 @@ func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, r
 		j.cancelSent = make(chan struct{})
 	}
 	j.mu.Unlock()
-	if send {
-		go func() {
+	if !send { // queued: the session's goroutine skips it
+		return dlock.Join(errLeft, errNotRun, context.Cause(ctx))
+	}
+	go func() {
+		defer close(j.cancelSent)
+		t := time.NewTimer(cancelRepeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-j.hush: // settled: no statement of its to end
+				return
+			default:
+			}
 			cctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
 			_ = ss.conn.PgConn().CancelRequest(cctx)
 			cancel()
-			close(j.cancelSent)
-		}()
-	}
+			select {
+			case <-j.hush:
+				return
+			case <-t.C:
+				t.Reset(cancelRepeat)
+			}
+		}
+	}()
 	return dlock.Join(errLeft, context.Cause(ctx))
 }
