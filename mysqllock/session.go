@@ -47,6 +47,7 @@ type session struct {
 	waitTimeout atomic.Int64       // seconds, as set on the session
 	broken      atomic.Bool        // the connection is gone or dubious
 	own         bool               // counted in sessions.own (a waiter's session)
+	waiting     atomic.Bool        // a blocking wait's statement may be running on it
 	// mu serializes statements on conn: database/sql lets two goroutines
 	// use one *sql.Conn at once, and the driver then breaks the connection
 	// (a renewal check racing an acquisition would drop every lock of the
@@ -232,7 +233,7 @@ func (s *sessions) checkPool() error {
 // ownSlots is how many sessions of their own (waiters, and the locks they
 // were handed) may be checked out of a caller's pool with a limit: all but
 // one connection for the shared session and one for every other statement
-// (renewals of leases, KILL QUERY, reads of the session table). -1: no
+// (renewals of leases, KILL CONNECTION, reads of the session table). -1: no
 // bound.
 func (s *sessions) ownSlots() int {
 	n := s.limit()
@@ -521,6 +522,13 @@ func (s *sessions) closeAll() {
 	s.idle = nil
 	s.mu.Unlock()
 	for _, ss := range all {
+		if ss.waiting.Load() {
+			// Its wait would hold up the statements that give it
+			// back until the wait's bound: end the session instead,
+			// which frees whatever it holds as those would.
+			ss.broken.Store(true)
+			killConn(s.db, ss.id)
+		}
 		s.discard(ss)
 	}
 	if s.private {
