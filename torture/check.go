@@ -44,6 +44,7 @@ const (
 	vLostUpdate      = "resource: lost update (write based on a value since overwritten)"
 	vInterleaved     = "resource: holders' accepted accesses interleaved"
 	vFreshRejected   = "resource: token refused although no newer token existed"
+	vLateReturn      = "client: call returned long after its caller's deadline"
 	maxListedViolate = 50
 )
 
@@ -366,7 +367,7 @@ func (c *checker) buildHolds() {
 				if pool > 0 {
 					h.addClient(ClientSmallPool)
 				}
-				c.clientCall(e, false)
+				c.clientCall(w.ID, e, false)
 				c.rep.Acquisitions++
 				if prev := c.byKF[kf(e.K, e.F)]; prev != nil {
 					c.violate(vFenceTwice, "%s fence %d: %s and %s", e.K, e.F, prev.worker, w.ID)
@@ -377,7 +378,7 @@ func (c *checker) buildHolds() {
 				c.holds = append(c.holds, h)
 			case "acqerr":
 				if e.Cf != "" {
-					c.clientCall(e, true)
+					c.clientCall(w.ID, e, true)
 					if e.Cf == ClientAcqDeadline && !strings.Contains(e.Err, " is held") {
 						c.cutAcq[e.K] = append(c.cutAcq[e.K], wait{w.ID, e.T0, e.T})
 					}
@@ -418,7 +419,7 @@ func (c *checker) buildHolds() {
 				if e.Cf == ClientDoPanic {
 					c.client(ClientDoPanic).Injected++
 				} else if e.Cf != "" {
-					c.clientCall(e, e.Err != "")
+					c.clientCall(w.ID, e, e.Err != "")
 				}
 			case "op":
 				if e.Chk > 0 {
@@ -780,9 +781,17 @@ func (c *checker) client(kind string) *ClientFaultStats {
 	return f
 }
 
-// clientCall counts a call made with a deadline fault (e.Cf, e.Dl): failed
-// if it returned an error, and how long after the deadline it returned.
-func (c *checker) clientCall(e Event, failed bool) {
+// lateBound is how long after its caller's deadline a call of a worker may
+// return (the time the worker was stopped by a fault left out) before it
+// is a violation: every blocking call returns promptly when its context
+// ends, whatever the store does, and the bound leaves room for a loaded
+// machine, not for a statement that runs to its own bound.
+const lateBound = 5 * time.Second
+
+// clientCall counts a call of worker made with a deadline fault (e.Cf,
+// e.Dl): failed if it returned an error, and how long after the deadline it
+// returned, which must stay within lateBound.
+func (c *checker) clientCall(worker string, e Event, failed bool) {
 	if e.Cf == "" || e.Cf == ClientDoPanic {
 		return
 	}
@@ -791,9 +800,26 @@ func (c *checker) clientCall(e Event, failed bool) {
 	if failed {
 		cs.Failed++
 	}
-	if e.Dl > 0 {
-		cs.Late.add(float64(max(e.T-e.Dl, 0)) / 1e6)
+	if e.Dl <= 0 {
+		return
 	}
+	late := max(e.T-e.Dl, 0)
+	cs.Late.add(float64(late) / 1e6)
+	if paused := c.stoppedDuring(worker, e.Dl, e.T); time.Duration(late-paused) > lateBound {
+		c.violate(vLateReturn, "%s %s (%s, fault %s): returned %s after its caller's deadline at %s",
+			e.Ev, e.K, worker, e.Cf, time.Duration(late).Round(time.Millisecond), c.rel(e.Dl))
+	}
+}
+
+// stoppedDuring is how long of [from, to] worker was stopped by a fault.
+func (c *checker) stoppedDuring(worker string, from, to int64) int64 {
+	var d int64
+	for _, f := range c.in.Faults {
+		if f.Kind == FaultStop && f.Worker == worker {
+			d += max(min(to, f.End)-max(from, f.Start), 0)
+		}
+	}
+	return d
 }
 
 // checkErrBeforeAccess checks the workers' checks before each access: a

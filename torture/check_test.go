@@ -525,3 +525,25 @@ func TestCheckFailoverWithoutStoreRecord(t *testing.T) {
 	}
 	wantViolation(t, in, vFenceTwice)
 }
+
+func TestCheckLateReturn(t *testing.T) {
+	in := base()
+	// w2's acquisition of another key with a 2 ms caller deadline returns
+	// 30 s after it.
+	late := Event{T0: 1000 * ms, T: 31_002 * ms, Ev: "acqerr", K: "k2", Cf: ClientAcqDeadline, Dl: 1002 * ms, Err: "context deadline exceeded"}
+	in.Ended = 40_000 * ms
+	in.Workers[1].Events = append(in.Workers[1].Events, late)
+	wantViolation(t, in, vLateReturn)
+	// The same while the worker was stopped for most of it is the pause's
+	// doing, not the call's.
+	in.Faults = []FaultRecord{{Kind: FaultStop, Worker: "w2", Start: 1000 * ms, End: 30_000 * ms}}
+	if r := check(in); r.Violations[vLateReturn] != 0 {
+		t.Errorf("late return under a stop: %v", r.ViolationList)
+	}
+	// Within the bound: no violation.
+	in.Faults = nil
+	in.Workers[1].Events[len(in.Workers[1].Events)-1].T = 2_000 * ms
+	if r := check(in); r.Violations[vLateReturn] != 0 {
+		t.Errorf("return 1 s after the deadline: %v", r.ViolationList)
+	}
+}

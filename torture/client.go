@@ -17,11 +17,11 @@ import (
 const (
 	// ClientAcqDeadline: before a share of acquisitions, and half-way
 	// through a share of holds (for another key, while holding), one
-	// TryAcquire or Acquire with a caller deadline of 0–5 ms, or one already
-	// passed.
+	// TryAcquire or Acquire whose context ends 0–5 ms in, or has ended:
+	// half by a deadline, half cancelled (see callerDeadline).
 	ClientAcqDeadline = "acqdeadline"
-	// ClientRelDeadline: a share of releases with a caller deadline of
-	// 0–2 ms, or one already passed. The lease then ends by its TTL if the
+	// ClientRelDeadline: a share of releases whose context ends 0–2 ms in,
+	// or has ended (a deadline or a cancellation). The lease then ends by its TTL if the
 	// release did not reach the store.
 	ClientRelDeadline = "reldeadline"
 	// ClientSmallPool: the workers of odd slots open the store with a pool
@@ -88,14 +88,22 @@ func (g *lastGrants) last(key string) uint64 {
 // clientFault reports whether the lane injects kind.
 func (l *lane) clientFault(kind string) bool { return slices.Contains(l.w.cfg.ClientFaults, kind) }
 
-// callerDeadline returns a context whose deadline is up to maxMs ms away,
-// or (one time in four) already passed, and the deadline.
+// callerDeadline returns a context that ends up to maxMs ms from now, or
+// (one time in four) has ended already, and that instant. Half of them
+// have that deadline; the others have none and are cancelled then, as a
+// request whose client went away: a store's own timeout, which a backend
+// may derive from a deadline, cannot end a wait for them.
 func (l *lane) callerDeadline(ctx context.Context, maxMs int) (context.Context, context.CancelFunc, time.Time) {
 	d := -time.Millisecond
 	if l.rng.IntN(4) > 0 {
 		d = time.Duration(l.rng.Int64N(int64(maxMs)*int64(time.Millisecond) + 1))
 	}
 	dl := time.Now().Add(d)
+	if l.rng.IntN(2) == 0 {
+		c, cancel := context.WithCancel(ctx)
+		t := time.AfterFunc(time.Until(dl), cancel)
+		return c, func() { t.Stop(); cancel() }, dl
+	}
 	c, cancel := context.WithDeadline(ctx, dl)
 	return c, cancel, dl
 }
