@@ -206,3 +206,88 @@ func rawConn(b *testing.B) (*sql.DB, *sql.Conn) {
 	b.Cleanup(func() { conn.Close() })
 	return db, conn
 }
+
+// BenchmarkRawGrant8 measures what a fenced getlock grant may cost next to
+// raw GET_LOCK: 8 connections take and release one named lock in turn,
+// each acquisition as one statement, and reports grants/s. The variants
+// add to GET_LOCK a fence from a cached sequence (MariaDB), then a read of
+// the session strategies' run table (MEMORY), and the grant procedure as
+// getlock calls it. MySQL, which has no sequences, runs the first and the
+// last.
+func BenchmarkRawGrant8(b *testing.B) {
+	newGetLock(b, "") // migrated: the run table and the grant procedure
+	db := open(b, "interpolateParams=true")
+	ctx := context.Background()
+	seq := testTable + "_benchseq"
+	_, seqErr := db.ExecContext(ctx, "CREATE SEQUENCE IF NOT EXISTS "+seq+" CACHE 1000")
+	variants := []struct {
+		name, acquire, release string
+		sequence               bool
+	}{
+		{"GET_LOCK", "SELECT GET_LOCK(?, 10)", "DO RELEASE_LOCK(?)", false},
+		{"GET_LOCK+NEXTVAL", "SELECT IF(GET_LOCK(?, 10) = 1, NEXTVAL(" + seq + "), 0)", "DO RELEASE_LOCK(?)", true},
+		{"GET_LOCK+NEXTVAL+run", "SELECT IF(GET_LOCK(?, 10) = 1, (SELECT epoch FROM " + testTable + "_run WHERE id = 1) << 40 | NEXTVAL(" + seq + "), 0)", "DO RELEASE_LOCK(?)", true},
+		{"grant-procedure", "CALL " + mysqllock.GrantProc("`"+testTable+"`") + "(?, '10', 'benchgrant', X'00112233445566778899aabbccddeeff', '', CONNECTION_ID(), '', 0)", "DO RELEASE_LOCK(?)", false},
+	}
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			if v.sequence && seqErr != nil {
+				b.Skipf("no sequences on this server: %v", seqErr)
+			}
+			name := fmt.Sprintf("benchgrant/%p", b)
+			b.SetParallelism(4) // 8 connections on 2 CPUs
+			b.RunParallel(func(pb *testing.PB) {
+				c, err := db.Conn(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				defer c.Close()
+				for pb.Next() {
+					if err := takeOnce(ctx, c, v.acquire, name); err != nil {
+						b.Error(err)
+						return
+					}
+					if _, err := c.ExecContext(ctx, v.release, name); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+		})
+	}
+}
+
+// takeOnce runs an acquisition statement whose first column is 1 or a
+// fence when granted, reading every row of every result (a CALL answers
+// with a result and a status).
+func takeOnce(ctx context.Context, c *sql.Conn, q, name string) error {
+	rows, err := c.QueryContext(ctx, q, name)
+	if err != nil {
+		return err
+	}
+	cols, err := rows.Columns()
+	if err != nil {
+		rows.Close()
+		return err
+	}
+	var got sql.NullInt64
+	dst := []any{&got}
+	for range cols[1:] {
+		dst = append(dst, new(any))
+	}
+	for rows.Next() {
+		if err := rows.Scan(dst...); err != nil {
+			rows.Close()
+			return err
+		}
+	}
+	if err := rows.Close(); err != nil {
+		return err
+	}
+	if got.Int64 == 0 {
+		return fmt.Errorf("not granted: %v", got)
+	}
+	return nil
+}

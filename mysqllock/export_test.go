@@ -122,3 +122,6 @@ func OnMainSession(g *GetLock, tok dlock.Token) bool {
 
 // HeldFor is how long a refused try makes AcquireWait wait at once.
 const HeldFor = refusals.For
+
+// GrantProc returns the grant procedure of the lock table table (quoted).
+func GrantProc(table string) string { return grantProc(table) }
