@@ -43,9 +43,14 @@ type Locker struct {
 	pending  map[string]*pending // store acquisitions under way with an owner, by key
 	renewing bool                // the renewal goroutine is running
 	kick     chan struct{}       // wakes the renewal goroutine
-	wakeAt   time.Time           // when the renewal goroutine looks next
-	linger   time.Duration       // how long it stays while nothing is held
-	batch    int                 // leases per Extend call
+	// unresolved holds the acquisitions of unknown outcome whose tokens
+	// the resolver goroutine releases (see resolve.go).
+	unresolved  []*unresolved
+	resolving   bool          // the resolver goroutine is running
+	resolveKick chan struct{} // wakes the resolver goroutine
+	wakeAt      time.Time     // when the renewal goroutine looks next
+	linger      time.Duration // how long it stays while nothing is held
+	batch       int           // leases per Extend call
 
 	stopLoss func() // unregisters from a LossReporter backend
 	// early holds losses reported for tokens not (yet) registered: a
@@ -63,22 +68,23 @@ func New(b Backend, opts *Options) *Locker {
 		opts = &Options{}
 	}
 	l := &Locker{
-		b:         b,
-		ttl:       opts.TTL,
-		margin:    opts.Margin,
-		lockDelay: opts.LockDelay,
-		log:       opts.Logger,
-		meta:      opts.Metadata,
-		clock:     opts.Clock,
-		obs:       opts.Observer,
-		closing:   make(chan struct{}),
-		held:      make(map[string]*lease),
-		shares:    make(map[string][]*lease),
-		wakers:    make(map[string]*waker),
-		pending:   make(map[string]*pending),
-		kick:      make(chan struct{}, 1),
-		batch:     extendBatch(b),
-		linger:    renewLinger,
+		b:           b,
+		ttl:         opts.TTL,
+		margin:      opts.Margin,
+		lockDelay:   opts.LockDelay,
+		log:         opts.Logger,
+		meta:        opts.Metadata,
+		clock:       opts.Clock,
+		obs:         opts.Observer,
+		closing:     make(chan struct{}),
+		held:        make(map[string]*lease),
+		shares:      make(map[string][]*lease),
+		wakers:      make(map[string]*waker),
+		pending:     make(map[string]*pending),
+		kick:        make(chan struct{}, 1),
+		resolveKick: make(chan struct{}, 1),
+		batch:       extendBatch(b),
+		linger:      renewLinger,
 	}
 	if l.ttl == 0 {
 		l.ttl = DefaultTTL
@@ -739,8 +745,8 @@ func (l *Locker) wakeLocked(key string) {
 // resolveLater releases the lease that an acquisition of unknown outcome may
 // have taken, so that it does not linger until its TTL. The first attempt
 // runs at once, bounded by ctx (the caller's, which the clean-up never
-// outlives); if it cannot settle the outcome, resolve goes on in the
-// background. Close waits for it.
+// outlives); if it cannot settle the outcome, the resolver goes on in the
+// background (see resolve). Close waits for it.
 func (l *Locker) resolveLater(ctx context.Context, req Request) {
 	if ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
@@ -751,50 +757,7 @@ func (l *Locker) resolveLater(ctx context.Context, req Request) {
 			return
 		}
 	}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		l.resolve(req)
-	}()
-}
-
-// resolve releases the lease an acquisition of unknown outcome may have
-// taken. The statement that failed for the caller may still be on its way
-// to the store (a cut connection, a proxy): a release that finds nothing
-// does not prove it will never land. So resolve looks again, backing off,
-// until the lease it could have started has run out, or the Locker closes
-// (then it looks once more and stops).
-func (l *Locker) resolve(req Request) {
-	until := time.Now().Add(req.TTL)
-	wait := 50 * time.Millisecond
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		err := l.b.Release(ctx, req.Key, req.Token)
-		cancel()
-		switch {
-		case err == nil:
-			l.log.Warn("dlock: released a lease taken by an acquisition that reported an error", "key", req.Key)
-			return
-		case errors.Is(err, ErrNotHeld):
-		default:
-			l.log.Debug("dlock: could not yet resolve an acquisition of unknown outcome", "key", req.Key, "err", err)
-		}
-		if !time.Now().Before(until) {
-			if !errors.Is(err, ErrNotHeld) {
-				l.log.Warn("dlock: could not resolve an acquisition of unknown outcome; it expires with its TTL",
-					"key", req.Key, "ttl", req.TTL, "err", err)
-			}
-			return
-		}
-		t := time.NewTimer(min(wait, time.Until(until)))
-		select {
-		case <-t.C:
-		case <-l.closing:
-			until = time.Now() // one more look, then stop
-		}
-		t.Stop()
-		wait = min(2*wait, time.Second)
-	}
+	l.resolve(req)
 }
 
 // releaseLater releases a lease whose release was cut short by its
