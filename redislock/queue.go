@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/ctxend"
 )
 
 // Exclusive waits queue in the store.
@@ -59,6 +60,16 @@ func (b *Backend) queuedWait(ctx context.Context, req dlock.Request, w *subWait)
 	for attempt := uint64(1); ; attempt++ {
 		sending := time.Now()
 		res, err := b.acquireWith(ctx, req, queueLife.Milliseconds(), attempt)
+		if err != nil && ctxend.Err(ctx) != nil {
+			// Cut by ctx: the script may have run and queued the
+			// token, where a release would hand it the key. Leave the
+			// queue at once; the error still makes the Locker resolve
+			// the attempt, in case the script lands after the leave.
+			if lerr := b.leaveQueue(ctx, req); lerr != nil {
+				err = dlock.Join(err, lerr)
+			}
+			return dlock.Result{}, err
+		}
 		if err != nil || res.Acquired {
 			res.SentAfter = sending.Sub(began)
 			return res, err

@@ -345,3 +345,37 @@ func TestSharedWaitIsNotStarvedByTheQueue(t *testing.T) {
 	}
 	l.Release(context.Background())
 }
+
+// A queued wait whose context is cancelled as its attempt is sent (the
+// script may run and queue its token after the client gave up on the
+// reply) leaves the queue before it returns: the holder's release must not
+// hand the key to a wait that has gone.
+func TestQueuedWaitCutAsItStartsLeavesTheQueue(t *testing.T) {
+	b := newBackend(t, newClient(t, advAddr()), nil)
+	holder := newBackend(t, newClient(t, advAddr()), nil)
+	k := locktest.UniqueKey("cut-wait")
+	for i := range 150 {
+		hold := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Second}
+		if res, err := holder.Acquire(ctxT(t, 5*time.Second), hold); err != nil || !res.Acquired {
+			t.Fatalf("holder: %+v %v", res, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		after := time.Duration(i%12) * 50 * time.Microsecond
+		time.AfterFunc(after, cancel)
+		res, _ := b.AcquireWait(ctx, dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Second})
+		cancel()
+		if res.Acquired {
+			t.Fatalf("round %d: acquired a held key", i)
+		}
+		if err := holder.Release(ctxT(t, 5*time.Second), k, hold.Token); err != nil {
+			t.Fatalf("holder release: %v", err)
+		}
+		probe := dlock.Request{Key: k, Token: dlock.NewToken(), TTL: 30 * time.Second}
+		if res, err := holder.Acquire(ctxT(t, 5*time.Second), probe); err != nil || !res.Acquired {
+			t.Fatalf("round %d (cancelled %s in): the key is not free after the holder released: %+v, %v", i, after, res, err)
+		}
+		if err := holder.Release(ctxT(t, 5*time.Second), k, probe.Token); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
