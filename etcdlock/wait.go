@@ -325,10 +325,11 @@ func (b *Backend) check(ctx context.Context, e *entry) (t turn, rev int64, marke
 }
 
 // waitGone waits until need of the entries names of dir, which existed at
-// revision rev, are deleted (true), bound fires or ctx ends (false). It
-// watches the one entry, or the directory for several. A watch that fails
-// (the member lost its leader, the revision was compacted) also returns
-// true, after a short pause, so that the caller looks again.
+// revision rev, are deleted (true), or bound fires, ctx ends or the Backend
+// closes (false). It watches the one entry, or the directory for several.
+// A watch that fails (the member lost its leader, the revision was
+// compacted) also returns true, after a short pause, so that the caller
+// looks again.
 func (b *Backend) waitGone(ctx context.Context, dir string, names []string, need int, rev int64, bound <-chan time.Time) (bool, error) {
 	// Without a leader the member would keep the watch open and silent.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -363,6 +364,8 @@ func (b *Backend) waitGone(ctx context.Context, dir string, names []string, need
 			return false, nil
 		case <-ctx.Done():
 			return false, nil
+		case <-b.done: // Close: the wait ends as its bound would end it
+			return false, nil
 		}
 	}
 	pause := time.NewTimer(firstBackoff)
@@ -373,6 +376,8 @@ func (b *Backend) waitGone(ctx context.Context, dir string, names []string, need
 	case <-bound:
 		return false, nil
 	case <-ctx.Done():
+		return false, nil
+	case <-b.done:
 		return false, nil
 	}
 }
