@@ -542,6 +542,10 @@ const (
 	// MinTTL is the shortest lease accepted. Shorter leases leave too little
 	// time to renew over a real network.
 	MinTTL = time.Second
+	// MaxTTL is the longest lease, lock-delay and minimum hold accepted (100
+	// years): their sums, which the Locker sends to the store, stay
+	// within a time.Duration.
+	MaxTTL = 100 * 365 * 24 * time.Hour
 	// DefaultTTL is the lease used when neither Options.TTL nor WithTTL is set.
 	DefaultTTL = 30 * time.Second
 	// WriterMark is how long an exclusive attempt that found shared holders

@@ -298,3 +298,24 @@ func TestTooLateGrantsEndTheWait(t *testing.T) {
 		t.Errorf("%d grants taken, want %d", n, maxTooLate)
 	}
 }
+
+// TestTooLateGrantLeavesNoWaker: a blocking Acquire that tried again after
+// a grant came too late keeps nothing on the key's local wake-up entry.
+func TestTooLateGrantLeavesNoWaker(t *testing.T) {
+	l := New(lateBackend{calls: new(atomic.Int32), slow: time.Second, late: 1}, &Options{TTL: time.Second})
+	defer l.Close(context.Background())
+	lk, err := l.Acquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(context.Background())
+	l.mu.Lock()
+	n := 0
+	if w := l.wakers["k"]; w != nil {
+		n = w.n
+	}
+	l.mu.Unlock()
+	if n != 0 {
+		t.Errorf("rule: a key looked at keeps nothing; %d waiters still counted on its wake-up entry after Acquire returned", n)
+	}
+}

@@ -52,6 +52,7 @@ type lease struct {
 	deadline time.Time          // considered lost at this instant unless renewed
 	tries    uint               // failed renewals since the last success
 	inflight bool               // a renewal is under way
+	renewed  chan struct{}      // closed when that renewal has answered
 	timer    Timer              // fires at deadline
 }
 
@@ -198,8 +199,8 @@ func (k *Lock) Release(ctx context.Context) (err error) {
 		_, err = await(l, ctx, func() (struct{}, error) {
 			return struct{}{}, l.letGo(ctx, ls, keep)
 		}, func(_ struct{}, err error) {
-			if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
-				l.releaseLater(ls.key, ls.token)
+			if err != nil && !errors.Is(err, ErrNotHeld) {
+				l.letGoLater(ls)
 			}
 			wake()
 		})
@@ -208,8 +209,8 @@ func (k *Lock) Release(ctx context.Context) (err error) {
 	switch {
 	case errors.Is(err, errAbandoned):
 		err = ctx.Err()
-	case err != nil && !errors.Is(err, ErrNotHeld) && ctxend.Err(ctx) != nil && keep == 0:
-		l.releaseLater(ls.key, ls.token)
+	case err != nil && !errors.Is(err, ErrNotHeld) && ctxend.Err(ctx) != nil:
+		l.letGoLater(ls)
 	}
 	if err != nil {
 		return fmt.Errorf("dlock: release %q: %w", ls.key, err)
@@ -240,6 +241,21 @@ func (l *Locker) keepFor(ls *lease) time.Duration {
 func (l *Locker) letGo(ctx context.Context, ls *lease, keep time.Duration) error {
 	if keep == 0 {
 		return l.b.Release(ctx, ls.key, ls.token)
+	}
+	// A renewal under way could reach the store after the last extension
+	// and set the lease back to a whole TTL: wait for its answer first.
+	l.mu.Lock()
+	renewed := ls.renewed
+	l.mu.Unlock()
+	if renewed != nil {
+		select {
+		case <-renewed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if keep = l.keepFor(ls); keep == 0 {
+			return l.b.Release(ctx, ls.key, ls.token)
+		}
 	}
 	if hk, ok := l.b.(HoldKeeper); ok {
 		err := hk.ReleaseKeeping(ctx, ls.key, ls.token, keep)

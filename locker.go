@@ -288,19 +288,20 @@ func (l *Locker) closeLease(ctx context.Context, ls *lease) (err error) {
 	_, err = await(l, ctx, func() (struct{}, error) {
 		return struct{}{}, l.letGo(ctx, ls, keep)
 	}, func(_ struct{}, err error) {
-		if err != nil && !errors.Is(err, ErrNotHeld) && keep == 0 {
+		if err != nil && !errors.Is(err, ErrNotHeld) {
 			l.wg.Add(1) // this goroutine still counts: before any Wait ends
-			go l.releaseBounded(ls.key, ls.token)
+			go l.letGoBounded(ls)
 		}
 	})
 	switch {
 	case errors.Is(err, errAbandoned):
 		err = ctx.Err()
-	case err != nil && !errors.Is(err, ErrNotHeld) && ctxend.Err(ctx) != nil && keep == 0:
-		// Cut short by ctx: release in the background all the same,
-		// rather than leave the key to its TTL.
+	case err != nil && !errors.Is(err, ErrNotHeld) && ctxend.Err(ctx) != nil:
+		// Cut short by ctx: let go in the background all the same,
+		// rather than leave the key to its TTL (or free it before the
+		// end of its minimum hold).
 		l.wg.Add(1)
-		go l.releaseBounded(ls.key, ls.token)
+		go l.letGoBounded(ls)
 	}
 	if err != nil {
 		return fmt.Errorf("dlock: release %q: %w", ls.key, err)
@@ -355,6 +356,7 @@ func (l *Locker) acquireConfigured(ctx context.Context, key string, cfg acquireC
 			// (each such grant took a round trip of most of the TTL); a TTL
 			// too short for every round trip ends with the error.
 			l.log.Warn("dlock: trying again after a grant that came too late", "ttl", cfg.ttl, "err", err)
+			l.unwait(key, out.woken)
 			continue
 		}
 		k, err, done := l.afterAttempt(ctx, k, out, err, cfg, wait, &canWait, &inStore, &bo)
@@ -760,10 +762,11 @@ func (l *Locker) resolveLater(ctx context.Context, req Request) {
 	l.resolve(req)
 }
 
-// releaseLater releases a lease whose release was cut short by its
-// caller's context, in the background, bounded by cleanupTimeout. Close
-// waits for it, unless it started while the Locker was closing.
-func (l *Locker) releaseLater(key string, token Token) {
+// letGoLater lets ls go in the background (see letGoBounded), after its
+// release or the last extension of its minimum hold was cut short by its
+// caller's context. Close waits for it, unless it started while the Locker
+// was closing.
+func (l *Locker) letGoLater(ls *lease) {
 	l.mu.Lock()
 	closed := l.closed
 	if !closed {
@@ -771,27 +774,28 @@ func (l *Locker) releaseLater(key string, token Token) {
 	}
 	l.mu.Unlock()
 	if closed {
-		// Close may be waiting for l.wg already: this release runs
-		// untracked, bounded by cleanupTimeout like the others.
+		// Close may be waiting for l.wg already: this runs untracked,
+		// bounded by cleanupTimeout like the others.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 			defer cancel()
-			_ = l.b.Release(ctx, key, token)
+			_ = l.letGo(ctx, ls, l.keepFor(ls))
 		}()
 		return
 	}
-	go l.releaseBounded(key, token)
+	go l.letGoBounded(ls)
 }
 
-// releaseBounded releases a lease, bounded by cleanupTimeout, and wakes the
-// key's local waiters if it did. The caller has done l.wg.Add(1) for it.
-func (l *Locker) releaseBounded(key string, token Token) {
+// letGoBounded lets ls go (see letGo: what is left of its minimum hold is
+// kept, counted now), bounded by cleanupTimeout, and wakes the key's local
+// waiters if it did. The caller has done l.wg.Add(1) for it.
+func (l *Locker) letGoBounded(ls *lease) {
 	defer l.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	if err := l.b.Release(ctx, key, token); err == nil {
+	if err := l.letGo(ctx, ls, l.keepFor(ls)); err == nil {
 		l.mu.Lock()
-		l.wakeLocked(key)
+		l.wakeLocked(ls.key)
 		l.mu.Unlock()
 	}
 }

@@ -228,6 +228,14 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 	if c.ttl < MinTTL {
 		return c, fmt.Errorf("%w: ttl %s is below the minimum %s", ErrInvalidOption, c.ttl, MinTTL)
 	}
+	for _, d := range []struct {
+		what string
+		d    time.Duration
+	}{{"ttl", c.ttl}, {"lock-delay", c.lockDelay}, {"minimum hold", c.minHold}} {
+		if d.d > MaxTTL {
+			return c, fmt.Errorf("%w: %s %s is above the maximum %s", ErrInvalidOption, d.what, d.d, MaxTTL)
+		}
+	}
 	if m := l.marginFor(c.ttl); 2*m >= c.ttl {
 		return c, fmt.Errorf("%w: margin %s must be less than half the ttl %s", ErrInvalidOption, m, c.ttl)
 	}

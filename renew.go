@@ -232,7 +232,7 @@ func (l *Locker) renewLoop() {
 				due = !ls.renewAt.After(now)
 			}
 			if due {
-				ls.inflight = true
+				ls.inflight, ls.renewed = true, make(chan struct{})
 				batch = append(batch, ls)
 				if len(batch) == l.batch {
 					l.wg.Add(1)
@@ -304,6 +304,8 @@ func (l *Locker) renew(batch []*lease) {
 	now := l.clock.Now()
 	for i, ls := range batch {
 		ls.inflight = false
+		close(ls.renewed)
+		ls.renewed = nil
 		if ls.ended {
 			continue
 		}
