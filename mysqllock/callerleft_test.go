@@ -103,7 +103,7 @@ func TestBackendCloseDuringAWaitIsPrompt(t *testing.T) {
 			waiting := make(chan struct{})
 			go func() {
 				defer close(waiting)
-				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 				defer cancel()
 				l.Acquire(ctx, key)
 			}()

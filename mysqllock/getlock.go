@@ -554,7 +554,7 @@ const maxWait = 30 * time.Second
 const quickShare = 5
 
 // AcquireWait implements dlock.Waiter: a blocking GET_LOCK on a session of
-// its own, ended with KILL CONNECTION when ctx ends. A key is tried first, as
+// its own, interrupted when ctx ends (see killUntil). A key is tried first, as
 // Acquire does, on the shared session, unless a try of this GetLock found
 // it held in the last second and the caller's pool has no limit (see
 // WaitsDirectly). In a caller's pool with a limit,
@@ -604,8 +604,9 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 	var called time.Time // when the grant procedure was called
 	quick := false       // and it answered within the TTL over quickShare
 	// The wait runs on a session of its own, and ends by GET_LOCK's own
-	// timeout or by the session's end (see killConn), never by a context.
-	stop := context.AfterFunc(ctx, func() { g.kill(ss.id) })
+	// timeout or by KILL QUERY (see killUntil), never by a context.
+	waited := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { killUntil(g.s.db, ss.id, waited) })
 	ss.waiting.Store(true)
 	err = ss.run(context.WithoutCancel(ctx), wait+statementTimeout, false, func(sctx context.Context) error {
 		if err := g.cover(sctx, ss); err != nil {
@@ -633,6 +634,7 @@ func (g *GetLock) acquireWait(ctx context.Context, req dlock.Request, bound time
 		return ss.conn.QueryRowContext(sctx, waitStatement(name, wait)).Scan(&got)
 	}, nil)
 	ss.waiting.Store(false)
+	close(waited)
 	if !stop() {
 		// ctx ended: whatever the wait's outcome, drop the session so
 		// that no grant can outlive it.
@@ -727,9 +729,6 @@ func (g *GetLock) name(key string) string {
 	}
 	return lockName("dlock", key)
 }
-
-// kill ends session id (see killConn).
-func (g *GetLock) kill(id int64) { killConn(g.s.db, id) }
 
 // holding returns the session where key is held by tok.
 func (g *GetLock) holding(key string, tok dlock.Token) *session {

@@ -154,7 +154,7 @@ func (r *RowLock) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 }
 
 // AcquireWait implements dlock.Waiter: a blocking FOR UPDATE bounded by
-// innodb_lock_wait_timeout, ended with KILL CONNECTION when ctx ends. In a
+// innodb_lock_wait_timeout, interrupted when ctx ends (see killUntil). In a
 // caller's pool with a limit, it waits for a connection to pin when every
 // one it may pin holds a lock.
 func (r *RowLock) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Result, error) {
@@ -237,12 +237,14 @@ func (r *RowLock) take(ctx context.Context, req dlock.Request, wait time.Duratio
 	q := `SELECT name FROM ` + r.rows + ` WHERE name = ? FOR UPDATE NOWAIT`
 	if wait > 0 {
 		if q, err = r.waitQuery(sctx, tx, int(math.Ceil(wait.Seconds()))); err == nil {
-			stop := context.AfterFunc(ctx, func() { killConn(r.db, ss.id) })
+			waited := make(chan struct{})
+			stop := context.AfterFunc(ctx, func() { killUntil(r.db, ss.id, waited) })
 			wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), wait+statementTimeout)
 			var name []byte
 			ss.waiting.Store(true)
 			err = tx.QueryRowContext(wctx, q, req.Key).Scan(&name)
 			ss.waiting.Store(false)
+			close(waited)
 			wcancel()
 			if !stop() { // ctx ended: drop the session, and with it any grant
 				ss.broken.Store(true)
@@ -457,14 +459,35 @@ func (r *RowLock) ensureRow(ctx context.Context, ss *session, key string) error 
 // maxKnownRows bounds the cache of keys whose row is known to exist.
 const maxKnownRows = 10000
 
-// killConn ends the server session id, with its statement, transaction and
-// locks, for a wait whose caller left: its session is dropped anyway, and
-// a KILL QUERY that reaches the server before the statement starts is
-// discarded, leaving the wait to run to its own bound.
-func killConn(db *sql.DB, id int64) {
+// killRepeat is how often killUntil repeats its KILL QUERY.
+const killRepeat = 50 * time.Millisecond
+
+// killUntil interrupts the statement of server session id, for a wait
+// whose caller left: KILL QUERY, repeated every killRepeat until done is
+// closed (the statement has returned), since the server discards one that
+// arrives before the statement starts. The session is dropped afterwards.
+// (KILL CONNECTION is not used: a session killed while it commits to a
+// table versioned by transaction can disable the server's transaction
+// registry until it restarts.)
+func killUntil(db *sql.DB, id int64, done <-chan struct{}) {
+	t := time.NewTimer(killRepeat)
+	defer t.Stop()
+	for {
+		killQuery(db, id)
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			t.Reset(killRepeat)
+		}
+	}
+}
+
+// killQuery sends one KILL QUERY for server session id.
+func killQuery(db *sql.DB, id int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id))
+	_, _ = db.ExecContext(ctx, fmt.Sprintf("KILL QUERY %d", id))
 }
 
 // hold returns key's hold if tok holds it.

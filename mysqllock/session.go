@@ -233,7 +233,7 @@ func (s *sessions) checkPool() error {
 // ownSlots is how many sessions of their own (waiters, and the locks they
 // were handed) may be checked out of a caller's pool with a limit: all but
 // one connection for the shared session and one for every other statement
-// (renewals of leases, KILL CONNECTION, reads of the session table). -1: no
+// (renewals of leases, KILL QUERY, reads of the session table). -1: no
 // bound.
 func (s *sessions) ownSlots() int {
 	n := s.limit()
@@ -522,14 +522,18 @@ func (s *sessions) closeAll() {
 	s.idle = nil
 	s.mu.Unlock()
 	for _, ss := range all {
-		if ss.waiting.Load() {
-			// Its wait would hold up the statements that give it
-			// back until the wait's bound: end the session instead,
-			// which frees whatever it holds as those would.
-			ss.broken.Store(true)
-			killConn(s.db, ss.id)
+		if !ss.waiting.Load() {
+			s.discard(ss)
+			continue
 		}
+		// Its wait would hold up the statements that give it back
+		// until the wait's bound: interrupt it, and drop the session,
+		// which frees whatever it holds as those would.
+		ss.broken.Store(true)
+		done := make(chan struct{})
+		go killUntil(s.db, ss.id, done)
 		s.discard(ss)
+		close(done)
 	}
 	if s.private {
 		s.db.Close()
