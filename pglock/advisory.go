@@ -736,7 +736,7 @@ func (a *Advisory) cover(ctx context.Context, ss *session, ttl time.Duration) er
 // where it is), and ends sessions parked too long.
 func (a *Advisory) park(ss *session) {
 	a.mu.Lock()
-	if ss.n > 0 || ss == a.main {
+	if !a.holdsNothingLocked(ss) {
 		a.mu.Unlock()
 		return
 	}
@@ -1111,8 +1111,11 @@ func (a *Advisory) grant(ctx context.Context, j *job, ss *session, q string, id 
 func (a *Advisory) holdsNothing(ss *session) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return ss.n == 0 && ss != a.main
+	return a.holdsNothingLocked(ss)
 }
+
+// holdsNothingLocked is holdsNothing with a.mu held.
+func (a *Advisory) holdsNothingLocked(ss *session) bool { return ss.n == 0 && ss != a.main }
 
 // unlock runs pg_advisory_unlock (pg_advisory_unlock_shared for a shared
 // hold, which also deletes the hold's row) in the session's goroutine and
