@@ -374,6 +374,26 @@ func (b *deafBackend) Release(_ context.Context, key string, _ Token) error {
 	return nil
 }
 
+func (b *deafBackend) List(context.Context, string) ([]LockInfo, error) {
+	<-b.answer
+	return nil, nil
+}
+
+func (b *deafBackend) ListWaiters(context.Context, string) ([]WaiterInfo, error) {
+	<-b.answer
+	return nil, nil
+}
+
+func (b *deafBackend) ListKeys(context.Context, string) ([]KeyInfo, error) {
+	<-b.answer
+	return nil, nil
+}
+
+func (b *deafBackend) ForceRelease(context.Context, string) error {
+	<-b.answer
+	return nil
+}
+
 // TestCallsReturnWhenTheStoreIgnoresTheirContext: a store that stops
 // answering, behind a client that does not honour contexts, still lets
 // every call return by its caller's deadline; a grant that arrives after
@@ -390,6 +410,13 @@ func TestCallsReturnWhenTheStoreIgnoresTheirContext(t *testing.T) {
 	for name, call := range map[string]func(ctx context.Context) error{
 		"TryAcquire": func(ctx context.Context) error { _, err := l.TryAcquire(ctx, "late"); return err },
 		"Release":    func(ctx context.Context) error { return lk.Release(ctx) },
+		"List":       func(ctx context.Context) error { _, err := l.List(ctx, ""); return err },
+		"ListKeys":   func(ctx context.Context) error { _, err := l.ListKeys(ctx, ""); return err },
+		"ListWaiters": func(ctx context.Context) error {
+			_, err := l.ListWaiters(ctx, "")
+			return err
+		},
+		"ForceRelease": func(ctx context.Context) error { return l.ForceRelease(ctx, "other") },
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		done := make(chan error, 1)

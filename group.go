@@ -112,6 +112,8 @@ func (c *groupContext) Err() error {
 // one global order (sorted), so two AcquireAll calls with overlapping keys
 // never deadlock each other; when one key cannot be taken (ctx ends, an
 // error) the keys already taken are released before AcquireAll returns.
+// That clean-up outlives ctx, by at most 5 s when the store is slow to
+// answer; a release still unanswered then goes on in the background.
 // Duplicate keys count once. The options apply to every key (Shared and
 // WithLimit included). At most MaxGroupKeys keys; an empty list, or an
 // invalid key, is an error before any I/O.

@@ -156,7 +156,9 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, opts ...AcquireOpti
 // cancelled when the lock is lost, and releases the lock. It returns fn's
 // error; if the lock was lost while fn ran, the error also matches
 // ErrLockLost, even when fn returned nil, because fn's work may have run
-// without the lock.
+// without the lock. The release outlives ctx, by at most 5 s when the store
+// is slow to answer; a release still unanswered then goes on in the
+// background and Do returns its error.
 func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) (err error) {
 	k, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
@@ -189,7 +191,9 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 // lock whose holder is gone or stuck. The next acquisition gets a larger
 // fence, so a stale holder is fenced out, and the holder learns of
 // the loss at its next renewal. It returns ErrNotHeld if the key was not held
-// and ErrUnsupported if the backend cannot do it.
+// and ErrUnsupported if the backend cannot do it. Like List, ListWaiters and
+// ListKeys, it returns by ctx's end even when the store stops answering (the
+// store may still act on it), and ErrClosed after Close.
 func (l *Locker) ForceRelease(ctx context.Context, key string) error {
 	if err := ValidateKey(key); err != nil {
 		return err
@@ -198,7 +202,8 @@ func (l *Locker) ForceRelease(ctx context.Context, key string) error {
 	if !ok {
 		return ErrUnsupported
 	}
-	return fr.ForceRelease(ctx, key)
+	_, err := storeCall(l, ctx, func() (struct{}, error) { return struct{}{}, fr.ForceRelease(ctx, key) })
+	return err
 }
 
 // List returns the locks currently held on the backend whose key starts with
@@ -208,7 +213,7 @@ func (l *Locker) List(ctx context.Context, prefix string) ([]LockInfo, error) {
 	if !ok {
 		return nil, ErrUnsupported
 	}
-	return ls.List(ctx, prefix)
+	return storeCall(l, ctx, func() ([]LockInfo, error) { return ls.List(ctx, prefix) })
 }
 
 // ListWaiters returns the acquisitions waiting in the store for a key that
@@ -220,7 +225,7 @@ func (l *Locker) ListWaiters(ctx context.Context, prefix string) ([]WaiterInfo, 
 	if !ok {
 		return nil, ErrUnsupported
 	}
-	return wl.ListWaiters(ctx, prefix)
+	return storeCall(l, ctx, func() ([]WaiterInfo, error) { return wl.ListWaiters(ctx, prefix) })
 }
 
 // ListKeys returns the keys starting with prefix that the store keeps a
@@ -232,7 +237,7 @@ func (l *Locker) ListKeys(ctx context.Context, prefix string) ([]KeyInfo, error)
 	if !ok {
 		return nil, ErrUnsupported
 	}
-	return kl.ListKeys(ctx, prefix)
+	return storeCall(l, ctx, func() ([]KeyInfo, error) { return kl.ListKeys(ctx, prefix) })
 }
 
 // Close releases every lock this Locker holds (their Done channels close and

@@ -459,18 +459,24 @@ func (r *RowLock) ensureRow(ctx context.Context, ss *session, key string) error 
 // maxKnownRows bounds the cache of keys whose row is known to exist.
 const maxKnownRows = 10000
 
-// killRepeat is how often killUntil repeats its KILL QUERY.
-const killRepeat = 50 * time.Millisecond
+// killRepeat is how soon killUntil repeats its KILL QUERY; the interval
+// doubles after each, up to killRepeatMax (a statement that ignores it,
+// such as a commit that waits, then draws one a second).
+const (
+	killRepeat    = 50 * time.Millisecond
+	killRepeatMax = time.Second
+)
 
 // killUntil interrupts the statement of server session id, for a wait
-// whose caller left: KILL QUERY, repeated every killRepeat until done is
+// whose caller left: KILL QUERY, repeated (see killRepeat) until done is
 // closed (the statement has returned), since the server discards one that
 // arrives before the statement starts. The session is dropped afterwards.
 // (KILL CONNECTION is not used: a session killed while it commits to a
 // table versioned by transaction can disable the server's transaction
 // registry until it restarts.)
 func killUntil(db *sql.DB, id int64, done <-chan struct{}) {
-	t := time.NewTimer(killRepeat)
+	every := killRepeat
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		killQuery(db, id)
@@ -478,7 +484,8 @@ func killUntil(db *sql.DB, id int64, done <-chan struct{}) {
 		case <-done:
 			return
 		case <-t.C:
-			t.Reset(killRepeat)
+			every = min(2*every, killRepeatMax)
+			t.Reset(every)
 		}
 	}
 }

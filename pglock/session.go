@@ -27,7 +27,7 @@ import (
 // will use is unlocked). The server discards a cancel request that reaches
 // a session between statements, so one sent just before the job's
 // statement arrives would leave a wait queued in the server for its whole
-// bound: the requests are repeated (every cancelRepeat) until the job
+// bound: the requests are repeated (see cancelRepeat) until the job
 // stops them, which it does before any statement that cleans up (see
 // waitCancel), and a job checks that its caller still waits before it
 // sends a wait. The next job starts only once the last cancel request has
@@ -63,9 +63,12 @@ type session struct {
 const (
 	statementBound = time.Minute
 	cancelTimeout  = 5 * time.Second
-	// cancelRepeat is how often a caller that left repeats its cancel
-	// request while its job runs.
-	cancelRepeat = 50 * time.Millisecond
+	// cancelRepeat is how soon a caller that left repeats its cancel
+	// request while its job runs; the interval doubles after each, up to
+	// cancelRepeatMax (a statement that ignores cancels, such as a commit
+	// waiting for a standby, then draws one connection a second).
+	cancelRepeat    = 50 * time.Millisecond
+	cancelRepeatMax = time.Second
 )
 
 // errSessionGone is the error of a job whose session ended before it ran.
@@ -314,7 +317,8 @@ func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, r
 	}
 	go func() {
 		defer close(j.cancelSent)
-		t := time.NewTimer(cancelRepeat)
+		every := cancelRepeat
+		t := time.NewTimer(every)
 		defer t.Stop()
 		for {
 			select {
@@ -329,7 +333,8 @@ func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, r
 			case <-j.hush:
 				return
 			case <-t.C:
-				t.Reset(cancelRepeat)
+				every = min(2*every, cancelRepeatMax)
+				t.Reset(every)
 			}
 		}
 	}()
