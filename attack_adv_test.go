@@ -279,3 +279,70 @@ func TestAdvGroupReleaseKeepsTheOwnersOtherHold(t *testing.T) {
 	}
 	_ = a.Release(ctx)
 }
+
+// A key of an AcquireAll lost while it waits for a later key (forced free
+// and taken by another Locker) is not returned in the Group: AcquireAll
+// lets the rest go and waits for every key again.
+func TestAcquireAllLosingAKeyMidwayStartsOver(t *testing.T) {
+	ctx := context.Background()
+	b := memlock.New()
+	l := dlock.New(b, &dlock.Options{TTL: time.Second})
+	defer l.Close(ctx)
+	other := dlock.New(b, nil)
+	defer other.Close(ctx)
+	hb, err := other.TryAcquire(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		g   *dlock.Group
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		g, err := l.AcquireAll(ctx, []string{"a", "b"})
+		done <- outcome{g, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if ls, _ := other.List(ctx, "a"); len(ls) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("AcquireAll did not take a")
+		}
+	}
+	if err := other.ForceRelease(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	ha, err := other.TryAcquire(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // past l's lease of a: it knows of the loss
+	if err := hb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case o := <-done:
+		if o.err == nil {
+			t.Fatalf("rule: AcquireAll is all or none; it returned a Group while another Locker holds a (the Group's Err: %v)", o.g.Err())
+		}
+		t.Fatalf("AcquireAll: %v, want it to wait for a", o.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := ha.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case o := <-done:
+		if o.err != nil {
+			t.Fatal(o.err)
+		}
+		if err := o.g.Err(); err != nil {
+			t.Errorf("the Group returned once every key was free again: %v", err)
+		}
+		o.g.Release(ctx)
+	case <-time.After(10 * time.Second):
+		t.Fatal("AcquireAll did not take the keys once they were free")
+	}
+}

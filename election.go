@@ -147,8 +147,9 @@ func (e *Election) leaderOf(infos []LockInfo) Leader {
 
 // Observe reports the election's leader on the returned channel: first the
 // current one (a Leader with Fence 0 when nobody leads), then every change
-// it sees of the leader or its value, until ctx ends (then the channel is
-// closed). A new term is reported only with a fence greater than every
+// it sees of the leader or its value, until ctx ends or the Locker closes
+// (then the channel is closed). For an invalid key, or on a store that
+// cannot list holders (dlock.Lister), the channel is closed at once. A new term is reported only with a fence greater than every
 // term reported before, so a report never goes back to an earlier leader.
 // On a store that delivers every change in order (dlock.HolderWatcher:
 // etcd, PostgreSQL, Redis except Redlock, MySQL's lease strategy, SQLite
@@ -209,8 +210,11 @@ func (o *observed) report(ctx context.Context, cur Leader) (sent, ok bool) {
 
 func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 	defer close(out)
+	if ValidateKey(e.key) != nil {
+		return
+	}
 	o := &observed{out: out}
-	if hw, ok := e.l.b.(HolderWatcher); ok && ValidateKey(e.key) == nil {
+	if hw, ok := e.l.b.(HolderWatcher); ok {
 		if !e.followChanges(ctx, o, hw) {
 			return
 		}
@@ -240,7 +244,7 @@ func (e *Election) observe(ctx context.Context, out chan<- Leader) {
 			}
 		}
 		cur, err := e.read(ctx, &bo)
-		if errors.Is(err, ErrClosed) || ctx.Err() != nil {
+		if errors.Is(err, ErrClosed) || errors.Is(err, ErrUnsupported) || ctx.Err() != nil {
 			return
 		}
 		if err != nil {
@@ -268,7 +272,7 @@ func (e *Election) read(ctx context.Context, bo *Backoff) (Leader, error) {
 	switch {
 	case errors.Is(err, ErrNoLeader):
 		return Leader{}, nil
-	case errors.Is(err, ErrClosed):
+	case errors.Is(err, ErrClosed), errors.Is(err, ErrUnsupported):
 		return Leader{}, err
 	case err != nil:
 		e.l.log.Debug("dlock: election leader read failed", "key", e.key, "err", err)

@@ -177,3 +177,30 @@ func TestObserveLaggingWatchMissesNoTerm(t *testing.T) {
 		t.Errorf("rule: observers see every term; after %d saw %v, want %v", fences[0], got, fences[1:])
 	}
 }
+
+// An Observe that can never report (an invalid key, a store that cannot
+// list holders) closes its channel at once instead of retrying forever.
+func TestObserveThatCannotReportCloses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := dlock.New(memlock.New(), nil)
+	defer l.Close(context.Background())
+	nl := dlock.New(noList{memlock.New()}, nil)
+	defer nl.Close(context.Background())
+	for name, e := range map[string]*dlock.Election{
+		"invalid key":     dlock.NewElection(l, ""),
+		"store no Lister": dlock.NewElection(nl, "e"),
+	} {
+		select {
+		case ld, ok := <-e.Observe(ctx):
+			if ok {
+				t.Errorf("%s: Observe reported %+v, want the channel closed", name, ld)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s: Observe neither reported nor closed its channel", name)
+		}
+	}
+}
+
+// noList is a store that cannot list holders (nor watch them).
+type noList struct{ dlock.Backend }

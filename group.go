@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -118,6 +119,10 @@ func (c *groupContext) Err() error {
 // WithLimit included). At most MaxGroupKeys keys; an empty list, or an
 // invalid key, is an error before any I/O.
 //
+// A key lost while a later one is awaited (its lease ran out, or it was
+// forced free) is never returned in the Group: AcquireAll releases the keys
+// taken and starts again.
+//
 // Errors are Acquire's, for the key that could not be taken.
 func (l *Locker) AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*Group, error) {
 	return l.acquireAll(ctx, keys, opts, true)
@@ -125,7 +130,8 @@ func (l *Locker) AcquireAll(ctx context.Context, keys []string, opts ...AcquireO
 
 // TryAcquireAll makes one attempt at each key of keys, in AcquireAll's
 // order, without waiting: it returns the Group, or a *HeldError for the
-// first key found taken (the keys taken before it are released).
+// first key found taken (the keys taken before it are released), or an
+// error matching ErrLockLost if a key it took was lost before the last.
 func (l *Locker) TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*Group, error) {
 	return l.acquireAll(ctx, keys, opts, false)
 }
@@ -147,19 +153,22 @@ func (l *Locker) acquireAll(ctx context.Context, keys []string, opts []AcquireOp
 	}
 	g := &Group{}
 	g.ctx, g.cancel = context.WithCancelCause(context.Background())
-	for _, key := range keys {
-		k, err := l.acquire(ctx, key, opts, wait)
-		if err != nil {
-			// Undo what was taken, bounded as Release is; the caller's
-			// ctx may have ended already.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-			for _, t := range g.locks {
-				_ = t.Release(rctx)
-			}
-			cancel()
+	for {
+		err := l.takeAll(ctx, g, keys, opts, wait)
+		if err == nil {
+			break
+		}
+		// Undo what was taken, bounded as Release is; the caller's ctx may
+		// have ended already.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		for _, t := range g.locks {
+			_ = t.Release(rctx)
+		}
+		cancel()
+		g.locks = nil
+		if !wait || !errors.Is(err, errKeyLost) || ctx.Err() != nil {
 			return nil, err
 		}
-		g.locks = append(g.locks, k)
 	}
 	for _, k := range g.locks {
 		kctx, stop := k.Context(context.Background())
@@ -167,4 +176,28 @@ func (l *Locker) acquireAll(ctx context.Context, keys []string, opts []AcquireOp
 		g.stops = append(g.stops, stop)
 	}
 	return g, nil
+}
+
+// errKeyLost marks a takeAll that lost a key it had taken while it took the
+// later ones.
+var errKeyLost = errors.New("dlock: a key of the group was lost while the others were taken")
+
+// takeAll takes keys in order into g.locks. A key lost before the last is
+// taken (its lease ran out while a later key was awaited, or it was forced
+// free) fails it with an error matching errKeyLost and the loss: the Group
+// would not hold every key.
+func (l *Locker) takeAll(ctx context.Context, g *Group, keys []string, opts []AcquireOption, wait bool) error {
+	for _, key := range keys {
+		k, err := l.acquire(ctx, key, opts, wait)
+		if err != nil {
+			return err
+		}
+		g.locks = append(g.locks, k)
+	}
+	for _, k := range g.locks {
+		if err := k.Err(); err != nil {
+			return fmt.Errorf("%w: %w", errKeyLost, err)
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package dlock
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -28,5 +29,8 @@ func TestDefaultMargin(t *testing.T) {
 	}
 	if _, err := New(nil, &Options{Margin: time.Second}).config("k", []AcquireOption{WithTTL(time.Second)}); err == nil {
 		t.Error("a margin of half the TTL or more was accepted")
+	}
+	if _, err := New(nil, &Options{Margin: -5 * time.Second}).config("k", []AcquireOption{WithTTL(2 * time.Second)}); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("a negative margin: %v, want ErrInvalidOption", err)
 	}
 }

@@ -20,7 +20,7 @@ type Options struct {
 	// monotonic clock from the moment the acquisition or renewal was sent, a
 	// lock whose renewal has not been confirmed is considered lost. It absorbs
 	// clock-rate differences and the time to tell the holder. The default is
-	// TTL/10 + 100ms. It must be less than half the TTL.
+	// TTL/10 + 100ms. It must be less than half the TTL, and not negative.
 	Margin time.Duration
 
 	// Logger receives renewal failures and lock losses. The default discards
@@ -235,6 +235,9 @@ func (l *Locker) config(key string, opts []AcquireOption) (acquireConfig, error)
 		if d.d > MaxTTL {
 			return c, fmt.Errorf("%w: %s %s is above the maximum %s", ErrInvalidOption, d.what, d.d, MaxTTL)
 		}
+	}
+	if l.margin < 0 {
+		return c, fmt.Errorf("%w: margin %s is negative", ErrInvalidOption, l.margin)
 	}
 	if m := l.marginFor(c.ttl); 2*m >= c.ttl {
 		return c, fmt.Errorf("%w: margin %s must be less than half the ttl %s", ErrInvalidOption, m, c.ttl)

@@ -60,10 +60,7 @@ func (s *suite) stalledStore(t *testing.T) {
 		taken <- err
 	}()
 
-	calls := []struct {
-		name string
-		call func(ctx context.Context) error
-	}{
+	calls := []namedCall{
 		{"TryAcquire", func(ctx context.Context) error {
 			_, err := l.TryAcquire(ctx, tried, dlock.WithTTL(ttl))
 			return err
@@ -76,6 +73,20 @@ func (s *suite) stalledStore(t *testing.T) {
 			return l.Do(ctx, waited, func(context.Context) error { return nil }, dlock.WithTTL(ttl))
 		}},
 		{"Release", func(ctx context.Context) error { return lk.Release(ctx) }},
+	}
+	// The administrative calls too, where the store has them.
+	if _, ok := b.(dlock.Lister); ok {
+		calls = append(calls, namedCall{"List", func(ctx context.Context) error { _, err := l.List(ctx, held); return err }})
+	}
+	if _, ok := b.(dlock.KeyLister); ok {
+		calls = append(calls, namedCall{"ListKeys", func(ctx context.Context) error { _, err := l.ListKeys(ctx, held); return err }})
+	}
+	if _, ok := b.(dlock.WaiterLister); ok {
+		calls = append(calls, namedCall{"ListWaiters", func(ctx context.Context) error { _, err := l.ListWaiters(ctx, held); return err }})
+	}
+	if _, ok := b.(dlock.ForceReleaser); ok {
+		// A key nobody holds: a force that reaches the store late frees nothing.
+		calls = append(calls, namedCall{"ForceRelease", func(ctx context.Context) error { return l.ForceRelease(ctx, key(t, "forced")) }})
 	}
 	for _, c := range calls {
 		d := 300 * time.Millisecond
@@ -120,6 +131,12 @@ func (s *suite) stalledStore(t *testing.T) {
 		}
 		olk.Release(context.Background())
 	}
+}
+
+// namedCall is a call of the suite's, named for its messages.
+type namedCall struct {
+	name string
+	call func(ctx context.Context) error
 }
 
 // stallProxy forwards TCP connections to a target until stall; then it

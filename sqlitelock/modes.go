@@ -138,7 +138,8 @@ func decide(ctx context.Context, tx *sql.Tx, req dlock.Request, st keyState) (dl
 	case req.Mode == dlock.ModeExclusive:
 		// Free since the single statement was refused: take it here.
 		var fence uint64
-		err := tx.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence)
+		var acquired int64 // the caller times the grant from its BEGIN
+		err := tx.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence, &acquired)
 		if errors.Is(err, sql.ErrNoRows) {
 			return blocked(ctx, tx, req.Key, holderSQL)
 		}

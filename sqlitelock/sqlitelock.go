@@ -73,7 +73,7 @@ ON CONFLICT (name) DO UPDATE SET
   writer_us = 0
 WHERE expires_us <= excluded.acquired_us
   AND NOT EXISTS (SELECT 1 FROM dlock_shares s WHERE s.name = ?1 AND s.expires_us > ` + now + `)
-RETURNING fence`
+RETURNING fence, acquired_us`
 	holderSQL = `SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `, '', 0
 FROM dlock_locks WHERE name = ?`
 	listSQL = `SELECT name, token, owner, fence, metadata, acquired_us, expires_us - ` + now + `, '', 0
@@ -299,15 +299,25 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("sqlitelock: %s: %w", op, err)
 }
 
+// startedAfter is how long after sent (a time.Now before the statement)
+// a lease that the statement started at acquired (µs of the store's clock,
+// this host's wall clock) began, within what has passed since sent: the
+// statement may have waited for the file's write lock first.
+func startedAfter(sent time.Time, acquired int64) time.Duration {
+	return min(max(time.UnixMicro(acquired).Sub(sent.Round(0)), 0), time.Since(sent))
+}
+
 // Acquire implements dlock.Backend. An exclusive or shared request first
 // reads the key's exclusive holder, without the write lock: while one
 // holds the key, waiters that ask again and again do not queue for the
 // write lock ahead of its release. An exclusive request is then one
-// statement when the key is free; the others, and an exclusive request
-// that finds the key held, are one write transaction (see acquireTx),
-// whose BEGIN IMMEDIATE (Open's _txlock) waits for the file's write lock:
-// a grant's SentAfter is when it returned, since SQLite times the lease
-// from a statement sent after it.
+// statement when the key is free, whose grant's SentAfter is when the
+// store's clock started the lease (the statement may wait for the file's
+// write lock first); the others, and an exclusive request that finds the
+// key held, are one write transaction (see acquireTx), whose BEGIN
+// IMMEDIATE (Open's _txlock) waits for the file's write lock: a grant's
+// SentAfter is when it returned, since SQLite times the lease from a
+// statement sent after it.
 func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result, error) {
 	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
@@ -323,11 +333,13 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	}
 	if req.Mode == dlock.ModeExclusive {
 		var fence uint64
-		err := b.db.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence)
+		var acquired int64
+		sent := time.Now()
+		err := b.db.QueryRowContext(ctx, acquireSQL, req.Key, req.Token[:], req.Owner, req.TTL.Microseconds(), req.Metadata).Scan(&fence, &acquired)
 		switch {
 		case err == nil:
 			b.bell.Ring()
-			return dlock.Result{Acquired: true, Fence: fence}, nil
+			return dlock.Result{Acquired: true, Fence: fence, SentAfter: startedAfter(sent, acquired)}, nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return dlock.Result{}, wrap("acquire", err)
 		}

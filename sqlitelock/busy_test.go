@@ -1,0 +1,63 @@
+package sqlitelock_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/dlock-dev/dlock"
+)
+
+// onNewFile opens a migrated Backend on a new file in the test's directory.
+func onNewFile(t *testing.T) (string, dlock.Backend) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "locks.db")
+	b := sqliteOpen(t, path)
+	if err := b.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return path, b
+}
+
+// TestGrantAfterAWaitForTheWriteLock: an acquisition of a free key that
+// waits most of its TTL for the file's write lock (another process writes)
+// is granted, exclusive as shared: the store times the lease from after the
+// wait, and says so.
+func TestGrantAfterAWaitForTheWriteLock(t *testing.T) {
+	path, b := onNewFile(t)
+	ctx := context.Background()
+	l := dlock.New(b, &dlock.Options{TTL: time.Second})
+	defer l.Close(ctx)
+	other, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)&_txlock=immediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for _, c := range []struct {
+		name string
+		opts []dlock.AcquireOption
+	}{{"shared", []dlock.AcquireOption{dlock.Shared()}}, {"exclusive", nil}} {
+		tx, err := other.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec("CREATE TABLE IF NOT EXISTS app (x)"); err != nil {
+			t.Fatal(err)
+		}
+		ended := make(chan struct{})
+		go func() { time.Sleep(900 * time.Millisecond); tx.Rollback(); close(ended) }()
+		began := time.Now()
+		lk, err := l.TryAcquire(ctx, "free-"+c.name, c.opts...)
+		<-ended
+		if err != nil {
+			t.Errorf("%s acquisition of a free key after a %s wait for the write lock: %v", c.name, time.Since(began).Round(time.Millisecond), err)
+			continue
+		}
+		if d := time.Until(lk.Deadline()); d > time.Second {
+			t.Errorf("%s: the safe deadline is %s away, beyond the TTL", c.name, d)
+		}
+		lk.Release(ctx)
+	}
+}
