@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 )
 
@@ -40,14 +39,13 @@ type Leader struct {
 // the term, as Resign does).
 type Term struct {
 	*Lock
-	mu    sync.Mutex
-	value string
 }
 
 // Campaign waits until this process leads, or ctx ends (then an error
 // matching ErrNotAcquired), and returns the term. value is published as
-// the leader's value: at most MaxMetadataLen bytes of UTF-8 without NUL.
-// opts may set the lease (WithTTL), an owner or a minimum hold; a mode
+// the leader's value (except by a Campaign that joins the term its owner
+// holds, see Term.Value): at most MaxMetadataLen bytes of UTF-8 without
+// NUL. opts may set the lease (WithTTL), an owner or a minimum hold; a mode
 // other than exclusive is ErrInvalidOption. Waiting is the Locker's: woken
 // by the store's release where it can tell.
 func (e *Election) Campaign(ctx context.Context, value string, opts ...AcquireOption) (*Term, error) {
@@ -68,17 +66,19 @@ func (e *Election) Campaign(ctx context.Context, value string, opts ...AcquireOp
 	if err != nil {
 		return nil, err
 	}
-	return &Term{Lock: lk, value: value}, nil
+	return &Term{Lock: lk}, nil
 }
 
 // Resign ends the term (Lock.Release).
 func (t *Term) Resign(ctx context.Context) error { return t.Release(ctx) }
 
-// Value returns the value the term last published.
+// Value returns the value the term last published: Campaign's, or the
+// last Proclaim's. A Campaign that joined a term its owner held already
+// (WithOwner) publishes nothing: its Term shares the term's value.
 func (t *Term) Value() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.value
+	t.l.mu.Lock()
+	defer t.l.mu.Unlock()
+	return t.ls.meta
 }
 
 // Proclaim publishes value as the leader's value while the term lasts. It
@@ -103,9 +103,9 @@ func (t *Term) Proclaim(ctx context.Context, value string) error {
 	if err != nil {
 		return fmt.Errorf("dlock: proclaim %q: %w", t.ls.key, err)
 	}
-	t.mu.Lock()
-	t.value = value
-	t.mu.Unlock()
+	t.l.mu.Lock()
+	t.ls.meta = value
+	t.l.mu.Unlock()
 	return nil
 }
 

@@ -204,3 +204,33 @@ func TestObserveThatCannotReportCloses(t *testing.T) {
 
 // noList is a store that cannot list holders (nor watch them).
 type noList struct{ dlock.Backend }
+
+// A Campaign that joins its owner's term (WithOwner) publishes nothing, and
+// its Term's Value is the value the store publishes.
+func TestReentrantCampaignSharesTheTermsValue(t *testing.T) {
+	ctx := context.Background()
+	l := dlock.New(memlock.New(), nil)
+	defer l.Close(ctx)
+	e := dlock.NewElection(l, "reentrant")
+	t1, err := e.Campaign(ctx, "a", dlock.WithOwner("svc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t2, err := e.Campaign(ctx, "b", dlock.WithOwner("svc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, err := e.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if t1.Value() != ld.Value || t2.Value() != ld.Value {
+		t.Errorf("the terms' values %q and %q, the store publishes %q", t1.Value(), t2.Value(), ld.Value)
+	}
+	if err := t2.Proclaim(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	if t1.Value() != "c" {
+		t.Errorf("after the other Term's Proclaim: %q, want c", t1.Value())
+	}
+}

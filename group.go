@@ -153,6 +153,14 @@ func (l *Locker) acquireAll(ctx context.Context, keys []string, opts []AcquireOp
 	}
 	g := &Group{}
 	g.ctx, g.cancel = context.WithCancelCause(context.Background())
+	returned := false
+	defer func() {
+		if !returned { // an Observer panicked: the caller never gets g
+			for _, k := range g.locks {
+				releaseUnreturned(ctx, k)
+			}
+		}
+	}()
 	for {
 		err := l.takeAll(ctx, g, keys, opts, wait)
 		if err == nil {
@@ -167,9 +175,11 @@ func (l *Locker) acquireAll(ctx context.Context, keys []string, opts []AcquireOp
 		cancel()
 		g.locks = nil
 		if !wait || !errors.Is(err, errKeyLost) || ctx.Err() != nil {
+			returned = true
 			return nil, err
 		}
 	}
+	returned = true
 	for _, k := range g.locks {
 		kctx, stop := k.Context(context.Background())
 		context.AfterFunc(kctx, func() { g.cancel(context.Cause(kctx)) })

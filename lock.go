@@ -184,7 +184,14 @@ func (k *Lock) Release(ctx context.Context) (err error) {
 	l.wg.Add(1) // under mu: before any Close can wait
 	l.mu.Unlock()
 
+	started := false
+	defer func() {
+		if !started { // the Observer panicked: let go all the same
+			go l.letGoBounded(ls)
+		}
+	}()
 	ctx, end := l.releaseStarted(ctx, ls, false)
+	started = true
 	defer func() { l.releaseEnded(ctx, end, err) }()
 	wake := func() {
 		l.mu.Lock()

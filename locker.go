@@ -265,8 +265,18 @@ func (l *Locker) Close(ctx context.Context) error {
 	l.mu.Unlock()
 
 	var errs []error
-	for _, ls := range leases {
-		if err := l.closeLease(ctx, ls); err != nil {
+	i := 0
+	defer func() {
+		if i < len(leases) { // the Observer panicked: let go of the rest
+			for _, ls := range leases[i+1:] {
+				l.wg.Add(1)
+				go l.letGoBounded(ls)
+			}
+			l.bgCancel()
+		}
+	}()
+	for ; i < len(leases); i++ {
+		if err := l.closeLease(ctx, leases[i]); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -286,7 +296,15 @@ func (l *Locker) Close(ctx context.Context) error {
 
 // closeLease lets go of ls for Close, and returns the error to report.
 func (l *Locker) closeLease(ctx context.Context, ls *lease) (err error) {
+	started := false
+	defer func() {
+		if !started { // the Observer panicked: let go all the same
+			l.wg.Add(1)
+			go l.letGoBounded(ls)
+		}
+	}()
 	ctx, end := l.releaseStarted(ctx, ls, true)
+	started = true
 	defer func() { l.releaseEnded(ctx, end, err) }()
 	keep := l.keepFor(ls)
 	l.wg.Add(1)
@@ -329,8 +347,24 @@ func (l *Locker) acquire(ctx context.Context, key string, opts []AcquireOption, 
 	if err == nil {
 		k, reentrant, err = l.acquireConfigured(ctx, key, cfg, wait)
 	}
+	reported := false
+	defer func() {
+		if !reported && k != nil {
+			// The Observer panicked: the caller never gets k.
+			releaseUnreturned(ctx, k)
+		}
+	}()
 	l.acquireEnded(ctx, key, cfg.mode(), wait, start, k, reentrant, err)
+	reported = true
 	return k, err
+}
+
+// releaseUnreturned releases k, a Lock that a panic (an Observer's) kept
+// from its caller, bounded as a background release is.
+func releaseUnreturned(ctx context.Context, k *Lock) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_ = k.Release(rctx)
 }
 
 // acquireConfigured is acquire once its options are checked. It also

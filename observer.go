@@ -14,9 +14,11 @@ import (
 // Calls run on the goroutine doing the lock's work, outside the Locker's
 // mutex, and that work waits for them: an Observer must return quickly and
 // never block (record a number, start or end a span). Calls may come from
-// several goroutines at once. Each event is a struct so that fields can be
-// added; embed NopObserver to implement only some methods and keep
-// compiling when methods are added.
+// several goroutines at once. A panic in a call made for a caller's method
+// (an acquisition's, a release's, Close's) reaches that caller, and a lock
+// the caller will not get, or was releasing, is let go all the same. Each
+// event is a struct so that fields can be added; embed NopObserver to
+// implement only some methods and keep compiling when methods are added.
 //
 // Durations are measured with the Locker's Clock. Keys are passed as they
 // are: an Observer decides what to export (a key per metric series can

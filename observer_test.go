@@ -395,3 +395,121 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		})
 	}
 }
+
+// panicky is an Observer whose chosen methods panic, as a buggy metrics
+// hook would; the caller recovers (net/http does).
+type panicky struct {
+	dlock.NopObserver
+	onStart, onGrant, onRelease atomic.Bool
+}
+
+func (p *panicky) AcquireStarted(ctx context.Context, e dlock.AcquireStart) context.Context {
+	if p.onStart.Load() {
+		panic("observer bug")
+	}
+	return ctx
+}
+
+func (p *panicky) AcquireEnded(_ context.Context, e dlock.AcquireEnd) {
+	if p.onGrant.Load() && e.Outcome == dlock.Acquired {
+		panic("observer bug")
+	}
+}
+
+func (p *panicky) ReleaseStarted(ctx context.Context, _ dlock.ReleaseStart) context.Context {
+	if p.onRelease.Load() {
+		panic("observer bug")
+	}
+	return ctx
+}
+
+// recovered runs f and reports whether it panicked.
+func recovered(f func()) (panicked bool) {
+	defer func() { panicked = recover() != nil }()
+	f()
+	return false
+}
+
+// TestObserverPanicsLeaveNothingHeld: an Observer method that panics,
+// with the panic recovered by the caller, leaves no key held by nobody and
+// no Close waiting for ever; the panic reaches the caller.
+func TestObserverPanicsLeaveNothingHeld(t *testing.T) {
+	ctx := context.Background()
+	b := memlock.New()
+	obs := &panicky{}
+	l := dlock.New(b, &dlock.Options{TTL: time.Hour, Observer: obs})
+	other := dlock.New(b, nil)
+	defer other.Close(ctx)
+	free := func(what, key string) {
+		t.Helper()
+		k, err := other.TryAcquire(ctx, key)
+		if err != nil {
+			t.Errorf("%s: %q is still held: %v", what, key, err)
+			return
+		}
+		k.Release(ctx)
+	}
+
+	obs.onGrant.Store(true)
+	if !recovered(func() { l.TryAcquire(ctx, "granted") }) {
+		t.Fatal("the Observer's panic did not reach the caller")
+	}
+	free("a panic as the grant is reported", "granted")
+	if !recovered(func() { l.AcquireAll(ctx, []string{"all1", "all2"}) }) {
+		t.Fatal("the Observer's panic did not reach AcquireAll's caller")
+	}
+	free("a panic in AcquireAll", "all1")
+	obs.onGrant.Store(false)
+
+	k, err := l.TryAcquire(ctx, "released")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.onRelease.Store(true)
+	if !recovered(func() { k.Release(ctx) }) {
+		t.Fatal("the Observer's panic did not reach Release's caller")
+	}
+	time.Sleep(100 * time.Millisecond) // the release goes on in the background
+	free("a panic as the release starts", "released")
+	obs.onRelease.Store(false)
+	l2 := dlock.New(b, &dlock.Options{Observer: obs})
+	k, err = l2.TryAcquire(ctx, "then closed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.onRelease.Store(true)
+	recovered(func() { k.Release(ctx) })
+	obs.onRelease.Store(false)
+	closed2 := make(chan error, 1)
+	go func() { closed2 <- l2.Close(ctx) }()
+	select {
+	case err := <-closed2:
+		if err != nil {
+			t.Errorf("Close after a release's Observer panicked: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waits 10 s after a release's Observer panicked")
+	}
+
+	obs.onRelease.Store(false)
+	for _, key := range []string{"c1", "c2", "c3"} {
+		if _, err := l.TryAcquire(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	obs.onRelease.Store(true)
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		recovered(func() { l.Close(ctx) })
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close still waits 10 s after an Observer's panic")
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, key := range []string{"c1", "c2", "c3"} {
+		free("a panic in Close", key)
+	}
+}
