@@ -3,6 +3,9 @@ package sqlitelock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -59,5 +62,52 @@ func TestGrantAfterAWaitForTheWriteLock(t *testing.T) {
 			t.Errorf("%s: the safe deadline is %s away, beyond the TTL", c.name, d)
 		}
 		lk.Release(ctx)
+	}
+}
+
+// TestReplacedFile: a database file deleted and made again (a restored
+// backup, a deploy that recreates it) while a lock is held gives the key's
+// next holder a larger fence than the old holder's, and the old holder is
+// told of its loss at its next renewal.
+func TestReplacedFile(t *testing.T) {
+	path, b := onNewFile(t)
+	ctx := context.Background()
+	l := dlock.New(b, &dlock.Options{TTL: 3 * time.Second})
+	defer l.Close(ctx)
+	var old *dlock.Lock
+	for i := range 5 {
+		k, err := l.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < 4 {
+			k.Release(ctx)
+		}
+		old = k
+	}
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	b2 := sqliteOpen(t, path)
+	if err := b2.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := dlock.New(b2, nil)
+	defer l2.Close(ctx)
+	k, err := l2.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Release(ctx)
+	t.Logf("fences: old %d, new %d", old.Fence(), k.Fence())
+	if k.Fence() <= old.Fence() {
+		t.Errorf("rule: fences grow per key; the new file's holder got %d, the old file's holds %d", k.Fence(), old.Fence())
+	}
+	select {
+	case <-old.Done():
+	case <-time.After(3 * time.Second):
+		t.Errorf("the old file's holder was not told within its TTL; Err: %v", old.Err())
 	}
 }

@@ -44,8 +44,8 @@ FROM dlock_shares WHERE name = ? AND expires_us > ` + now + ` ORDER BY expires_u
 	// ended (a shared or limited grant needs that): its holder is cleared,
 	// so that the row names its key's last holder only while that was
 	// exclusive (listKeysSQL).
-	nextFenceSQL = `INSERT INTO dlock_locks (name, token, fence, acquired_us, expires_us) VALUES (?1, x'', 1, 0, 0)
-ON CONFLICT (name) DO UPDATE SET fence = fence + 1, token = x'', owner = '', metadata = ''
+	nextFenceSQL = `INSERT INTO dlock_locks (name, token, fence, acquired_us, expires_us) VALUES (?1, x'', ` + firstFence + `, 0, 0)
+ON CONFLICT (name) DO UPDATE SET fence = ` + nextFence + `, token = x'', owner = '', metadata = ''
 RETURNING fence`
 	insertShareSQL = `INSERT INTO dlock_shares (name, token, owner, fence, acquired_us, expires_us, metadata, mode, lim)
 VALUES (?1, ?2, ?3, ?4, ?5, ?5 + ?6, ?7, ?8, ?9)`

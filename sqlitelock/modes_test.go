@@ -104,15 +104,17 @@ func TestMigrateUpgradesExclusiveOnlyTable(t *testing.T) {
 	if h := ks[1]; h.Key != "held" || h.Fence != 41 || h.Expired || h.Last == nil || h.Last.Owner != "alice" || time.Since(h.FreedAt) > time.Minute {
 		t.Errorf("a key released after the upgrade: %+v", h)
 	}
+	last := map[string]uint64{"held": 41, "gone": 7}
 	for _, c := range []struct {
 		key   string
 		mode  dlock.Mode
 		limit int
-		fence uint64
-	}{{"held", dlock.ModeShared, 0, 42}, {"gone", dlock.ModeLimited, 2, 8}, {"gone", dlock.ModeLimited, 2, 9}} {
-		if res := acquire(t, b, request(c.key, c.mode, c.limit)); !res.Acquired || res.Fence != c.fence {
-			t.Errorf("%s %q after the upgrade: %+v, want fence %d (the counter goes on)", c.mode, c.key, res, c.fence)
+	}{{"held", dlock.ModeShared, 0}, {"gone", dlock.ModeLimited, 2}, {"gone", dlock.ModeLimited, 2}} {
+		res := acquire(t, b, request(c.key, c.mode, c.limit))
+		if !res.Acquired || res.Fence <= last[c.key] {
+			t.Errorf("%s %q after the upgrade: %+v, want a fence above %d (the counter goes on)", c.mode, c.key, res, last[c.key])
 		}
+		last[c.key] = res.Fence
 	}
 	if err := b.Migrate(ctx); err != nil {
 		t.Errorf("Migrate of an upgraded file: %v", err)
@@ -142,8 +144,8 @@ func TestConcurrentMigrateUpgrades(t *testing.T) {
 			t.Errorf("Migrate %d: %v", i, err)
 		}
 	}
-	if res := acquire(t, open(t, path), request("gone", dlock.ModeShared, 0)); !res.Acquired || res.Fence != 8 {
-		t.Errorf("after concurrent upgrades: %+v, want fence 8", res)
+	if res := acquire(t, open(t, path), request("gone", dlock.ModeShared, 0)); !res.Acquired || res.Fence <= 7 {
+		t.Errorf("after concurrent upgrades: %+v, want a fence above 7", res)
 	}
 }
 

@@ -8,8 +8,13 @@
 // holders have a row each in a second table, and each of their
 // acquisitions is one write transaction that checks every holder of the
 // key and takes its slot. A key's row is never deleted, and its fencing
-// counter serves every mode, so fences never go back. Do not put the file
-// on a network file system: SQLite's locking is not reliable there.
+// counter serves every mode, so fences never go back. A fence is also at
+// least the store's clock in microseconds, so that a file made again
+// (deleted, or restored from a backup) hands out fences above the old
+// file's; a Backend made by Open notices that its path names another file,
+// reports its locks lost at their next renewal and refuses acquisitions
+// (ErrFileReplaced). Do not put the file on a network file system:
+// SQLite's locking is not reliable there.
 //
 // Two limits of one file on one host (found with the fault harness):
 //   - Leases are timed by the host's wall clock, while holders time theirs
@@ -42,6 +47,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dlock-dev/dlock"
@@ -61,14 +67,25 @@ func Schema() string { return schemaSQL }
 // same value throughout one statement.
 const now = "CAST(unixepoch('now', 'subsec') * 1000000 AS INTEGER)"
 
+// A key's fences count from the clock: a new row's first fence is now (in
+// microseconds), and a grant's fence is the larger of the row's next and
+// now. They still grow by at least one per grant, and a row made again (a
+// file replaced by another, or restored from a backup) starts above every
+// fence handed out before, as long as no key had more grants than the
+// microseconds since its first.
+const (
+	firstFence = "max(1, " + now + ")"
+	nextFence  = "max(fence + 1, " + now + ")"
+)
+
 const (
 	// acquireSQL takes the key exclusively if its exclusive lease has
 	// expired and it has no unexpired shared or limited holder; the grant
 	// clears the writer mark.
 	acquireSQL = `INSERT INTO dlock_locks (name, token, owner, fence, acquired_us, expires_us, metadata)
-VALUES (?1, ?2, ?3, 1, ` + now + `, ` + now + ` + ?4, ?5)
+VALUES (?1, ?2, ?3, ` + firstFence + `, ` + now + `, ` + now + ` + ?4, ?5)
 ON CONFLICT (name) DO UPDATE SET
-  token = excluded.token, owner = excluded.owner, fence = fence + 1,
+  token = excluded.token, owner = excluded.owner, fence = ` + nextFence + `,
   acquired_us = excluded.acquired_us, expires_us = excluded.expires_us, metadata = excluded.metadata,
   writer_us = 0
 WHERE expires_us <= excluded.acquired_us
@@ -115,6 +132,41 @@ type Backend struct {
 	db    *sql.DB
 	owned bool         // opened by Open: Close closes it
 	bell  journal.Bell // wakes this Backend's holder watchers on its changes
+	path  string       // the file Open opened ("" with New)
+
+	mu   sync.Mutex
+	file os.FileInfo // the file at path when first used
+}
+
+// ErrFileReplaced is the error of a Backend made by Open whose path no
+// longer names the file it first used (the file was deleted, or replaced
+// by another, such as a restored backup). Its locks lived in that file:
+// renewals report them lost, and acquisitions are refused. Open the path
+// again to use the file now there.
+var ErrFileReplaced = errors.New("sqlitelock: the database file was replaced or removed")
+
+// checkFile returns ErrFileReplaced if b's path no longer names the file
+// it first used (recorded now, at the first call).
+func (b *Backend) checkFile() error {
+	if b.path == "" {
+		return nil
+	}
+	fi, err := os.Stat(b.path)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case err != nil && b.file == nil:
+		return nil // not made yet: the first connection makes it
+	case err != nil:
+		return fmt.Errorf("%w: %s: %w", ErrFileReplaced, b.path, err)
+	case b.file == nil:
+		b.file = fi
+		return nil
+	}
+	if !os.SameFile(b.file, fi) {
+		return fmt.Errorf("%w: %s", ErrFileReplaced, b.path)
+	}
+	return nil
 }
 
 var (
@@ -145,7 +197,7 @@ func Open(path string) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlitelock: open %s: %w", path, err)
 	}
-	return &Backend{db: db, owned: true}, nil
+	return &Backend{db: db, owned: true, path: path}, nil
 }
 
 // New returns a Backend over a database the caller opened with the
@@ -322,6 +374,9 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 	if err := dlock.ValidateMode(req); err != nil {
 		return dlock.Result{}, err
 	}
+	if err := b.checkFile(); err != nil {
+		return dlock.Result{}, err
+	}
 	if req.Mode != dlock.ModeLimited {
 		res, err := blocked(ctx, b.db, req.Key, holderSQL)
 		if err != nil {
@@ -370,6 +425,13 @@ func (b *Backend) Acquire(ctx context.Context, req dlock.Request) (dlock.Result,
 
 // Extend implements dlock.Backend in one transaction.
 func (b *Backend) Extend(ctx context.Context, leases []dlock.Lease) ([]error, error) {
+	if err := b.checkFile(); errors.Is(err, ErrFileReplaced) {
+		errs := make([]error, len(leases))
+		for i := range errs {
+			errs[i] = fmt.Errorf("%w: %w", dlock.ErrNotHeld, err)
+		}
+		return errs, nil
+	}
 	tx, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, wrap("extend", err)

@@ -85,7 +85,17 @@ func (a *app) main(args []string) int {
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer a.cancel()
 	a.sigs = make(chan os.Signal, 4)
-	signal.Notify(a.sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	for _, sig := range []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		// A signal ignored when dlock started (nohup, trap '' HUP) stays
+		// ignored, for dlock and for COMMAND.
+		if !signal.Ignored(sig) {
+			signal.Notify(a.sigs, sig)
+		}
+	}
+	// A write to a closed stderr is an error, not death by SIGPIPE (which
+	// would leave the lock and COMMAND's group behind). COMMAND gets the
+	// default action back at exec, unlike with signal.Ignore.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	defer signal.Stop(a.sigs)
 	a.stopWatch = a.watchSignals()
 	defer func() { a.stopWatch() }()

@@ -375,6 +375,8 @@ func TestUsageErrors(t *testing.T) {
 		{"run", "k", "true"},
 		{"run", "", "--", "true"},
 		{"run", "--ttl", "10ms", "k", "--", "true"},
+		{"run", "--ttl", "0", "k", "--", "true"},
+		{"run", "--grace", "-1s", "k", "--", "true"},
 		{"run", "--db", "memcached://x", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?strategy=nope", "k", "--", "true"},
 		{"run", "--db", "mysql://u:hunter2@h/db?color=red", "k", "--", "true"},
@@ -392,6 +394,9 @@ func TestUsageErrors(t *testing.T) {
 		if strings.Contains(r.stderr, "hunter2") {
 			t.Errorf("dlock %q printed the password: %s", args, r.stderr)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(e[0][len("XDG_STATE_HOME="):], "dlock")); err == nil {
+		t.Error("a usage error created the embedded store")
 	}
 	if r := run(t, env{"DLOCK_DB=mysql://root:hunter2@127.0.0.1:1/test"}, "list"); r.code != 70 || strings.Contains(r.stderr, "hunter2") || !strings.Contains(r.stderr, "cannot reach") {
 		t.Errorf("unreachable store: exit %d %q", r.code, r.stderr)

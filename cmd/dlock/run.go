@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"os/signal"
 	"os/user"
 	"strconv"
 	"strings"
@@ -220,6 +221,9 @@ func (r *runCmd) splitArgs(dash int, args []string) (key string, argv []string, 
 	return key, args, nil
 }
 
+// closeBound bounds the Locker's Close at the end of a run.
+const closeBound = time.Second
+
 func (r *runCmd) run(key string, argv []string) error {
 	if r.conflictCode < 0 || r.conflictCode > 255 {
 		return usageError("--conflict-exit-code %d is not in 0..255", r.conflictCode)
@@ -235,6 +239,10 @@ func (r *runCmd) run(key string, argv []string) error {
 		return usageError("--max-time %s is negative", r.maxTime)
 	case r.lockDelay < 0:
 		return usageError("--lock-delay %s is negative", r.lockDelay)
+	case r.grace < 0:
+		return usageError("--grace %s is negative", r.grace)
+	case r.ttl < dlock.MinTTL || r.ttl > dlock.MaxTTL:
+		return usageError("--ttl %s is not in %s..%s", r.ttl, dlock.MinTTL, dlock.MaxTTL)
 	}
 	if err := dlock.ValidateKey(key); err != nil {
 		return usageError("%w", err)
@@ -263,7 +271,13 @@ func (r *runCmd) run(key string, argv []string) error {
 		fmt.Fprintf(r.a.stderr, "dlock: no --db or $DLOCK_DB: using this host's embedded store %s, which excludes only processes of this host\n", s.name)
 	}
 	locker := dlock.New(s.backend, &dlock.Options{TTL: r.ttl, Logger: r.a.log, Metadata: runMetadata(argv)})
-	defer locker.Close(context.Background())
+	defer func() {
+		// The lock was released already: what Close waits for now is the
+		// clean-up of a failed acquisition, which may not answer either.
+		ctx, cancel := context.WithTimeout(context.Background(), min(r.a.timeout, closeBound))
+		defer cancel()
+		_ = locker.Close(ctx)
+	}()
 
 	start := time.Now()
 	lk, err := r.acquire(ctx, locker, s, key)
@@ -463,17 +477,40 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 	// runs without the lock.
 	interactive := foregroundTTY()
 	child.SysProcAttr = childAttr(!interactive)
+	// In its own group COMMAND would go on while a Ctrl-Z (or a SIGTSTP)
+	// stops dlock and its renewals: the lease would run out under a
+	// running COMMAND. dlock stops COMMAND's group first, then itself.
+	var tstp, cont chan os.Signal
+	if !interactive && !signal.Ignored(syscall.SIGTSTP) {
+		tstp, cont = make(chan os.Signal, 1), make(chan os.Signal, 1)
+		signal.Notify(tstp, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
+		signal.Notify(cont, syscall.SIGCONT)
+		defer signal.Stop(tstp)
+		defer signal.Stop(cont)
+	}
+
+	if err := lk.Err(); err != nil { // dlock was paused since the grant, say
+		return &exitError{code: exitLockLost, err: fmt.Errorf("lock %q lost before the command started: %w", lk.Key(), err)}
+	}
 	if err := child.Start(); err != nil {
 		return failure(err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
 	signalJob := func(sig syscall.Signal) {
-		if interactive {
-			_ = child.Process.Signal(sig)
-			return
+		send := func(sig syscall.Signal) {
+			if interactive {
+				_ = child.Process.Signal(sig)
+			} else {
+				_ = syscall.Kill(-child.Process.Pid, sig)
+			}
 		}
-		_ = syscall.Kill(-child.Process.Pid, sig)
+		send(sig)
+		if sig != syscall.SIGKILL {
+			// A stopped job (SIGTTIN in the background, say) would
+			// keep the signal pending: continue it, as timeout(1) does.
+			send(syscall.SIGCONT)
+		}
 	}
 
 	var lost, termed, overran bool
@@ -498,25 +535,42 @@ loop:
 				continue
 			}
 			signalJob(sig.(syscall.Signal))
-			if !termed {
-				termed, termAt = true, time.Now()
-			}
 		case <-done:
 			lost, done = true, nil
 			fmt.Fprintf(r.a.stderr, "dlock: lock %q lost (%v): stopping the command\n", lk.Key(), lk.Err())
 			signalJob(syscall.SIGTERM)
-			termed, termAt = true, time.Now()
-			kill = time.After(r.grace)
+			if !termed {
+				termed, termAt = true, time.Now()
+			}
+			if kill == nil {
+				kill = time.After(r.grace)
+			}
 		case <-overrun:
 			overran = true
 			fmt.Fprintf(r.a.stderr, "dlock: the command has run for --max-time %s: stopping it\n", r.maxTime)
 			signalJob(syscall.SIGTERM)
 			if !termed {
 				termed, termAt = true, time.Now()
+			}
+			if kill == nil {
 				kill = time.After(r.grace)
 			}
 		case <-kill:
 			signalJob(syscall.SIGKILL)
+		case <-tstp:
+			_ = syscall.Kill(-child.Process.Pid, syscall.SIGSTOP)
+			select {
+			case <-cont: // an earlier one
+			default:
+			}
+			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			// The stop is asynchronous: wait to be continued (fg, bg,
+			// SIGCONT). COMMAND goes on only if the lock is still held;
+			// a loss is handled as always (SIGTERM, with a SIGCONT).
+			<-cont
+			if lk.Err() == nil {
+				_ = syscall.Kill(-child.Process.Pid, syscall.SIGCONT)
+			}
 		}
 	}
 	if !interactive {
@@ -540,7 +594,11 @@ loop:
 	if overran {
 		code = exitMaxTime
 	}
-	err := lk.Release(r.a.ctx)
+	// A signal now (systemd stops COMMAND and dlock together) does not cut
+	// the release short; a second one does (see watchSignals).
+	rctx, cancel := context.WithTimeout(context.Background(), r.a.timeout)
+	err := lk.Release(rctx)
+	cancel()
 	switch {
 	case err == nil:
 		r.a.log.Info("released", "key", lk.Key(), "fence", lk.Fence(), "held", time.Since(heldFrom), "exit", code)
@@ -729,6 +787,7 @@ func endGroup(pgid int, term bool, killAt time.Time) {
 	}
 	if term {
 		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		_ = syscall.Kill(-pgid, syscall.SIGCONT) // a stopped process gets it too
 	}
 	for alive() && time.Now().Before(killAt) {
 		time.Sleep(20 * time.Millisecond)
