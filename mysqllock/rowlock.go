@@ -32,7 +32,12 @@ import (
 // limited to n connections (SetMaxOpenConns) must allow at least 2, and
 // holds at most n−1 locks at once: beyond that Acquire fails at once and
 // AcquireWait waits for a lock's release. In a limited pool a released
-// lock's connection goes back to the pool at once.
+// lock's connection goes back to the pool at once. The count is each
+// RowLock's own: backends that share one limited pool (two RowLocks, or a
+// RowLock and a GetLock) can pin every connection between them, and a
+// grant then waits for one until its context ends. Share one RowLock
+// between Lockers instead (a Backend serves any number), or give each
+// backend a pool of its own or Options.Connector.
 //
 // Fences come from the key's row in the session table (MEMORY, see
 // epoch.go), bumped on every grant in one statement on another connection
