@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"cmp"
 	"encoding/hex"
 	"fmt"
 	"slices"
@@ -39,6 +40,7 @@ const (
 	vLiveness        = "liveness: free key not taken by a waiter in time"
 	vErrNilAfterEnd  = "client: Err() nil after the store ended the lease"
 	vPanicKept       = "client: lock kept after a panic in Do"
+	vObsPanicKept    = "client: lock kept after a panic in an Observer"
 	vResourceBadLog  = "resource: log inconsistent"
 	vStaleAccepted   = "resource: stale token accepted after a newer holder's access"
 	vLostUpdate      = "resource: lost update (write based on a value since overwritten)"
@@ -389,10 +391,18 @@ func (c *checker) buildHolds() {
 			case "skip":
 				c.rep.SkippedWrites++
 			case "dofree":
-				cs := c.client(ClientDoPanic)
+				cf := cmp.Or(e.Cf, ClientDoPanic)
+				cs := c.client(cf)
+				if cf == ClientObsPanic {
+					cs.Injected++
+				}
 				if e.Err != "" {
 					cs.Failed++
-					c.violate(vPanicKept, "%s fence %d (%s): %s after the panic at %s", e.K, e.F, w.ID,
+					v := vPanicKept
+					if cf == ClientObsPanic {
+						v = vObsPanicKept
+					}
+					c.violate(v, "%s fence %d (%s): %s after the panic at %s", e.K, e.F, w.ID,
 						time.Duration(e.T-e.T0).Round(time.Millisecond), c.rel(e.T0))
 				} else {
 					cs.Freed.add(float64(e.T-e.T0) / 1e6)
@@ -418,7 +428,7 @@ func (c *checker) buildHolds() {
 				}
 				if e.Cf == ClientDoPanic {
 					c.client(ClientDoPanic).Injected++
-				} else if e.Cf != "" {
+				} else if e.Cf != "" && e.Cf != ClientObsPanic {
 					c.clientCall(w.ID, e, e.Err != "")
 				}
 			case "op":
@@ -792,7 +802,7 @@ const lateBound = 5 * time.Second
 // e.Dl): failed if it returned an error, and how long after the deadline it
 // returned, which must stay within lateBound.
 func (c *checker) clientCall(worker string, e Event, failed bool) {
-	if e.Cf == "" || e.Cf == ClientDoPanic {
+	if e.Cf == "" || e.Cf == ClientDoPanic || e.Cf == ClientObsPanic {
 		return
 	}
 	cs := c.client(e.Cf)

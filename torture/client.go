@@ -32,10 +32,15 @@ const (
 	// at the end of the hold; the worker recovers (as net/http does) and
 	// then checks that its Locker let the key go.
 	ClientDoPanic = "dopanic"
+	// ClientObsPanic: the workers' Locker has an Observer (metrics code)
+	// that panics on a share of the grants it is told of (the caller never
+	// gets the Lock) and of the releases it is told of; the worker recovers
+	// and checks, as for dopanic, that its Locker let the key go.
+	ClientObsPanic = "obspanic"
 )
 
 // clientFaults lists every client fault kind.
-var clientFaults = []string{ClientAcqDeadline, ClientRelDeadline, ClientSmallPool, ClientDoPanic}
+var clientFaults = []string{ClientAcqDeadline, ClientRelDeadline, ClientSmallPool, ClientDoPanic, ClientObsPanic}
 
 // Shares of the calls that get a client fault.
 const (
@@ -43,7 +48,77 @@ const (
 	pNested      = 0.3 // of holds: another key with a caller deadline while holding
 	pRelDeadline = 0.2
 	pDoPanic     = 0.1
+	pObsPanic    = 0.05 // of acquisitions, and of releases
 )
+
+// obsPanicKey marks the context of a call whose Observer method panics.
+type obsPanicKey struct{}
+
+// panicking returns ctx marked for panicObserver.
+func panicking(ctx context.Context) context.Context {
+	return context.WithValue(ctx, obsPanicKey{}, true)
+}
+
+// obsPanic is the value panicObserver panics with.
+type obsPanic struct{ fence uint64 }
+
+// panicObserver panics in AcquireEnded (for a grant) and in ReleaseStarted
+// when the call's context is marked (see panicking), as buggy metrics code
+// would.
+type panicObserver struct{ dlock.NopObserver }
+
+func (panicObserver) AcquireEnded(ctx context.Context, e dlock.AcquireEnd) {
+	if ctx.Value(obsPanicKey{}) != nil && e.Outcome == dlock.Acquired {
+		panic(obsPanic{e.Fence})
+	}
+}
+
+func (panicObserver) ReleaseStarted(ctx context.Context, e dlock.ReleaseStart) context.Context {
+	if ctx.Value(obsPanicKey{}) != nil {
+		panic(obsPanic{e.Fence})
+	}
+	return ctx
+}
+
+// recoverObsPanic runs f and returns the fence of panicObserver's panic in
+// it, if any (0, false otherwise). Other panics go on.
+func recoverObsPanic(f func()) (fence uint64, panicked bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			op, ok := p.(obsPanic)
+			if !ok {
+				panic(p)
+			}
+			fence, panicked = op.fence, true
+		}
+	}()
+	f()
+	return 0, false
+}
+
+// obsPanicGrant acquires key with an Observer that panics when told of the
+// grant: the Lock never reaches the worker, which checks that its Locker
+// let the key go (see letGoCheck).
+func (l *lane) obsPanicGrant(ctx context.Context, key string) {
+	w, ttl := l.w, l.w.cfg.TTL
+	t0 := Mono()
+	actx, cancel := context.WithTimeout(ctx, 10*ttl)
+	var err error
+	fence, panicked := recoverObsPanic(func() {
+		var lk *dlock.Lock
+		if lk, err = w.locker.Acquire(panicking(actx), key, dlock.WithTTL(ttl)); err == nil {
+			lk.Release(context.Background()) // not reached: the Observer panics
+		}
+	})
+	cancel()
+	switch {
+	case panicked:
+		l.letGoCheck(ctx, key, fence, Mono(), ClientObsPanic)
+	case ctx.Err() == nil:
+		w.rec.rec(Event{T0: t0, Ev: "acqerr", K: key, Err: errString(err)})
+		sleep(ctx, time.Duration(50+l.rng.IntN(100))*time.Millisecond)
+	}
+}
 
 // panicFreeBound is how long after a recovered panic in Do the worker waits
 // for its Locker to let the key go before it records the lock as kept: the
@@ -135,10 +210,7 @@ func (l *lane) shortAcquire(ctx context.Context, key string) (*dlock.Lock, Event
 
 // doPanic holds key inside Locker.Do, whose fn works on the resource and
 // then panics; the panic is recovered here. Then it checks that the Locker
-// let the key go: TryAcquire of the key must stop reporting this lane's own
-// fence as the holder within panicFreeBound (a "dofree" event, with an
-// error if it did not; the worker then restarts, since only its Locker's
-// Close can end the kept lock).
+// let the key go (letGoCheck).
 func (l *lane) doPanic(ctx context.Context, key string) {
 	w, ttl := l.w, l.w.cfg.TTL
 	t0 := Mono()
@@ -206,6 +278,16 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 	// The application stopped using the lock at the panic.
 	w.rec.rec(Event{T0: panicAt, T: panicAt, Ev: "rel", K: key, F: fence, Cf: ClientDoPanic, Err: errDoPanic.Error()})
 	w.say("E %s", key)
+	l.letGoCheck(ctx, key, fence, panicAt, ClientDoPanic)
+}
+
+// letGoCheck checks that the worker's Locker lets key go after a panic at
+// panicAt (Mono) of fault cf cut the hold of fence short: TryAcquire of the
+// key must stop reporting fence as the holder within panicFreeBound (a
+// "dofree" event, with an error if it did not; the worker then restarts,
+// since only its Locker's Close can end the kept lock).
+func (l *lane) letGoCheck(ctx context.Context, key string, fence uint64, panicAt int64, cf string) {
+	w, ttl := l.w, l.w.cfg.TTL
 	// A verdict needs an answer: "held by this fence" (kept so far), or
 	// anything else from the Locker (let go). Errors (the store out of
 	// reach) say nothing; without an answer for three bounds, no verdict.
@@ -218,11 +300,11 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 		var held *dlock.HeldError
 		switch {
 		case err == nil:
-			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, OK: true})
+			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, OK: true, Cf: cf})
 			l.held(ctx, lk, Event{T0: Mono(), K: key}, false)
 			return
 		case errors.As(err, &held) && held.Holder.Fence != fence:
-			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, OK: true})
+			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, OK: true, Cf: cf})
 			return
 		case held != nil:
 			ours = true
@@ -230,7 +312,7 @@ func (l *lane) doPanic(ctx context.Context, key string) {
 			ours = false
 		}
 		if ours && Mono() > bound {
-			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, Err: "still held by this lease: " + err.Error()})
+			w.rec.rec(Event{T0: panicAt, Ev: "dofree", K: key, F: fence, Cf: cf, Err: "still held by this lease: " + err.Error()})
 			// Nobody can release the kept lock but Close: restart the
 			// worker, so that the key is not blocked for the rest of the run.
 			w.restart()

@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -190,7 +191,7 @@ func TestCheckLivenessWaiterGaveUp(t *testing.T) {
 }
 
 func TestParseClientFaults(t *testing.T) {
-	if fs, err := ParseClientFaults("all"); err != nil || len(fs) != 4 {
+	if fs, err := ParseClientFaults("all"); err != nil || len(fs) != len(clientFaults) || !slices.Contains(fs, ClientObsPanic) {
 		t.Errorf("all: %v %v", fs, err)
 	}
 	if fs, err := ParseClientFaults("none"); err != nil || fs != nil {
@@ -260,4 +261,18 @@ func TestCheckSessionFenceNoWorkerGot(t *testing.T) {
 	in.Workers[0].Events[3].Chk, in.Workers[0].Events[3].T0, in.Workers[0].Events[3].T = 645*ms, 646*ms, 648*ms
 	in.Workers[0].Events[4].T, in.Workers[0].Events[5].T0, in.Workers[0].Events[5].T = 650*ms, 650*ms, 651*ms
 	wantViolation(t, in, vErrNilAfterEnd)
+}
+
+// A panicking Observer whose Locker kept the lock is a violation of its own;
+// one whose Locker let it go is a figure of the obspanic fault.
+func TestCheckPanicInObserver(t *testing.T) {
+	in := base()
+	in.Workers[0].Events = append(in.Workers[0].Events,
+		Event{T0: 700 * ms, T: 720 * ms, Ev: "dofree", K: "k", F: 1, OK: true, Cf: ClientObsPanic})
+	r := check(in)
+	if r.ViolationCount != 0 || len(r.ClientFaults) != 1 || r.ClientFaults[0].Kind != ClientObsPanic || r.ClientFaults[0].Freed.N != 1 || r.ClientFaults[0].Injected != 1 {
+		t.Fatalf("%v %+v", r.ViolationList, r.ClientFaults)
+	}
+	in.Workers[0].Events[5] = Event{T0: 700 * ms, T: 7800 * ms, Ev: "dofree", K: "k", F: 1, Cf: ClientObsPanic, Err: "still held by this Locker"}
+	wantViolation(t, in, vObsPanicKept)
 }

@@ -96,3 +96,66 @@ func TestDoPanicRecordsLoss(t *testing.T) {
 		t.Errorf("loss recorded at %d, after the panic at %d", done.T, rel.T0)
 	}
 }
+
+// An Observer that panics when told of a grant, or as a release starts:
+// the worker recovers and finds its Locker let the key go, recorded as a
+// "dofree" of the obspanic fault.
+func TestObserverPanicLetsGo(t *testing.T) {
+	_, db := testDSN(t)
+	ctx := context.Background()
+	const tag = "obspanictest"
+	if err := setupResource(ctx, db, tag, []string{"k"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		res, log := resourceTables(tag)
+		db.Exec("DROP TABLE IF EXISTS " + res + ", " + log)
+	})
+	events := filepath.Join(t.TempDir(), "w.jsonl")
+	rec, err := newRecorder(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.close()
+	ttl := time.Second
+	w := &worker{
+		cfg: workerConfig{ID: "w0.1", Keys: []string{"k"}, TTL: ttl, ClientFaults: []string{ClientObsPanic}},
+		rec: rec,
+		res: newResource(db, tag, false),
+		out: bufio.NewWriter(io.Discard),
+	}
+	w.locker = dlock.New(newTimedBackend(memlock.New(), rec, ttl, &w.grants),
+		&dlock.Options{TTL: ttl, Logger: slog.New(slog.DiscardHandler), Observer: panicObserver{}})
+	defer w.locker.Close(ctx)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.restart = cancel
+	l := &lane{w: w, rng: rand.New(rand.NewPCG(1, 0))}
+	l.obsPanicGrant(wctx, "k")
+	lk, err := w.locker.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("after the grant's panic: %v", err)
+	}
+	fence, panicked := recoverObsPanic(func() { lk.Release(panicking(ctx)) })
+	if !panicked || fence != lk.Fence() {
+		t.Fatalf("the release's Observer panic: %v, fence %d", panicked, fence)
+	}
+	l.letGoCheck(wctx, "k", fence, Mono(), ClientObsPanic)
+	rec.close()
+	evs, _, err := readEvents(events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	freed := 0
+	for _, e := range evs {
+		if e.Ev == "dofree" {
+			if e.Cf != ClientObsPanic || !e.OK {
+				t.Errorf("rule: the Locker lets a key go after an Observer's panic; %+v", e)
+			}
+			freed++
+		}
+	}
+	if freed < 2 { // the holds after each check may draw the fault too
+		t.Errorf("%d dofree events, want at least 2 (the grant's panic, the release's): %+v", freed, evs)
+	}
+}

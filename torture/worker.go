@@ -129,10 +129,15 @@ func runWorker(cfg workerConfig) error {
 		res: newResource(rdb, cfg.Tag, cfg.NoFencing),
 		out: bufio.NewWriter(os.Stdout),
 	}
+	var obs dlock.Observer
+	if slices.Contains(cfg.ClientFaults, ClientObsPanic) {
+		obs = panicObserver{}
+	}
 	w.locker = dlock.New(newTimedBackend(b, rec, cfg.TTL/5, &w.grants), &dlock.Options{
-		TTL:    cfg.TTL,
-		Clock:  clock,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		TTL:      cfg.TTL,
+		Clock:    clock,
+		Logger:   slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Observer: obs,
 	})
 	// A lane may end the worker early (see doPanic): the slot restarts.
 	ctx, w.restart = context.WithCancel(ctx)
@@ -195,6 +200,10 @@ func (l *lane) loop(ctx context.Context) {
 		}
 		if w.plain(key) && l.clientFault(ClientDoPanic) && l.rng.Float64() < pDoPanic {
 			l.doPanic(ctx, key)
+			continue
+		}
+		if w.plain(key) && l.clientFault(ClientObsPanic) && l.rng.Float64() < pObsPanic {
+			l.obsPanicGrant(ctx, key)
 			continue
 		}
 		t0 := Mono()
@@ -281,12 +290,25 @@ func (l *lane) held(ctx context.Context, lk *dlock.Lock, acq Event, nested bool)
 		rctx, rcancel, dl = l.callerDeadline(context.Background(), 2)
 		ev.Cf, ev.Dl = ClientRelDeadline, monoOf(dl)
 	}
-	err := lk.Release(rctx)
+	obsPanicked := false
+	if ev.Cf == "" && !nested && w.plain(key) && l.clientFault(ClientObsPanic) && l.rng.Float64() < pObsPanic {
+		// The Observer panics as the release starts; the worker recovers.
+		var err error
+		_, obsPanicked = recoverObsPanic(func() { err = lk.Release(panicking(rctx)) })
+		ev.Cf, ev.Err = ClientObsPanic, "observer panic"
+		if !obsPanicked {
+			ev.Err = fmt.Sprintf("Release returned %v without the Observer's panic", err)
+		}
+	} else {
+		ev.Err = errString(lk.Release(rctx))
+	}
 	rcancel()
-	ev.Err = errString(err)
 	w.rec.rec(ev)
 	<-watched
 	w.say("E %s", key)
+	if obsPanicked {
+		l.letGoCheck(ctx, key, fence, t1, ClientObsPanic)
+	}
 }
 
 // hold works on the resource under the lock (of mode) for plan: cycles of
