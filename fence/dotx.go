@@ -10,6 +10,9 @@ import (
 	"github.com/dlock-dev/dlock"
 )
 
+// savepoint is the savepoint DoTx sets around fn.
+const savepoint = "dlock_fence"
+
 // releaseTimeout bounds the release at DoTx's end, which must run even when
 // the caller's context has ended (as dlock's Do does).
 const releaseTimeout = 5 * time.Second
@@ -30,7 +33,11 @@ const releaseTimeout = 5 * time.Second
 // error is Acquire's, or one matching ErrStaleFence (a newer holder has
 // written), or fn's, or the database's; when the lock was lost before the
 // commit, the error also matches dlock.ErrLockLost. An error from Commit
-// itself leaves the outcome unknown, as database/sql documents. A nil l, db
+// itself leaves the outcome unknown, as database/sql documents. fn must not
+// end the transaction (tx.Commit or Rollback, a COMMIT statement, or on
+// MySQL a statement that commits implicitly, such as CREATE TABLE): DoTx
+// then returns an error matching ErrTxEnded, and what fn wrote may have
+// committed, partly outside the fence's protection. A nil l, db
 // or fn is dlock.ErrInvalidOption, as an invalid Table is, before any I/O.
 // A panic in fn rolls the transaction back and releases the lock, then goes
 // on.
@@ -67,8 +74,19 @@ func (t Table) DoTx(ctx context.Context, l *dlock.Locker, db *sql.DB, key string
 	if err := t.Check(lctx, tx, key, lk.Fence()); err != nil {
 		return err
 	}
+	// A savepoint tells, after fn, whether the transaction is still the
+	// one the check ran in: its release fails if fn ended it.
+	if _, err := tx.ExecContext(lctx, "SAVEPOINT "+savepoint); err != nil {
+		return err
+	}
 	if err := fn(lctx, tx); err != nil {
 		return err
+	}
+	if _, err := tx.ExecContext(lctx, "RELEASE SAVEPOINT "+savepoint); err != nil {
+		if lerr := lk.Err(); lerr != nil {
+			return lerr
+		}
+		return fmt.Errorf("%w: %w", ErrTxEnded, err)
 	}
 	if err := lk.Err(); err != nil {
 		return err

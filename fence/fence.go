@@ -22,6 +22,13 @@ var (
 	// dlock.ErrStaleFence, which every store's fence helper returns.
 	ErrStaleFence = dlock.ErrStaleFence
 
+	// ErrTxEnded means DoTx's transaction had ended when fn returned: fn
+	// committed or rolled it back itself (tx.Commit, a COMMIT statement, or
+	// on MySQL a statement that commits implicitly, such as CREATE TABLE).
+	// What fn wrote until then may have committed, and what it wrote after
+	// that was not guarded by the fence.
+	ErrTxEnded = errors.New("fence: the transaction ended inside fn")
+
 	// ErrInvalidFence means a fence of 0 (fences start at 1) or one above
 	// math.MaxInt64 (beyond what every dialect's column holds). It is
 	// returned before any I/O.

@@ -37,6 +37,7 @@ func RunFence(t *testing.T, db *sql.DB, d fence.Dialect, newBackend func(t *test
 		{"ConcurrentWritersCommitInFenceOrder", func(t *testing.T) { fenceConcurrent(t, newFenceDB(t, db, d)) }},
 		{"DoTxCommitsUnderTheLock", func(t *testing.T) { fenceDoTx(t, newFenceDB(t, db, d), s) }},
 		{"DoTxRollsBackOnStaleFenceErrorLossOrPanic", func(t *testing.T) { fenceDoTxFails(t, newFenceDB(t, db, d), s) }},
+		{"DoTxReportsATransactionFnEnded", func(t *testing.T) { fenceDoTxEnded(t, newFenceDB(t, db, d), s) }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, c.fn)
@@ -549,4 +550,40 @@ func fenceDoTxFails(t *testing.T, f *fenceDB, s *suite) {
 		t.Errorf("rule: DoTx rolls back when fn panics; %d rows committed", n)
 	}
 	mustBeFree(t, other, k)
+}
+
+// fenceDoTxEnded: a fn that ends DoTx's transaction itself (a COMMIT it
+// sends, tx.Commit, or on MySQL a statement that commits implicitly) has
+// written outside the fence's protection from then on: DoTx returns an
+// error matching fence.ErrTxEnded, never nil.
+func fenceDoTxEnded(t *testing.T, f *fenceDB, s *suite) {
+	l, _ := s.locker(t)
+	other, _ := s.locker(t)
+	ctx := ctxT(t, 60*time.Second)
+	ends := map[string]func(ctx context.Context, tx *sql.Tx) error{
+		"COMMIT":    func(ctx context.Context, tx *sql.Tx) error { _, err := tx.ExecContext(ctx, "COMMIT"); return err },
+		"tx.Commit": func(ctx context.Context, tx *sql.Tx) error { return tx.Commit() },
+	}
+	if f.d == fence.MySQL {
+		ends["implicit commit"] = func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+f.data+"_lazy (id INT PRIMARY KEY)")
+			return err
+		}
+		t.Cleanup(func() { f.db.Exec("DROP TABLE IF EXISTS " + f.data + "_lazy") })
+	}
+	seq := int64(100)
+	for name, end := range ends {
+		k := key(t, "ended")
+		seq++
+		err := f.tb.DoTx(ctx, l, f.db, k, func(ctx context.Context, tx *sql.Tx) error {
+			if err := f.insert(ctx, tx, seq); err != nil {
+				return err
+			}
+			return end(ctx, tx)
+		}, dlock.WithTTL(ttl))
+		if !errors.Is(err, fence.ErrTxEnded) {
+			t.Errorf("rule: DoTx reports a transaction that fn ended (%s); got %v, want ErrTxEnded", name, err)
+		}
+		mustBeFree(t, other, k)
+	}
 }

@@ -76,6 +76,14 @@ func FenceKey(resource string) string { return FencePrefix + resource }
 // a script, so blocking commands do not block and scripting commands
 // are refused.
 //
+// A call whose reply does not arrive (a timeout, a cut connection) has an
+// unknown outcome: the script may have run. go-redis sends a script again
+// after a read timeout (Options.MaxRetries, 3 by default), so one Fenced
+// call can run its commands twice, and report ErrStaleFence when a newer
+// holder wrote between the two runs although the first one applied. Give
+// Fenced idempotent commands (SET, not INCRBY), or a client with
+// MaxRetries -1 and treat a timeout as "may have applied".
+//
 // Before any I/O, the error matches dlock.ErrInvalidKey for a resource that
 // is not 1..255 bytes of UTF-8 without NUL, and dlock.ErrInvalidOption for a
 // fence of 0 or a Cmd that is empty, does not start with a string, or has
