@@ -79,16 +79,38 @@ func (g *Group) Context(parent context.Context) (context.Context, context.Cancel
 // error, and the others are released all the same.
 func (g *Group) Release(ctx context.Context) error {
 	var errs []error
-	for _, k := range g.locks {
+	defer func() {
+		g.cancel(ErrNotHeld)
+		for _, stop := range g.stops {
+			stop()
+		}
+	}()
+	releaseEach(g.locks, func(k *Lock) {
 		if err := k.Release(ctx); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	g.cancel(ErrNotHeld)
-	for _, stop := range g.stops {
-		stop()
-	}
+	})
 	return Join(errs...)
+}
+
+// releaseEach calls release for every lock of locks, even when one call
+// panics (an Observer's): the first panic goes on once every lock was let
+// go.
+func releaseEach(locks []*Lock, release func(*Lock)) {
+	var p any
+	for _, k := range locks {
+		func() {
+			defer func() {
+				if r := recover(); r != nil && p == nil {
+					p = r
+				}
+			}()
+			release(k)
+		}()
+	}
+	if p != nil {
+		panic(p)
+	}
 }
 
 // groupContext is a Group's context: its Err also consults the locks.
@@ -156,9 +178,7 @@ func (l *Locker) acquireAll(ctx context.Context, keys []string, opts []AcquireOp
 	returned := false
 	defer func() {
 		if !returned { // an Observer panicked: the caller never gets g
-			for _, k := range g.locks {
-				releaseUnreturned(ctx, k)
-			}
+			releaseEach(g.locks, func(k *Lock) { releaseUnreturned(ctx, k) })
 		}
 	}()
 	for {
@@ -169,9 +189,7 @@ func (l *Locker) acquireAll(ctx context.Context, keys []string, opts []AcquireOp
 		// Undo what was taken, bounded as Release is; the caller's ctx may
 		// have ended already.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		for _, t := range g.locks {
-			_ = t.Release(rctx)
-		}
+		releaseEach(g.locks, func(k *Lock) { _ = k.Release(rctx) })
 		cancel()
 		g.locks = nil
 		if !wait || !errors.Is(err, errKeyLost) || ctx.Err() != nil {

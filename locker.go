@@ -459,7 +459,15 @@ type outcome struct {
 // told not to describe a holder when noHolder). It returns the Lock, or
 // what it learnt, or an error: the backend's, wrapped, once the
 // outcome of the call has been resolved.
-func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wait, inStore, noHolder bool) (*Lock, outcome, error) {
+func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wait, inStore, noHolder bool) (k *Lock, _ outcome, _ error) {
+	defer func() {
+		if r := recover(); r != nil { // an Observer's Lost, below
+			if k != nil {
+				releaseUnreturned(ctx, k) // the caller never gets it
+			}
+			panic(r)
+		}
+	}()
 	defer l.emitLosses()
 	l.mu.Lock()
 	if l.closed {

@@ -400,7 +400,13 @@ func BenchmarkAcquireRelease(b *testing.B) {
 // hook would; the caller recovers (net/http does).
 type panicky struct {
 	dlock.NopObserver
-	onStart, onGrant, onRelease atomic.Bool
+	onStart, onGrant, onRelease, onLost atomic.Bool
+}
+
+func (p *panicky) Lost(dlock.Loss) {
+	if p.onLost.Load() {
+		panic("observer bug")
+	}
 }
 
 func (p *panicky) AcquireStarted(ctx context.Context, e dlock.AcquireStart) context.Context {
@@ -512,4 +518,83 @@ func TestObserverPanicsLeaveNothingHeld(t *testing.T) {
 	for _, key := range []string{"c1", "c2", "c3"} {
 		free("a panic in Close", key)
 	}
+}
+
+// offsetClock is the system clock moved forward by off: a process that
+// was paused for off.
+type offsetClock struct{ off atomic.Int64 }
+
+func (c *offsetClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+
+func (c *offsetClock) AfterFunc(d time.Duration, f func()) dlock.Timer {
+	return time.AfterFunc(d, f)
+}
+
+// TestObserverPanicsInGroupsAndLossesLeaveNothingHeld: Observer panics
+// while a group is let go (AcquireAll's clean-up, Group.Release), or while
+// an acquisition reports the loss of the key's earlier lease, leave no key
+// held by nobody.
+func TestObserverPanicsInGroupsAndLossesLeaveNothingHeld(t *testing.T) {
+	ctx := context.Background()
+	b := memlock.New()
+	obs := &panicky{}
+	clock := &offsetClock{}
+	l := dlock.New(b, &dlock.Options{TTL: time.Hour, Observer: obs, Clock: clock})
+	defer l.Close(ctx)
+	other := dlock.New(b, nil)
+	defer other.Close(ctx)
+	free := func(what string, keys ...string) {
+		t.Helper()
+		for _, key := range keys {
+			// A release whose start panicked goes on in the background.
+			k, err := other.TryAcquire(ctx, key)
+			for deadline := time.Now().Add(5 * time.Second); err != nil && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+				k, err = other.TryAcquire(ctx, key)
+			}
+			if err != nil {
+				t.Errorf("%s: %q is still held: %v", what, key, err)
+				continue
+			}
+			k.Release(ctx)
+		}
+	}
+
+	hd, err := other.TryAcquire(ctx, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.onRelease.Store(true)
+	if !recovered(func() { l.TryAcquireAll(ctx, []string{"a", "b", "c", "d"}) }) {
+		t.Fatal("the Observer's panic did not reach TryAcquireAll's caller")
+	}
+	obs.onRelease.Store(false)
+	hd.Release(ctx)
+	free("a panic in TryAcquireAll's clean-up", "a", "b", "c")
+
+	g, err := l.AcquireAll(ctx, []string{"e", "f", "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs.onRelease.Store(true)
+	if !recovered(func() { g.Release(ctx) }) {
+		t.Fatal("the Observer's panic did not reach Group.Release's caller")
+	}
+	obs.onRelease.Store(false)
+	free("a panic in Group.Release", "e", "f", "g")
+
+	if _, err := l.TryAcquire(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.ForceRelease(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	clock.off.Store(int64(2 * time.Hour)) // paused past the lease: lost
+	obs.onLost.Store(true)
+	if !recovered(func() { l.TryAcquire(ctx, "x") }) {
+		t.Fatal("the Observer's panic did not reach TryAcquire's caller")
+	}
+	obs.onLost.Store(false)
+	clock.off.Store(0)
+	free("a panic as the loss of the key's earlier lease is reported", "x")
 }

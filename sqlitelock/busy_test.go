@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/sqlitelock"
 )
 
 // onNewFile opens a migrated Backend on a new file in the test's directory.
@@ -109,5 +110,36 @@ func TestReplacedFile(t *testing.T) {
 	case <-old.Done():
 	case <-time.After(3 * time.Second):
 		t.Errorf("the old file's holder was not told within its TTL; Err: %v", old.Err())
+	}
+}
+
+// TestReplacedBeforeFirstUse: a file replaced after Open and Migrate, before
+// any lock was taken, is noticed too: the Backend refuses to grant in it.
+func TestReplacedBeforeFirstUse(t *testing.T) {
+	path, b := onNewFile(t)
+	ctx := context.Background()
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	b2 := sqliteOpen(t, path)
+	if err := b2.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2 := dlock.New(b2, nil)
+	defer l2.Close(ctx)
+	k, err := l2.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Release(ctx)
+	l := dlock.New(b, nil)
+	defer l.Close(ctx)
+	if k1, err := l.TryAcquire(ctx, "k"); !errors.Is(err, sqlitelock.ErrFileReplaced) {
+		if err == nil {
+			k1.Release(ctx)
+		}
+		t.Errorf("rule: a Backend whose file was replaced grants nothing; got %v, want ErrFileReplaced", err)
 	}
 }

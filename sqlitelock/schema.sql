@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS "dlock_locks" (
   name        TEXT    NOT NULL PRIMARY KEY,  -- the key, byte for byte (BINARY collation)
   token       BLOB    NOT NULL,              -- random owner token of the exclusive holder
   owner       TEXT    NOT NULL DEFAULT '',
-  fence       INTEGER NOT NULL,              -- fencing counter, +1 per acquisition in any mode
+  fence       INTEGER NOT NULL,              -- fencing counter: each acquisition in any mode sets max(fence + 1, now in µs)
   acquired_us INTEGER NOT NULL,              -- Unix µs, host clock read by SQLite
   expires_us  INTEGER NOT NULL,              -- Unix µs; past = no exclusive holder
   metadata    TEXT    NOT NULL DEFAULT '',

@@ -146,7 +146,8 @@ type Backend struct {
 var ErrFileReplaced = errors.New("sqlitelock: the database file was replaced or removed")
 
 // checkFile returns ErrFileReplaced if b's path no longer names the file
-// it first used (recorded now, at the first call).
+// it first used: the file there at Open, or else at the first call after
+// one made it.
 func (b *Backend) checkFile() error {
 	if b.path == "" {
 		return nil
@@ -185,6 +186,10 @@ func Open(path string) (*Backend, error) {
 	if path == "" {
 		return nil, fmt.Errorf("%w: sqlitelock: empty path", dlock.ErrInvalidOption)
 	}
+	path, err := filepath.Abs(path) // a later chdir names no other file
+	if err != nil {
+		return nil, fmt.Errorf("sqlitelock: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("sqlitelock: %w", err)
 	}
@@ -197,7 +202,12 @@ func Open(path string) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlitelock: open %s: %w", path, err)
 	}
-	return &Backend{db: db, owned: true, path: path}, nil
+	b := &Backend{db: db, owned: true, path: path}
+	if err := b.checkFile(); err != nil { // the file there now, if any
+		db.Close()
+		return nil, err
+	}
+	return b, nil
 }
 
 // New returns a Backend over a database the caller opened with the
@@ -238,7 +248,7 @@ func (b *Backend) Migrate(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("sqlitelock: migrate: %w", err)
 			}
-			return nil
+			return b.checkFile() // made now if it was not there: record it
 		}
 		t := time.NewTimer(pause + time.Duration(rand.Int64N(int64(pause))))
 		select {

@@ -480,8 +480,10 @@ func (r *runCmd) supervise(lk *dlock.Lock, argv []string) error {
 	// In its own group COMMAND would go on while a Ctrl-Z (or a SIGTSTP)
 	// stops dlock and its renewals: the lease would run out under a
 	// running COMMAND. dlock stops COMMAND's group first, then itself.
+	// (As process 1, of a container, dlock cannot stop itself: the kernel
+	// drops the signal, and a SIGTSTP does nothing.)
 	var tstp, cont chan os.Signal
-	if !interactive && !signal.Ignored(syscall.SIGTSTP) {
+	if !interactive && !signal.Ignored(syscall.SIGTSTP) && os.Getpid() != 1 {
 		tstp, cont = make(chan os.Signal, 1), make(chan os.Signal, 1)
 		signal.Notify(tstp, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)
 		signal.Notify(cont, syscall.SIGCONT)
@@ -560,7 +562,7 @@ loop:
 		case <-tstp:
 			_ = syscall.Kill(-child.Process.Pid, syscall.SIGSTOP)
 			select {
-			case <-cont: // an earlier one
+			case <-cont: // an earlier one (or, rarely, one sent right after the SIGTSTP)
 			default:
 			}
 			_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
