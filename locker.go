@@ -552,7 +552,9 @@ func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wai
 		}, func(res Result, err error) {
 			// The caller left: nobody will hold what the call took.
 			if res.Acquired || err != nil && !(inStore && errors.Is(err, ErrUnsupported)) {
-				l.resolve(req)
+				// A grant known to be nobody's goes ahead of the
+				// acquisitions of unknown outcome already queued.
+				l.resolve(req, res.Acquired)
 			}
 		})
 	}
@@ -806,7 +808,7 @@ func (l *Locker) resolveLater(ctx context.Context, req Request) {
 			return
 		}
 	}
-	l.resolve(req)
+	l.resolve(req, false)
 }
 
 // letGoLater lets ls go in the background (see letGoBounded), after its

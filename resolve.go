@@ -35,10 +35,18 @@ func resolveBackoff(ttl time.Duration) time.Duration { return max(time.Second, t
 
 // resolve queues req for release (see above) and starts the resolver if it
 // is not running. Its caller holds l.wg, so Close waits for the resolver.
-func (l *Locker) resolve(req Request) {
+// A granted req (known to be held for nobody) goes to the front of the
+// queue, which the resolver serves in order: a backlog of acquisitions of
+// unknown outcome (a burst of cut calls) does not delay its release.
+func (l *Locker) resolve(req Request, granted bool) {
 	now := time.Now()
+	u := &unresolved{req: req, until: now.Add(req.TTL), next: now, wait: 50 * time.Millisecond}
 	l.mu.Lock()
-	l.unresolved = append(l.unresolved, &unresolved{req: req, until: now.Add(req.TTL), next: now, wait: 50 * time.Millisecond})
+	if granted {
+		l.unresolved = append([]*unresolved{u}, l.unresolved...)
+	} else {
+		l.unresolved = append(l.unresolved, u)
+	}
 	start := !l.resolving
 	if start {
 		l.resolving = true

@@ -110,7 +110,7 @@ func (b *Backend) takeBell(ctx context.Context, req dlock.Request, res dlock.Res
 	r, err := b.bell.Acquire(ctx, req)
 	switch {
 	case err == nil && r.Acquired:
-		b.belled.Store(req.Token, struct{}{})
+		b.belledFor(req.Key, req.Token, req.TTL)
 	case errors.Is(err, ErrGalera):
 		b.noBell.Store(true)
 	}
@@ -203,7 +203,7 @@ func (b *Backend) AcquireWait(ctx context.Context, req dlock.Request) (dlock.Res
 		}
 		if err != nil || res.Acquired {
 			if res.Acquired && inLine != 0 {
-				b.belled.Store(req.Token, struct{}{})
+				b.belledFor(req.Key, req.Token, req.TTL)
 			}
 			// The lease starts with this statement, not with the wait.
 			res.SentAfter = sending.Sub(began)
@@ -268,10 +268,55 @@ func (b *Backend) bellName(key string) any {
 
 // ring releases the doorbell token holds for key, if any.
 func (b *Backend) ring(ctx context.Context, key string, token dlock.Token) {
-	b.belled.Delete(token)
+	b.unbell(token)
 	if b.bell != nil {
 		_ = b.bell.Release(ctx, key, token)
 	}
+}
+
+// A doorbell whose lease ends without a Release (a minimum hold that the
+// Locker keeps with a last Extend, a lease it gave up on with a lock-delay
+// pending) would stay held, and the key's waiters would sleep until their
+// recheck, as would those of every later lease of the key (taken without
+// its doorbell). So each doorbell is rung once its lease has run out
+// unrenewed: bellSlack after the TTL of its grant or last renewal.
+const bellSlack = 500 * time.Millisecond
+
+// belledLease is a doorbell held for a lease, with the timer that rings it
+// when the lease has run out unrenewed.
+type belledLease struct{ t *time.Timer }
+
+// belledFor records that token's lease of key, of ttl from now, holds its
+// doorbell.
+func (b *Backend) belledFor(key string, token dlock.Token, ttl time.Duration) {
+	bl := &belledLease{}
+	bl.t = time.AfterFunc(ttl+bellSlack, func() {
+		if v, ok := b.belled.Load(token); ok && v.(*belledLease) == bl {
+			ctx, cancel := context.WithTimeout(context.Background(), staleBell)
+			defer cancel()
+			b.ring(ctx, key, token)
+		}
+	})
+	if old, loaded := b.belled.Swap(token, bl); loaded {
+		old.(*belledLease).t.Stop()
+	}
+}
+
+// renewedBell pushes back the ring of token's doorbell, if it holds one,
+// to ttl from now.
+func (b *Backend) renewedBell(token dlock.Token, ttl time.Duration) {
+	if v, ok := b.belled.Load(token); ok {
+		v.(*belledLease).t.Reset(ttl + bellSlack)
+	}
+}
+
+// unbell forgets token's doorbell, and reports whether it held one.
+func (b *Backend) unbell(token dlock.Token) bool {
+	v, ok := b.belled.LoadAndDelete(token)
+	if ok {
+		v.(*belledLease).t.Stop()
+	}
+	return ok
 }
 
 // sleep waits for d or ctx, and reports whether d passed.

@@ -336,7 +336,7 @@ const leaveWait = 250 * time.Millisecond
 // Locker gets most of a TTL.
 func (b *Backend) handed(ctx context.Context, w *bellWait, began time.Time) (dlock.Result, error) {
 	req := w.req
-	b.belled.Store(req.Token, struct{}{})
+	b.belledFor(req.Key, req.Token, w.span)
 	res := dlock.Result{Acquired: true, Fence: w.fence, SentAfter: w.sent.Sub(began) + w.span - req.TTL}
 	if short := req.TTL - (w.span - time.Since(w.sent)); short > req.TTL/5 {
 		extending := time.Now()

@@ -178,8 +178,9 @@ type Backend struct {
 	// storeGalera: whether db is a Galera node, asked at the first
 	// acquisition with doorbells (see farBells).
 	storeGalera galeraProbe
-	// belled holds the tokens of the leases granted with their doorbell,
-	// until released (see Release).
+	// belled holds the tokens of the leases granted with their doorbell
+	// (*belledLease), until released (see Release) or run out (see
+	// belledFor).
 	belled sync.Map
 	// nonExcl holds the tokens of the shared and limited holds granted
 	// here, until released or found lost, so that Extend and Release go
@@ -230,6 +231,10 @@ func New(db *sql.DB, opts *Options) (*Backend, error) {
 // Close returns the connections pinned for doorbells to the pool. It does not
 // close the DB.
 func (b *Backend) Close() error {
+	b.belled.Range(func(token, _ any) bool {
+		b.unbell(token.(dlock.Token))
+		return true
+	})
 	if b.bell != nil {
 		return b.bell.Close()
 	}
@@ -779,7 +784,9 @@ WHERE name IN (`+in+`) AND token IN (`+in+`) AND expires_at > UTC_TIMESTAMP(6)`,
 			if !ok || r.Token != leases[i].Token || r.remaining <= 0 {
 				errs[i] = dlock.ErrNotHeld
 				b.ring(ctx, leases[i].Key, leases[i].Token) // a lost lease keeps no doorbell
+				continue
 			}
+			b.renewedBell(leases[i].Token, ttl)
 		}
 	}
 	return errs, nil
@@ -818,7 +825,7 @@ func (b *Backend) Release(ctx context.Context, key string, token dlock.Token) er
 		return err
 	}
 	q := b.q.release
-	_, belled := b.belled.LoadAndDelete(token)
+	belled := b.unbell(token)
 	if b.bells() && !belled {
 		q = b.q.releaseNoBell
 	}
