@@ -13,6 +13,7 @@ import (
 
 	"github.com/dlock-dev/dlock"
 	"github.com/dlock-dev/dlock/internal/claims"
+	"github.com/dlock-dev/dlock/internal/repeat"
 	"github.com/go-sql-driver/mysql"
 )
 
@@ -480,19 +481,7 @@ const (
 // table versioned by transaction can disable the server's transaction
 // registry until it restarts.)
 func killUntil(db *sql.DB, id int64, done <-chan struct{}) {
-	every := killRepeat
-	t := time.NewTimer(every)
-	defer t.Stop()
-	for {
-		killQuery(db, id)
-		select {
-		case <-done:
-			return
-		case <-t.C:
-			every = min(2*every, killRepeatMax)
-			t.Reset(every)
-		}
-	}
+	repeat.Until(done, killRepeat, killRepeatMax, func() { killQuery(db, id) })
 }
 
 // killQuery sends one KILL QUERY for server session id.

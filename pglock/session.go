@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock-dev/dlock"
+	"github.com/dlock-dev/dlock/internal/repeat"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -317,26 +318,12 @@ func (ss *session) do(ctx context.Context, bound time.Duration, detached bool, r
 	}
 	go func() {
 		defer close(j.cancelSent)
-		every := cancelRepeat
-		t := time.NewTimer(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-j.hush: // settled: no statement of its to end
-				return
-			default:
-			}
+		// Until the job is settled: then no statement of its is to end.
+		repeat.Until(j.hush, cancelRepeat, cancelRepeatMax, func() {
 			cctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
 			_ = ss.conn.PgConn().CancelRequest(cctx)
 			cancel()
-			select {
-			case <-j.hush:
-				return
-			case <-t.C:
-				every = min(2*every, cancelRepeatMax)
-				t.Reset(every)
-			}
-		}
+		})
 	}()
 	return dlock.Join(errLeft, context.Cause(ctx))
 }
