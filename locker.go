@@ -269,8 +269,7 @@ func (l *Locker) Close(ctx context.Context) error {
 	defer func() {
 		if i < len(leases) { // the Observer panicked: let go of the rest
 			for _, ls := range leases[i+1:] {
-				l.wg.Add(1)
-				go l.letGoBounded(ls)
+				l.goLetGo(ls)
 			}
 			l.bgCancel()
 		}
@@ -299,8 +298,7 @@ func (l *Locker) closeLease(ctx context.Context, ls *lease) (err error) {
 	started := false
 	defer func() {
 		if !started { // the Observer panicked: let go all the same
-			l.wg.Add(1)
-			go l.letGoBounded(ls)
+			l.goLetGo(ls)
 		}
 	}()
 	ctx, end := l.releaseStarted(ctx, ls, true)
@@ -312,8 +310,7 @@ func (l *Locker) closeLease(ctx context.Context, ls *lease) (err error) {
 		return struct{}{}, l.letGo(ctx, ls, keep)
 	}, func(_ struct{}, err error) {
 		if err != nil && !errors.Is(err, ErrNotHeld) {
-			l.wg.Add(1) // this goroutine still counts: before any Wait ends
-			go l.letGoBounded(ls)
+			l.goLetGo(ls) // this goroutine still counts: before any Wait ends
 		}
 	})
 	switch {
@@ -323,8 +320,7 @@ func (l *Locker) closeLease(ctx context.Context, ls *lease) (err error) {
 		// Cut short by ctx: let go in the background all the same,
 		// rather than leave the key to its TTL (or free it before the
 		// end of its minimum hold).
-		l.wg.Add(1)
-		go l.letGoBounded(ls)
+		l.goLetGo(ls)
 	}
 	if err != nil {
 		return fmt.Errorf("dlock: release %q: %w", ls.key, err)
@@ -461,14 +457,15 @@ type outcome struct {
 // outcome of the call has been resolved.
 func (l *Locker) attempt(ctx context.Context, key string, cfg acquireConfig, wait, inStore, noHolder bool) (k *Lock, _ outcome, _ error) {
 	defer func() {
-		if r := recover(); r != nil { // an Observer's Lost, below
-			if k != nil {
-				releaseUnreturned(ctx, k) // the caller never gets it
+		told := false
+		defer func() {
+			if !told && k != nil { // an Observer's Lost panicked: the caller never gets k
+				releaseUnreturned(ctx, k)
 			}
-			panic(r)
-		}
+		}()
+		l.emitLosses()
+		told = true
 	}()
-	defer l.emitLosses()
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -832,6 +829,13 @@ func (l *Locker) letGoLater(ls *lease) {
 		}()
 		return
 	}
+	go l.letGoBounded(ls)
+}
+
+// goLetGo lets ls go in the background (letGoBounded), counted by l.wg:
+// Close's releases, made before its Wait.
+func (l *Locker) goLetGo(ls *lease) {
+	l.wg.Add(1)
 	go l.letGoBounded(ls)
 }
 
