@@ -149,8 +149,9 @@ func (e *Election) leaderOf(infos []LockInfo) Leader {
 // current one (a Leader with Fence 0 when nobody leads), then every change
 // it sees of the leader or its value, until ctx ends or the Locker closes
 // (then the channel is closed). For an invalid key, or on a store that
-// cannot list holders (dlock.Lister), the channel is closed at once. A new term is reported only with a fence greater than every
-// term reported before, so a report never goes back to an earlier leader.
+// cannot list holders (dlock.Lister), the channel is closed at once. A new
+// term is reported only with a fence greater than every term reported
+// before, so a report never goes back to an earlier leader.
 // On a store that delivers every change in order (dlock.HolderWatcher:
 // etcd, PostgreSQL, Redis except Redlock, MySQL's lease strategy, SQLite
 // and ZooKeeper through a change journal, and memlock) every term and

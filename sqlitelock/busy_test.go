@@ -66,6 +66,29 @@ func TestGrantAfterAWaitForTheWriteLock(t *testing.T) {
 	}
 }
 
+// holdInNewFile deletes the database file at path, makes a new one there
+// through a Backend of its own, and holds key in it until the test ends.
+func holdInNewFile(t *testing.T, path, key string) *dlock.Lock {
+	t.Helper()
+	ctx := context.Background()
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	b := sqliteOpen(t, path)
+	if err := b.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := dlock.New(b, nil)
+	t.Cleanup(func() { l.Close(ctx) })
+	k, err := l.TryAcquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
 // TestReplacedFile: a database file deleted and made again (a restored
 // backup, a deploy that recreates it) while a lock is held gives the key's
 // next holder a larger fence than the old holder's, and the old holder is
@@ -86,22 +109,7 @@ func TestReplacedFile(t *testing.T) {
 		}
 		old = k
 	}
-	for _, suffix := range []string{"", "-wal", "-shm"} {
-		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			t.Fatal(err)
-		}
-	}
-	b2 := sqliteOpen(t, path)
-	if err := b2.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l2 := dlock.New(b2, nil)
-	defer l2.Close(ctx)
-	k, err := l2.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Release(ctx)
+	k := holdInNewFile(t, path, "k")
 	t.Logf("fences: old %d, new %d", old.Fence(), k.Fence())
 	if k.Fence() <= old.Fence() {
 		t.Errorf("rule: fences grow per key; the new file's holder got %d, the old file's holds %d", k.Fence(), old.Fence())
@@ -118,22 +126,7 @@ func TestReplacedFile(t *testing.T) {
 func TestReplacedBeforeFirstUse(t *testing.T) {
 	path, b := onNewFile(t)
 	ctx := context.Background()
-	for _, suffix := range []string{"", "-wal", "-shm"} {
-		if err := os.Remove(path + suffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			t.Fatal(err)
-		}
-	}
-	b2 := sqliteOpen(t, path)
-	if err := b2.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l2 := dlock.New(b2, nil)
-	defer l2.Close(ctx)
-	k, err := l2.TryAcquire(ctx, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer k.Release(ctx)
+	holdInNewFile(t, path, "k") // the new file's holder
 	l := dlock.New(b, nil)
 	defer l.Close(ctx)
 	if k1, err := l.TryAcquire(ctx, "k"); !errors.Is(err, sqlitelock.ErrFileReplaced) {

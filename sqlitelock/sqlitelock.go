@@ -135,7 +135,7 @@ type Backend struct {
 	path  string       // the file Open opened ("" with New)
 
 	mu   sync.Mutex
-	file os.FileInfo // the file at path when first used
+	file os.FileInfo // the file at path at Open, or when first made (see checkFile)
 }
 
 // ErrFileReplaced is the error of a Backend made by Open whose path no

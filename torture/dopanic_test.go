@@ -26,20 +26,26 @@ func (b lostOnRenewal) Extend(ctx context.Context, leases []dlock.Lease) ([]erro
 	return errs, nil
 }
 
-// A lock lost while a Do's function runs is told through the function's
-// context: the worker records that instant as the hold's notice ("done"),
-// before the panic that ends the hold, as it does for a Lock's Done.
-func TestDoPanicRecordsLoss(t *testing.T) {
+// testResource is the resource of the workers of a test, on key "k", in
+// tables named by tag, dropped at the test's end.
+func testResource(t *testing.T, tag string) *Resource {
 	_, db := testDSN(t)
-	ctx := context.Background()
-	const tag = "dopanictest"
-	if err := setupResource(ctx, db, tag, []string{"k"}); err != nil {
+	if err := setupResource(context.Background(), db, tag, []string{"k"}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		res, log := resourceTables(tag)
 		db.Exec("DROP TABLE IF EXISTS " + res + ", " + log)
 	})
+	return newResource(db, tag, false)
+}
+
+// A lock lost while a Do's function runs is told through the function's
+// context: the worker records that instant as the hold's notice ("done"),
+// before the panic that ends the hold, as it does for a Lock's Done.
+func TestDoPanicRecordsLoss(t *testing.T) {
+	ctx := context.Background()
+	res := testResource(t, "dopanictest")
 	ttl := time.Second
 	// A seed whose hold outlasts the first renewal (at about TTL/6) well.
 	seed := uint64(0)
@@ -59,7 +65,7 @@ func TestDoPanicRecordsLoss(t *testing.T) {
 	w := &worker{
 		cfg: workerConfig{ID: "w0.1", Keys: []string{"k"}, TTL: ttl, LongFrac: 1, ClientFaults: []string{ClientDoPanic}},
 		rec: rec,
-		res: newResource(db, tag, false),
+		res: res,
 		out: bufio.NewWriter(io.Discard),
 	}
 	w.locker = dlock.New(newTimedBackend(lostOnRenewal{memlock.New()}, rec, ttl, &w.grants),
@@ -101,16 +107,8 @@ func TestDoPanicRecordsLoss(t *testing.T) {
 // the worker recovers and finds its Locker let the key go, recorded as a
 // "dofree" of the obspanic fault.
 func TestObserverPanicLetsGo(t *testing.T) {
-	_, db := testDSN(t)
 	ctx := context.Background()
-	const tag = "obspanictest"
-	if err := setupResource(ctx, db, tag, []string{"k"}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		res, log := resourceTables(tag)
-		db.Exec("DROP TABLE IF EXISTS " + res + ", " + log)
-	})
+	res := testResource(t, "obspanictest")
 	events := filepath.Join(t.TempDir(), "w.jsonl")
 	rec, err := newRecorder(events)
 	if err != nil {
@@ -121,7 +119,7 @@ func TestObserverPanicLetsGo(t *testing.T) {
 	w := &worker{
 		cfg: workerConfig{ID: "w0.1", Keys: []string{"k"}, TTL: ttl, ClientFaults: []string{ClientObsPanic}},
 		rec: rec,
-		res: newResource(db, tag, false),
+		res: res,
 		out: bufio.NewWriter(io.Discard),
 	}
 	w.locker = dlock.New(newTimedBackend(memlock.New(), rec, ttl, &w.grants),
